@@ -1,0 +1,60 @@
+"""The three model families, built from one set of txf.nn modules, and a family-agnostic forward."""
+
+import dataclasses
+from typing import Dict, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from txf.models.decoder_lm import DecoderLM
+from txf.models.encoder_classifier import EncoderClassifier
+from txf.models.encoder_decoder import EncoderDecoder, shift_right
+from txf.nn import TransformerConfig
+
+FAMILIES = {"encoder_decoder": EncoderDecoder, "encoder_classifier": EncoderClassifier,
+            "decoder_lm": DecoderLM}
+
+
+def build_model(cfg: TransformerConfig, deterministic: bool = False, decode: bool = False) -> nn.Module:
+  """The module for ``cfg.family`` with the run-mode switches set (train / eval / decode)."""
+  if cfg.family not in FAMILIES:
+    raise ValueError(f"unknown model.family {cfg.family!r}; choose one of {sorted(FAMILIES)}")
+  return FAMILIES[cfg.family](dataclasses.replace(cfg, deterministic=deterministic or decode,
+                                                  decode=decode))
+
+
+def model_inputs(family: str, batch: Dict[str, jnp.ndarray]) -> Dict[str, jnp.ndarray]:
+  """The keyword arguments of the family's ``__call__`` taken from a batch dict."""
+  keys = {"encoder_decoder": ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
+                              "inputs_position", "targets_position"),
+          "encoder_classifier": ("inputs", "inputs_segmentation", "inputs_position"),
+          "decoder_lm": ("targets", "targets_segmentation", "targets_position")}[family]
+  return {k: batch[k] for k in keys if k in batch}
+
+
+def init_params(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, jnp.ndarray]):
+  """Initialise parameters from one example batch (only its shapes matter)."""
+  model = build_model(cfg, deterministic=True)
+  return model.init(rng, **model_inputs(cfg.family, batch))["params"]
+
+
+def forward(model: nn.Module, params, batch: Dict[str, jnp.ndarray], dropout_rng=None
+            ) -> Tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+  """Run any family on a batch: returns (logits [..., V], targets [...], weights [...]).
+
+  Translation and LM: per-token logits against ``targets``, weight 0 on padding.
+  Classification: one logit row per example against ``label``; rows whose inputs are all padding
+  (filler rows of a fixed-size eval batch) get weight 0.
+  """
+  family = model.config.family
+  rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+  logits = model.apply({"params": params}, **model_inputs(family, batch), rngs=rngs)
+  if family == "encoder_classifier":
+    return logits, batch["label"], (batch["inputs"] != 0).any(-1).astype(jnp.float32)
+  return logits, batch["targets"], (batch["targets"] != 0).astype(jnp.float32)
+
+
+def count_params(params) -> int:
+  """Total number of scalars in a parameter pytree."""
+  return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))

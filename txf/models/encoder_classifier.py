@@ -1,0 +1,25 @@
+"""Encoder-only classifier (the sentiment model): encoder -> pooled representation -> linear."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from txf.nn import Embed, Encoder, TransformerConfig
+
+
+class EncoderClassifier(nn.Module):
+  """logits = W_c pool(Encoder(x)) + b_c, pool = mean over real tokens (or the first token)."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, inputs, inputs_segmentation=None, inputs_position=None):
+    """inputs int [B, S] (0 = padding) -> logits [B, num_classes]."""
+    cfg = self.config
+    embed = Embed(cfg, cfg.vocab_size, name="embed")
+    encoded, valid = Encoder(cfg, embed, name="encoder")(inputs, inputs_segmentation, inputs_position)
+    if cfg.pooling == "first":
+      pooled = encoded[:, 0]
+    else:
+      w = valid.astype(encoded.dtype)[..., None]
+      pooled = (encoded * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
+    pooled = nn.Dropout(cfg.dropout_rate)(pooled, deterministic=cfg.deterministic)
+    return nn.Dense(cfg.num_classes, name="classifier")(pooled).astype(jnp.float32)

@@ -1,0 +1,121 @@
+"""Multi-head attention as a Flax module: parameters declared here, math in txf.ops.attention.
+
+Three kinds share this module: bidirectional self-attention (encoder), causal self-attention
+(decoder; with ``decode=True`` it keeps a KV cache and takes one position per call), and
+encoder-decoder cross-attention (with ``decode=True`` the memory's keys/values are computed once,
+when the cache is built, and read back at every step).
+"""
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from txf.nn.config import TransformerConfig
+from txf.ops import attention as attn_ops
+
+xavier = nn.initializers.xavier_uniform()
+
+
+def attend(q, k, v, mask, impl: str):
+  """softmax(Q K^T / sqrt(d_k) + M) V on [B, L, H, d_k] inputs; returns ([B, L_q, H, d_v], weights or None).
+
+  ``reference`` is txf.ops.scaled_dot_product_attention (weights returned for inspection);
+  ``fused`` is jax.nn.dot_product_attention (cuDNN flash attention on GPU; no weights).
+  """
+  if impl == "fused":
+    if mask is not None:
+      mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+    return jax.nn.dot_product_attention(q, k, v, mask=mask), None
+  out, weights = attn_ops.scaled_dot_product_attention(
+      q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+  return out.transpose(0, 2, 1, 3), weights
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with d_k = d_v = d_model / h.
+
+  Parameters: query/key/value kernels [d_model, h, d_k] (W^Q, W^K, W^V, no bias, as in the paper)
+  and out kernel [h, d_v, d_model] (W^O).
+  """
+  config: TransformerConfig
+  kind: str  # "self" | "causal" | "cross"
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, memory: Optional[jnp.ndarray] = None,
+               mask: Optional[jnp.ndarray] = None,
+               memory_valid: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+    """Args:
+      x: [B, L_q, d_model] queries (and keys/values unless cross).
+      memory: [B, L_k, d_model] encoder output, for ``cross`` (None at cached decode steps).
+      mask: bool broadcastable to [B, h, L_q, L_k], True = may attend (ignored at cached causal steps).
+      memory_valid: bool [B, L_k] real memory positions, for ``cross``.
+    Returns:
+      [B, L_q, d_model].
+    """
+    cfg = self.config
+    h, dk, dt = cfg.num_heads, cfg.head_dim, cfg.compute_dtype
+    proj = lambda name, shape: self.param(name, xavier, shape).astype(dt)
+    w_q = proj("query", (cfg.d_model, h, dk))
+    q = jnp.einsum("bld,dhk->blhk", x.astype(dt), w_q)
+
+    if self.kind == "cross":
+      k, v, mask = self._cross_keys_values(memory, memory_valid, mask, proj, dt)
+    else:
+      w_k, w_v = proj("key", (cfg.d_model, h, dk)), proj("value", (cfg.d_model, h, dk))
+      k = jnp.einsum("bld,dhk->blhk", x.astype(dt), w_k)
+      v = jnp.einsum("bld,dhk->blhk", x.astype(dt), w_v)
+      if self.kind == "causal" and cfg.decode:
+        k, v, mask = self._update_cache(k, v, mask)
+
+    if cfg.attention_dropout_rate and not cfg.deterministic:
+      # dropout on the attention weights needs the weights: reference path
+      _, weights = attend(q, k, v, mask, "reference")
+      dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
+      out = jnp.einsum("bhqk,bkhd->bqhd", dropped, v)
+    else:
+      out, weights = attend(q, k, v, mask, cfg.attention_impl)
+    if weights is not None:
+      self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
+    w_o = proj("out", (h, dk, cfg.d_model))
+    return jnp.einsum("blhk,hkd->bld", out, w_o)
+
+  def _update_cache(self, k, v, mask):
+    """Write this step's key/value at ``cache_index`` and attend over positions <= index.
+
+    At cache creation (the first call, with the full target length) nothing is written: the
+    buffers [B, max_len, h, d_k] are created as zeros and the call behaves as uncached.
+    """
+    initialized = self.has_variable("cache", "cached_key")
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return k, v, mask
+    i = index.value
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, i, 0, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, i, 0, 0))
+    index.value = i + k.shape[1]
+    max_len = cached_k.value.shape[1]
+    # query q (absolute position i + q) may see keys 0..i+q: one step, or a causal prompt prefill
+    q_pos = i + jnp.arange(k.shape[1])[:, None]
+    step_mask = (jnp.arange(max_len)[None, :] <= q_pos)[None, None]  # [1, 1, L_q, max_len]
+    return cached_k.value, cached_v.value, step_mask
+
+  def _cross_keys_values(self, memory, memory_valid, mask, proj, dt):
+    """Keys/values of the encoder memory; cached once per source when decoding."""
+    cfg = self.config
+    h, dk = cfg.num_heads, cfg.head_dim
+    w_k, w_v = proj("key", (cfg.d_model, h, dk)), proj("value", (cfg.d_model, h, dk))
+    if cfg.decode:
+      if memory is None and not self.has_variable("cache", "cross_key"):
+        raise ValueError("cross-attention cache is empty: build it with the encoder output first")
+      compute = lambda w: jnp.einsum("bld,dhk->blhk", memory.astype(dt), w)
+      k = self.variable("cache", "cross_key", lambda: compute(w_k)).value
+      v = self.variable("cache", "cross_value", lambda: compute(w_v)).value
+      valid = self.variable("cache", "cross_valid", lambda: memory_valid).value
+      return k, v, valid[:, None, None, :]
+    k = jnp.einsum("bld,dhk->blhk", memory.astype(dt), w_k)
+    v = jnp.einsum("bld,dhk->blhk", memory.astype(dt), w_v)
+    return k, v, mask

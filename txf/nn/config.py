@@ -1,0 +1,51 @@
+"""The one frozen config every module receives (Flax-example style: no kwarg plumbing)."""
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyper-parameters of one model; eval/decode variants are ``dataclasses.replace`` copies.
+
+  Attributes are those of ``config.model`` in an experiment file (see experiments/default.py for
+  what each means), plus the sizes the data decides and the two run-mode switches.
+  """
+  family: str = "encoder_decoder"      # encoder_decoder | encoder_classifier | decoder_lm
+  vocab_size: int = 32                 # source (or only) vocabulary
+  target_vocab_size: int = 0           # 0: same vocabulary as the source
+  num_classes: int = 2                 # encoder_classifier only
+  d_model: int = 128
+  num_heads: int = 4
+  d_ff: int = 512
+  num_encoder_layers: int = 2
+  num_decoder_layers: int = 2
+  dropout_rate: float = 0.1            # residual dropout: every sublayer output, embeddings + PE
+  attention_dropout_rate: float = 0.0  # on attention weights (0 in the paper)
+  pre_ln: bool = False                 # False: post-LN as the paper, LN(x + Dropout(F(x)))
+  share_embeddings: bool = True        # one embedding matrix for source and target
+  tie_output: bool = True              # logits = h E^T with the target embedding E
+  positional: str = "sinusoidal"       # sinusoidal | learned | none
+  max_len: int = 256                   # longest sequence (learned PE table size, decode cache)
+  layer_norm_eps: float = 1e-6
+  pooling: str = "mean"                # encoder_classifier: mean | first
+  attention_impl: str = "reference"    # reference (einsum, returns weights) | fused (jax.nn.dot_product_attention)
+  dtype: str = "float32"               # compute dtype; parameters stay float32
+  deterministic: bool = False          # True disables dropout (eval, decode)
+  decode: bool = False                 # True: one position per call with a KV cache
+
+  @property
+  def tgt_vocab_size(self) -> int:
+    return self.target_vocab_size or self.vocab_size
+
+  @property
+  def compute_dtype(self) -> Any:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads

@@ -1,0 +1,182 @@
+"""Encoder and decoder layers and stacks (section 3.1), as Flax modules calling txf.ops."""
+
+from typing import Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from txf import ops
+from txf.nn.attention import MultiHeadAttention, xavier
+from txf.nn.config import TransformerConfig
+
+
+class Embed(nn.Module):
+  """Token embedding table E [V, d_model]; ``__call__`` gives E[x] * sqrt(d_model), ``attend`` gives h E^T."""
+  config: TransformerConfig
+  num_embeddings: int
+
+  def setup(self):
+    # N(0, d^-1/2): after the sqrt(d) scale the embeddings have unit variance, and tied logits start small.
+    self.table = self.param("embedding", nn.initializers.normal(self.config.d_model ** -0.5),
+                            (self.num_embeddings, self.config.d_model))
+
+  def __call__(self, ids: jnp.ndarray) -> jnp.ndarray:
+    """ids int [B, L] -> [B, L, d_model]."""
+    return ops.embed(ids, self.table.astype(self.config.compute_dtype))
+
+  def attend(self, h: jnp.ndarray) -> jnp.ndarray:
+    """h [B, L, d_model] -> logits [B, L, V] = h E^T."""
+    return ops.tied_logits(h, self.table.astype(h.dtype))
+
+
+class AddPositions(nn.Module):
+  """x + PE followed by dropout: sinusoidal (the paper), learned, or none.
+
+  With ``decode=True`` and ``causal_cache=True`` (the decoder's) the position is read from, and
+  advanced in, a cache counter.
+  """
+  config: TransformerConfig
+  causal_cache: bool = False
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, positions: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+    """x [B, L, d_model]; positions int [B, L] (packed rows) or None for 0..L-1."""
+    cfg = self.config
+    length = x.shape[1]
+    if cfg.decode and self.causal_cache:
+      initialized = self.has_variable("cache", "position")
+      counter = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
+      if initialized:
+        positions = counter.value + jnp.arange(length)[None, :]
+        counter.value = counter.value + length
+    if positions is None:
+      positions = jnp.arange(length)[None, :]
+    if cfg.positional == "sinusoidal":
+      x = x + ops.positional_encoding_at(positions, cfg.d_model).astype(x.dtype)
+    elif cfg.positional == "learned":
+      table = self.param("pos_embedding", nn.initializers.normal(0.02), (cfg.max_len, cfg.d_model))
+      x = x + jnp.take(table, positions, axis=0).astype(x.dtype)
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+
+
+class LayerNorm(nn.Module):
+  """LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm); gamma=1, beta=0 at init."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    return ops.layer_norm(x, self.param("scale", nn.initializers.ones, (d,)),
+                          self.param("bias", nn.initializers.zeros, (d,)), self.config.layer_norm_eps)
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (txf.ops.feed_forward)."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg, dt = self.config, self.config.compute_dtype
+    w1 = self.param("wi", xavier, (cfg.d_model, cfg.d_ff)).astype(dt)
+    b1 = self.param("bi", nn.initializers.zeros, (cfg.d_ff,)).astype(dt)
+    w2 = self.param("wo", xavier, (cfg.d_ff, cfg.d_model)).astype(dt)
+    b2 = self.param("bo", nn.initializers.zeros, (cfg.d_model,)).astype(dt)
+    return ops.feed_forward(x.astype(dt), w1, b1, w2, b2)
+
+
+def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
+  """Add & Norm around one sublayer (call inside a compact method).
+
+  post-LN (paper): LayerNorm(x + Dropout(Sublayer(x)));  pre-LN: x + Dropout(Sublayer(LayerNorm(x))).
+  """
+  y = sublayer(norm(x) if cfg.pre_ln else x)
+  y = nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+  return x + y if cfg.pre_ln else norm(x + y)
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention, Add & Norm, FFN, Add & Norm."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, mask: Optional[jnp.ndarray]) -> jnp.ndarray:
+    """x [B, S, d_model]; mask bool [B, 1, S, S]."""
+    cfg = self.config
+    attention = MultiHeadAttention(cfg, "self", name="self_attention")
+    x = residual(cfg, LayerNorm(cfg, name="norm_1"), lambda h: attention(h, mask=mask), x)
+    return residual(cfg, LayerNorm(cfg, name="norm_2"), FeedForward(cfg, name="ffn"), x)
+
+
+class DecoderLayer(nn.Module):
+  """Causal self-attention, Add & Norm, cross-attention (if a memory), Add & Norm, FFN, Add & Norm."""
+  config: TransformerConfig
+  cross: bool = True
+
+  @nn.compact
+  def __call__(self, y, self_mask, memory=None, cross_mask=None, memory_valid=None):
+    """y [B, T, d_model]; self_mask bool [B|1, 1, T, T]; memory [B, S, d_model]; cross_mask [B, 1, T, S]."""
+    cfg = self.config
+    self_attention = MultiHeadAttention(cfg, "causal", name="self_attention")
+    y = residual(cfg, LayerNorm(cfg, name="norm_1"), lambda h: self_attention(h, mask=self_mask), y)
+    if self.cross:
+      cross_attention = MultiHeadAttention(cfg, "cross", name="cross_attention")
+      y = residual(cfg, LayerNorm(cfg, name="norm_2"),
+                   lambda h: cross_attention(h, memory=memory, mask=cross_mask, memory_valid=memory_valid), y)
+    return residual(cfg, LayerNorm(cfg, name="norm_3"), FeedForward(cfg, name="ffn"), y)
+
+
+class Encoder(nn.Module):
+  """Embedding (+PE, dropout) and N encoder layers; a final LayerNorm when pre-LN."""
+  config: TransformerConfig
+  embed: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs, segmentation=None, positions=None):
+    """inputs int [B, S] (0 = padding) -> (encoded [B, S, d_model], valid bool [B, S])."""
+    cfg = self.config
+    valid = inputs != 0 if segmentation is None else segmentation != 0
+    mask = (ops.padding_mask(valid, valid) if segmentation is None
+            else ops.segment_mask(segmentation, segmentation))
+    x = AddPositions(cfg, name="positions")(self.embed(inputs), positions)
+    for i in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask)
+    if cfg.pre_ln:
+      x = LayerNorm(cfg, name="final_norm")(x)
+    return x, valid
+
+
+class Decoder(nn.Module):
+  """Embedding (+PE, dropout), N decoder layers, final linear (tied: h E^T, or its own kernel)."""
+  config: TransformerConfig
+  embed: nn.Module
+  cross: bool = True
+
+  @nn.compact
+  def __call__(self, decoder_inputs, memory=None, memory_valid=None, segmentation=None,
+               positions=None, memory_segmentation=None):
+    """decoder_inputs int [B, T] (already shifted right) -> logits [B, T, V_target].
+
+    memory [B, S, d_model] and memory_valid bool [B, S] for cross-attention (None at cached steps).
+    """
+    cfg = self.config
+    length = decoder_inputs.shape[1]
+    self_mask = ops.causal_mask(length)
+    cross_mask = None
+    if segmentation is not None:
+      self_mask = ops.combine_masks(self_mask, ops.segment_mask(segmentation, segmentation))
+      if memory_segmentation is not None:
+        cross_mask = ops.segment_mask(segmentation, memory_segmentation)
+    elif memory_valid is not None:
+      cross_mask = ops.padding_mask(jnp.ones(decoder_inputs.shape, bool), memory_valid)
+    y = AddPositions(cfg, causal_cache=True, name="positions")(self.embed(decoder_inputs), positions)
+    for i in range(cfg.num_decoder_layers):
+      y = DecoderLayer(cfg, cross=self.cross, name=f"layer_{i}")(
+          y, self_mask, memory, cross_mask, memory_valid)
+    if cfg.pre_ln:
+      y = LayerNorm(cfg, name="final_norm")(y)
+    if cfg.tie_output:
+      logits = self.embed.attend(y)
+    else:
+      w = self.param("logits_kernel", xavier, (cfg.d_model, cfg.tgt_vocab_size))
+      logits = y @ w.astype(y.dtype)
+    return logits.astype(jnp.float32)

@@ -1,0 +1,123 @@
+"""Scaled dot-product and multi-head attention as pure functions (section 3.2), and their masks.
+
+Mask convention everywhere: boolean, True = may attend. Shapes broadcast to [..., L_q, L_k].
+"""
+
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+
+def padding_mask(query_valid: jnp.ndarray, key_valid: jnp.ndarray) -> jnp.ndarray:
+  """Mask that lets a real query attend only to real (non-padding) keys.
+
+  M[b, 1, i, j] = query_valid[b, i] and key_valid[b, j]
+
+  Args:
+    query_valid: bool [B, L_q] (True = real token).
+    key_valid: bool [B, L_k].
+  Returns:
+    bool [B, 1, L_q, L_k] (the 1 broadcasts over heads).
+  """
+  return (query_valid[:, None, :, None] & key_valid[:, None, None, :])
+
+
+def causal_mask(length: int, key_length: Optional[int] = None) -> jnp.ndarray:
+  """Lower-triangular mask: position i may attend to positions j <= i.
+
+  M[i, j] = (j <= i)
+
+  Returns:
+    bool [1, 1, L, L_k].
+  """
+  key_length = length if key_length is None else key_length
+  i = jnp.arange(length)[:, None]
+  j = jnp.arange(key_length)[None, :]
+  return (j <= i)[None, None]
+
+
+def segment_mask(query_segments: jnp.ndarray, key_segments: jnp.ndarray) -> jnp.ndarray:
+  """Mask for packed rows: attend only within the same segment; segment id 0 is padding.
+
+  M[b, 1, i, j] = (s_q[b, i] == s_k[b, j]) and s_q[b, i] != 0 and s_k[b, j] != 0
+
+  Args:
+    query_segments: int [B, L_q]; key_segments: int [B, L_k].
+  Returns:
+    bool [B, 1, L_q, L_k].
+  """
+  same = query_segments[:, None, :, None] == key_segments[:, None, None, :]
+  return same & padding_mask(query_segments != 0, key_segments != 0)
+
+
+def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
+  """Logical AND of the given masks (None entries are ignored; all None gives None)."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  out = masks[0]
+  for m in masks[1:]:
+    out = out & m
+  return out
+
+
+def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                                 mask: Optional[jnp.ndarray] = None
+                                 ) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V.
+
+  Masked logits get the most negative finite value, so masked keys get exactly 0 weight; a row
+  with every key masked returns zero weights and a zero output (never NaN).
+
+  Args:
+    q: [..., L_q, d_k]; k: [..., L_k, d_k]; v: [..., L_k, d_v].
+    mask: bool, broadcastable to [..., L_q, L_k]; True = may attend.
+  Returns:
+    (output [..., L_q, d_v], weights [..., L_q, L_k]) with each unmasked row of weights summing to 1.
+  """
+  d_k = q.shape[-1]
+  logits = jnp.einsum("...qd,...kd->...qk", q, k) / jnp.sqrt(jnp.asarray(d_k, q.dtype))
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+  weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  if mask is not None:
+    weights = jnp.where(mask, weights, 0.0)  # a fully masked row becomes all zeros
+  weights = weights.astype(v.dtype)
+  return jnp.einsum("...qk,...kd->...qd", weights, v), weights
+
+
+def split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
+  """[B, L, H*d_k] -> [B, H, L, d_k]."""
+  b, l, d = x.shape
+  if d % num_heads:
+    raise ValueError(f"width {d} is not divisible by num_heads={num_heads}")
+  return x.reshape(b, l, num_heads, d // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: jnp.ndarray) -> jnp.ndarray:
+  """[B, H, L, d_v] -> [B, L, H*d_v] (the Concat of the heads)."""
+  b, h, l, d = x.shape
+  return x.transpose(0, 2, 1, 3).reshape(b, l, h * d)
+
+
+def multi_head_attention(x_q: jnp.ndarray, x_kv: jnp.ndarray, w_q: jnp.ndarray, w_k: jnp.ndarray,
+                         w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
+                         mask: Optional[jnp.ndarray] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+  With d_k = d_v = d_model / h, the per-head projections W_i^Q are the column blocks of ``w_q``.
+
+  Args:
+    x_q: [B, L_q, d_model] queries; x_kv: [B, L_k, d_model] keys/values (x_q itself for self-attention).
+    w_q, w_k, w_v: [d_model, d_model]; w_o: [d_model, d_model].
+    num_heads: h.
+    mask: bool broadcastable to [B, h, L_q, L_k].
+  Returns:
+    (output [B, L_q, d_model], weights [B, h, L_q, L_k]).
+  """
+  q = split_heads(x_q @ w_q, num_heads)
+  k = split_heads(x_kv @ w_k, num_heads)
+  v = split_heads(x_kv @ w_v, num_heads)
+  out, weights = scaled_dot_product_attention(q, k, v, mask)
+  return merge_heads(out) @ w_o, weights

@@ -1,0 +1,27 @@
+"""Token embeddings and the tied output projection (section 3.4)."""
+
+import jax.numpy as jnp
+
+
+def embed(ids: jnp.ndarray, table: jnp.ndarray, scale: bool = True) -> jnp.ndarray:
+  """X = E[x] * sqrt(d_model).
+
+  Args:
+    ids: int [...]; table: E, [V, d_model].
+    scale: multiply by sqrt(d_model) as in the paper.
+  Returns:
+    [..., d_model].
+  """
+  x = jnp.take(table, ids, axis=0)
+  return x * jnp.sqrt(jnp.asarray(table.shape[-1], x.dtype)) if scale else x
+
+
+def tied_logits(h: jnp.ndarray, table: jnp.ndarray) -> jnp.ndarray:
+  """Pre-softmax linear with weights shared with the embedding: logits = h E^T.
+
+  Args:
+    h: [..., d_model]; table: E, [V, d_model].
+  Returns:
+    [..., V].
+  """
+  return h @ table.T

@@ -1,0 +1,15 @@
+"""Position-wise feed-forward network (section 3.3)."""
+
+import jax.numpy as jnp
+
+
+def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
+                 b2: jnp.ndarray) -> jnp.ndarray:
+  """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately.
+
+  Args:
+    x: [..., d_model]; w1: [d_model, d_ff]; b1: [d_ff]; w2: [d_ff, d_model]; b2: [d_model].
+  Returns:
+    [..., d_model].
+  """
+  return jnp.maximum(0.0, x @ w1 + b1) @ w2 + b2

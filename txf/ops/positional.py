@@ -1,0 +1,49 @@
+"""Sinusoidal positional encoding (Vaswani et al. 2017, section 3.5)."""
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def sinusoidal_positional_encoding(length: int, d_model: int, max_timescale: float = 10000.0) -> jnp.ndarray:
+  """The paper's fixed positional encoding, interleaved.
+
+  PE[pos, 2i]   = sin(pos / 10000^(2i / d_model))
+  PE[pos, 2i+1] = cos(pos / 10000^(2i / d_model))
+
+  Each sin/cos pair shares one frequency. For odd ``d_model`` the last column is a sine.
+
+  Args:
+    length: number of positions L (positions 0..L-1).
+    d_model: model width d.
+    max_timescale: the 10000 of the formula.
+  Returns:
+    float32 array [L, d_model].
+  """
+  if length < 0 or d_model <= 0:
+    raise ValueError(f"need length >= 0 and d_model > 0, got length={length}, d_model={d_model}")
+  pos = np.arange(length, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+  angles = pos / np.power(max_timescale, two_i / d_model)  # [L, ceil(d/2)]
+  pe = np.zeros((length, d_model), dtype=np.float64)
+  pe[:, 0::2] = np.sin(angles)
+  pe[:, 1::2] = np.cos(angles[:, : d_model // 2])
+  return jnp.asarray(pe, dtype=jnp.float32)
+
+
+def positional_encoding_at(positions: jnp.ndarray, d_model: int, max_timescale: float = 10000.0) -> jnp.ndarray:
+  """Sinusoidal encoding evaluated at arbitrary (e.g. packed-segment) positions, traceable under jit.
+
+  Same formula as :func:`sinusoidal_positional_encoding`, with ``pos`` taken from ``positions``.
+
+  Args:
+    positions: int array [..., L] of positions.
+    d_model: model width d.
+  Returns:
+    float32 array [..., L, d_model].
+  """
+  two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
+  inv_freq = jnp.power(max_timescale, -two_i / d_model)  # [ceil(d/2)]
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  sin, cos = jnp.sin(angles), jnp.cos(angles)
+  pe = jnp.stack([sin, cos], axis=-1).reshape(*angles.shape[:-1], -1)  # interleave sin, cos
+  return pe[..., :d_model]
