@@ -1,0 +1,1 @@
+"""One module per ``txf`` command; each defines its absl flags and a ``main(argv)``."""

@@ -1,0 +1,26 @@
+"""``txf train [--config experiments/X.py] [--workdir runs/x] [--config.FIELD=VALUE ...] [--fresh]``."""
+
+import os
+
+from absl import flags
+from ml_collections import config_flags
+
+from txf.commands.common import default_config_path
+
+config_flags.DEFINE_config_file("config", default_config_path(),
+                                "experiment config file (a get_config() file in experiments/)",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "run directory (default: runs/<config.name>)")
+flags.DEFINE_bool("fresh", False, "move an existing run in --workdir aside and start over")
+flags.DEFINE_bool("progress", True, "show a progress bar")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments {argv[1:]}: flags look like --config.model.num_heads=2")
+  from txf.parallel import distributed
+  distributed.maybe_initialize()
+  from txf.train.loop import train
+  config = flags.FLAGS.config
+  workdir = flags.FLAGS.workdir or os.path.join("runs", config.name)
+  train(config, workdir, fresh=flags.FLAGS.fresh, progress=flags.FLAGS.progress)

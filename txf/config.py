@@ -1,0 +1,166 @@
+"""The base experiment config (every field, commented) and its validation.
+
+Every experiment file in experiments/ starts from ``base_config()`` and overrides fields; a field
+that is not defined here is an error (catches typos such as ``model.num_head``).
+"""
+
+import difflib
+from typing import Iterable, List, Optional
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """All fields txf knows, with defaults. Override them in an experiment's ``get_config()``."""
+  c = ml_collections.ConfigDict()
+  c.name = "experiment"          # a label for logs; the workdir defaults to runs/<name>
+  c.seed = 0                     # one seed for parameters, dropout and data order
+  c.num_train_steps = 1000       # optimizer steps
+  c.batch_size = 64              # examples per step, over all devices and processes
+  c.log_every = 50               # steps between train-metric lines in metrics.jsonl
+  c.eval_every = 500             # steps between evaluations (and at the end); 0 = only at the end
+  c.checkpoint_every = 500       # steps between checkpoints (and at the end); 0 = only at the end
+  c.keep_checkpoints = 3         # how many recent checkpoints to keep
+  c.best_metric = ""             # also keep the best checkpoint by this eval metric ("" = off), e.g. "bleu"
+  c.best_mode = "max"            # "max" or "min" for best_metric
+  c.nan_policy = "stop"          # on a NaN/Inf loss: "stop" (keep last good checkpoint) or "skip" the batch
+  c.eval_batches = 0             # eval batches per evaluation (0 = the whole eval split)
+  c.num_samples = 5              # decoded samples printed at each evaluation
+  c.decode_examples = 200        # held-out examples decoded for exact match / BLEU (0 = none)
+  c.decode_max_extra = 50        # decoding stops at source length + this many tokens
+  c.beam_size = 1                # beam for in-loop decoding (1 = greedy)
+  c.alpha = 0.6                  # GNMT length penalty exponent ((5 + L) / 6) ** alpha
+  c.parallelism = "single"       # "single" (one device), "pmap" (data parallel), "mesh" (jit + shardings)
+  c.grad_accum_steps = 1         # micro-batches accumulated per optimizer step
+
+  c.model = ml_collections.ConfigDict()
+  m = c.model
+  m.family = "encoder_decoder"   # encoder_decoder (translation) | encoder_classifier | decoder_lm
+  m.d_model = 512                # model width d_model
+  m.num_heads = 8                # h; d_k = d_v = d_model / h
+  m.d_ff = 2048                  # inner width of the position-wise FFN
+  m.num_encoder_layers = 6       # N encoder layers (encoder_decoder, encoder_classifier)
+  m.num_decoder_layers = 6       # N decoder layers (encoder_decoder, decoder_lm)
+  m.dropout_rate = 0.1           # P_drop on every sublayer output and on embeddings + PE
+  m.attention_dropout_rate = 0.0  # dropout on attention weights (0 in the paper)
+  m.pre_ln = False               # False = post-LN as in the paper; True = pre-LN (ablation)
+  m.share_embeddings = True      # one embedding matrix for source and target (needs a joint vocabulary)
+  m.tie_output = True            # pre-softmax linear shares the target embedding: logits = h E^T
+  m.positional = "sinusoidal"    # sinusoidal | learned | none
+  m.max_len = 256                # longest sequence the model accepts (learned PE size, decode cache)
+  m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
+  m.pooling = "mean"             # encoder_classifier: mean over real tokens | first token
+  m.attention_impl = "reference"  # reference (einsum; attention weights visible) | fused (jax.nn.dot_product_attention)
+  m.dtype = "float32"            # compute dtype: float32 | bfloat16 (parameters stay float32)
+
+  c.optimizer = ml_collections.ConfigDict()
+  o = c.optimizer
+  o.warmup_steps = 4000          # linear warmup length of the inverse-sqrt schedule
+  o.learning_rate_scale = 1.0    # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+  o.b1 = 0.9                     # Adam beta1 (paper: 0.9)
+  o.b2 = 0.98                    # Adam beta2 (paper: 0.98)
+  o.eps = 1e-9                   # Adam epsilon (paper: 1e-9)
+  o.weight_decay = 0.0           # > 0 switches to AdamW (decoupled decay)
+  o.label_smoothing = 0.1        # epsilon_ls (paper: 0.1); 0 = plain cross-entropy
+  o.grad_clip_norm = 0.0         # global-norm clipping (0 = off; the paper does not clip)
+
+  c.data = ml_collections.ConfigDict()
+  d = c.data
+  d.source = "synthetic:translate"  # synthetic:{translate,copy,reverse,sort} | text:DIR_OR_NAME | tfds:NAME
+  d.path = ""                    # root for text:NAME sources; "" = the TXF_DATA environment variable
+  d.data_dir = ""                # where prepared tfds/array_record data lives ("" = ~/.cache/txf/tfds)
+  d.format = "parallel"          # text sources: parallel ({split}.{src}/{split}.{tgt}) | tsv (text<TAB>label) | plain (LM)
+  d.src_lang = "en"              # source language suffix / tfds feature
+  d.tgt_lang = "de"              # target language suffix / tfds feature
+  d.train_split = "train"        # split names
+  d.eval_split = "val"
+  d.test_split = "test"
+  d.max_input_len = 32           # S: longer sources are dropped (or truncated if truncate=True), counted and logged
+  d.max_target_len = 32          # T: likewise for targets (LM: the context length)
+  d.truncate = False             # truncate over-long examples instead of dropping them
+  d.tokenizer = "word"           # word (synthetic) | sentencepiece | char
+  d.vocab_size = 8000            # sentencepiece vocabulary size (specials included)
+  d.spm_model_type = "unigram"   # sentencepiece: unigram | bpe
+  d.joint_vocab = True           # one vocabulary for source and target
+  d.packing = False              # pack several examples per row (segment ids + positions)
+  d.bucketing = False            # batch examples of similar length together
+  d.tokens_per_batch = 0         # > 0: batch by token count instead of batch_size rows
+  d.prefetch = 2                 # batches prepared ahead of the step
+  d.synthetic_min_len = 4        # synthetic tasks: shortest sequence (copy/reverse/sort) or sentence
+  d.synthetic_max_len = 12       # synthetic tasks: longest sequence before EOS
+  d.synthetic_vocab = 16         # synthetic copy/reverse/sort: number of distinct symbols
+  d.lm_split_fraction = 0.9      # plain-text LM sources without splits: first fraction is train
+  return c
+
+
+def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in cfg.items():
+    key = f"{prefix}{k}"
+    if isinstance(v, ml_collections.ConfigDict):
+      out.update(_flatten(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+class ConfigError(ValueError):
+  """A config that cannot work; the message names the field and the fix."""
+
+
+def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
+  """Check a config before anything compiles; raise ConfigError naming every bad field and its fix.
+
+  ``data_lengths``: optional {"max_input_len": S, "max_target_len": T} that the data produces; the
+  model's ``max_len`` must cover them.
+  """
+  errors: List[str] = []
+  known, given = _flatten(base_config()), _flatten(cfg)
+  for key in sorted(set(given) - set(known)):
+    close = difflib.get_close_matches(key, known, n=1)
+    errors.append(f"unknown field '{key}'" + (f": did you mean '{close[0]}'?" if close else
+                                              ": see txf/config.py for the fields"))
+  m, o, d = cfg.get("model", {}), cfg.get("optimizer", {}), cfg.get("data", {})
+
+  def positive(section: str, names: Iterable[str]):
+    for n in names:
+      v = cfg.get(section, {}).get(n) if section else cfg.get(n)
+      if v is not None and (not isinstance(v, (int, float)) or v <= 0):
+        errors.append(f"{section + '.' if section else ''}{n}={v!r} must be positive")
+
+  positive("", ["num_train_steps", "batch_size", "log_every", "grad_accum_steps"])
+  positive("model", ["d_model", "num_heads", "d_ff", "max_len"])
+  positive("optimizer", ["warmup_steps"])
+  for n in ["num_encoder_layers", "num_decoder_layers"]:
+    if m.get(n, 0) < 0:
+      errors.append(f"model.{n}={m.get(n)} must be >= 0")
+  if m.get("d_model", 1) > 0 and m.get("num_heads", 1) > 0 and m["d_model"] % m["num_heads"]:
+    h, dm = m["num_heads"], m["d_model"]
+    ok = [k for k in range(1, dm + 1) if dm % k == 0 and abs(k - h) <= max(h, 4)]
+    errors.append(f"model.d_model={dm} is not divisible by model.num_heads={h}: d_k = d_model / h must be "
+                  f"an integer; use num_heads in {ok[:6]} or change d_model")
+  choices = {"model.family": ("encoder_decoder", "encoder_classifier", "decoder_lm"),
+             "model.positional": ("sinusoidal", "learned", "none"),
+             "model.pooling": ("mean", "first"), "model.attention_impl": ("reference", "fused"),
+             "model.dtype": ("float32", "bfloat16"), "parallelism": ("single", "pmap", "mesh"),
+             "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
+             "data.tokenizer": ("word", "sentencepiece", "char")}
+  for key, allowed in choices.items():
+    if key in given and given[key] not in allowed:
+      errors.append(f"{key}={given[key]!r} is not one of {allowed}")
+  for key in ["model.dropout_rate", "model.attention_dropout_rate", "optimizer.label_smoothing"]:
+    v = given.get(key, 0.0)
+    if not 0.0 <= v < 1.0:
+      errors.append(f"{key}={v} must be in [0, 1)")
+  for key in ["eval_every", "checkpoint_every", "beam_size", "keep_checkpoints"]:
+    if given.get(key, 0) < 0:
+      errors.append(f"{key}={given.get(key)} must be >= 0")
+  if given.get("beam_size", 1) < 1:
+    errors.append("beam_size must be >= 1")
+  if data_lengths and m.get("max_len"):
+    for name, length in data_lengths.items():
+      if length and length > m["max_len"]:
+        errors.append(f"model.max_len={m['max_len']} is shorter than the data's {name}={length}: "
+                      f"raise model.max_len to at least {length} or lower data.{name}")
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

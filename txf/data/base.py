@@ -1,0 +1,108 @@
+"""The contract between data and training: a ``Task`` gives batches, vocabularies and text codecs.
+
+Batches are dicts of numpy int32 arrays with fixed shapes per task (no recompilation):
+  translation (family encoder_decoder): ``inputs`` [B, S], ``targets`` [B, T]
+  classification (encoder_classifier):  ``inputs`` [B, S], ``label`` [B]
+  language modelling (decoder_lm):      ``targets`` [B, T]
+Token sequences end with EOS and are right-padded with PAD=0; the model adds BOS itself
+(``shift_right``). Packed batches add ``{inputs,targets}_segmentation`` (1, 2, ... per packed
+example, 0 on padding) and ``{inputs,targets}_position`` (0-based within each segment).
+Special ids are fixed for every tokenizer: PAD=0, BOS=1, EOS=2, UNK=3.
+"""
+
+import abc
+import dataclasses
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+Batch = Dict[str, np.ndarray]
+
+
+@dataclasses.dataclass
+class Example:
+  """One held-out example for decoding samples: source text, reference text, and source ids."""
+  source: str
+  reference: str
+  source_ids: np.ndarray          # int32 [S_i], ends with EOS (LM: the prompt ids, no EOS)
+  label: Optional[int] = None     # classification
+
+
+class CheckpointableIterator(abc.ABC):
+  """An iterator over training batches whose position can be saved and restored exactly."""
+
+  @abc.abstractmethod
+  def __next__(self) -> Batch: ...
+
+  def __iter__(self):
+    return self
+
+  @abc.abstractmethod
+  def get_state(self) -> Dict[str, Any]:
+    """A JSON-serialisable dict that ``set_state`` accepts."""
+
+  @abc.abstractmethod
+  def set_state(self, state: Dict[str, Any]) -> None: ...
+
+
+class Task(abc.ABC):
+  """A data source bound to a model family, with everything training and decoding need."""
+  family: str                     # encoder_decoder | encoder_classifier | decoder_lm
+  vocab_size: int                 # source (or only) vocabulary size, specials included
+  target_vocab_size: int = 0      # 0: shared with the source
+  num_classes: int = 0            # classification only
+  max_input_len: int = 0          # S of every batch (0 if the family has no inputs)
+  max_target_len: int = 0         # T of every batch (0 if the family has no targets)
+
+  @abc.abstractmethod
+  def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
+                     process_count: int = 1) -> CheckpointableIterator:
+    """Endless, shuffled training batches of ``batch_size`` (this process's share of them)."""
+
+  @abc.abstractmethod
+  def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
+                   ) -> List[Batch]:
+    """The whole split (or its first ``max_examples``) in fixed-shape batches, filler rows all PAD."""
+
+  @abc.abstractmethod
+  def examples(self, split: str, n: int) -> List[Example]:
+    """The first ``n`` examples of a split, as text and ids, for decoding and samples."""
+
+  @abc.abstractmethod
+  def encode_source(self, text: str) -> np.ndarray:
+    """Text -> int32 ids ending with EOS (translation/classification source, LM prompt without EOS)."""
+
+  @abc.abstractmethod
+  def decode_target(self, ids: Sequence[int]) -> str:
+    """Ids -> detokenized text, stopping at the first EOS and dropping PAD/BOS."""
+
+  def save(self, directory: str) -> None:
+    """Store what is needed to rebuild the codecs (e.g. the tokenizer model) in ``directory``."""
+
+  def describe(self) -> Dict[str, Any]:
+    """Sizes for config.json and the log."""
+    return {"family": self.family, "vocab_size": self.vocab_size,
+            "target_vocab_size": self.target_vocab_size, "num_classes": self.num_classes,
+            "max_input_len": self.max_input_len, "max_target_len": self.max_target_len}
+
+
+def pad_batch(rows: Sequence[np.ndarray], length: int, batch_size: Optional[int] = None) -> np.ndarray:
+  """Right-pad int rows with PAD to ``length`` (and filler rows to ``batch_size``) -> int32 [B, length]."""
+  batch_size = len(rows) if batch_size is None else batch_size
+  out = np.zeros((batch_size, length), np.int32)
+  for i, r in enumerate(rows):
+    if len(r) > length:
+      raise ValueError(f"row {i} has {len(r)} tokens, more than the batch length {length}")
+    out[i, :len(r)] = r
+  return out
+
+
+def step_iterator_state(step: int) -> Dict[str, Any]:
+  """The state of iterators whose batch n is a pure function of (seed, n)."""
+  return {"next_index": int(step)}
+
+
+def iterate(it: Iterator[Batch], n: int) -> List[Batch]:
+  """The next ``n`` batches of an iterator."""
+  return [next(it) for _ in range(n)]

@@ -1,0 +1,68 @@
+"""Metrics to metrics.jsonl (one JSON object per logged point) and TensorBoard event files.
+
+TensorBoard files are written with tensorboardX (no TensorFlow). Only process 0 writes.
+"""
+
+import json
+import os
+from typing import Dict, Optional
+
+import numpy as np
+
+
+class MetricWriter:
+  """``write(step, split, metrics)`` appends {"step", "split", **metrics} to metrics.jsonl and logs scalars."""
+
+  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
+    self.enabled = enabled
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = None
+    if enabled and tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      except ImportError:  # pragma: no cover - tensorboardX is a dependency
+        self._tb = None
+
+  def write(self, step: int, split: str, metrics: Dict[str, float]) -> Dict:
+    row = {"step": int(step), "split": split}
+    row.update({k: (float(v) if isinstance(v, (np.floating, np.integer, float, int)) or np.ndim(v) == 0 else v)
+                for k, v in metrics.items()})
+    if not self.enabled:
+      return row
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    if self._tb is not None:
+      for k, v in row.items():
+        if k not in ("step", "split") and isinstance(v, float):
+          self._tb.add_scalar(f"{split}/{k}", v, step)
+    return row
+
+  def truncate_after(self, step: int) -> None:
+    """Drop rows logged after ``step`` (a resumed run re-logs them exactly)."""
+    if not (self.enabled and os.path.exists(self.path)):
+      return
+    with open(self.path) as f:
+      rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      f.writelines(rows)
+    os.replace(tmp, self.path)
+
+  def flush(self):
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self):
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(workdir: str, split: Optional[str] = None):
+  """All rows of workdir/metrics.jsonl (optionally one split)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [r for r in rows if split is None or r["split"] == split]

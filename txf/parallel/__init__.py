@@ -1,0 +1,7 @@
+"""Parallelism: wrap a pure step function for one device, pmap data parallelism, or a device mesh.
+
+Knows nothing of models: a runner takes ``train_step(state, batch, rng) -> (state, metrics)`` and
+``eval_step(params, batch) -> sums`` and returns placed, compiled versions of them.
+"""
+
+from txf.parallel.runners import SingleDeviceRunner, make_runner
