@@ -1,0 +1,224 @@
+"""Pictures of a model and a run, written as PNG files (matplotlib's Agg canvas; never a display).
+
+Figures are built with ``matplotlib.figure.Figure`` on an explicit ``FigureCanvasAgg``, not pyplot,
+so nothing here touches matplotlib's global backend or figure registry. Every ``plot_*`` function
+writes one PNG and returns its path.
+"""
+
+import json
+import os
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+Rows = Union[str, os.PathLike, Iterable[Dict]]
+
+
+def _new_figure(width: float, height: float) -> Figure:
+  """A Figure attached to an Agg canvas (no pyplot state)."""
+  fig = Figure(figsize=(width, height), dpi=100)
+  FigureCanvasAgg(fig)
+  return fig
+
+
+def _save(fig: Figure, path: Union[str, os.PathLike]) -> str:
+  """Write ``fig`` as PNG to ``path`` (creating its folder) and return the path as a string."""
+  path = os.fspath(path)
+  folder = os.path.dirname(path)
+  if folder:
+    os.makedirs(folder, exist_ok=True)
+  fig.savefig(path, format="png")
+  return path
+
+
+def read_metrics_rows(source: Rows) -> List[Dict]:
+  """Rows of a metrics.jsonl file (one JSON object per line, blank lines skipped), or a given list of dicts."""
+  if isinstance(source, (str, os.PathLike)):
+    with open(source) as f:
+      return [json.loads(line) for line in f if line.strip()]
+  return list(source)
+
+
+def _series(rows: Sequence[Dict], key: str, split: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
+  """(steps, values) of ``key`` over rows of ``split`` (any split if None), sorted by step; a re-logged
+  step (e.g. after a resume) keeps its last value."""
+  points = {}
+  for r in rows:
+    if key in r and r.get("step") is not None and (split is None or r.get("split") == split):
+      value = r[key]
+      if isinstance(value, (int, float)) and not isinstance(value, bool):
+        points[int(r["step"])] = float(value)
+  steps = np.array(sorted(points), dtype=np.int64)
+  return steps, np.array([points[s] for s in steps], dtype=np.float64)
+
+
+def plot_attention_heads(weights, query_tokens: Sequence[str], key_tokens: Sequence[str],
+                         title: str = "attention", path: Union[str, os.PathLike] = "attention.png") -> str:
+  """A grid of attention maps, rows = layers, columns = heads; cell (q, k) is the weight a_{qk}.
+
+  a_{qk} = softmax_k(q_q . k_k / sqrt(d_k) + mask): each row of a map sums to 1 (0 if fully masked).
+
+  Args:
+    weights: [layers, heads, L_q, L_k] array, or a list over layers of [heads, L_q, L_k] arrays
+      (a single [heads, L_q, L_k] array is taken as one layer).
+    query_tokens: L_q labels for the rows; key_tokens: L_k labels for the columns.
+    title: figure title; path: where the PNG goes.
+  Returns:
+    path.
+  """
+  layers = [np.asarray(w, dtype=np.float32) for w in (weights if isinstance(weights, (list, tuple))
+                                                       else np.asarray(weights))]
+  if layers and layers[0].ndim == 2:  # a single [heads, L_q, L_k] array was given
+    layers = [np.stack(layers)]
+  if not layers or any(w.ndim != 3 for w in layers):
+    raise ValueError("weights must be [layers, heads, L_q, L_k] or a list of [heads, L_q, L_k]")
+  num_layers, num_heads = len(layers), max(w.shape[0] for w in layers)
+  lq, lk = layers[0].shape[1:]
+  if len(query_tokens) != lq or len(key_tokens) != lk:
+    raise ValueError(f"got {len(query_tokens)} query / {len(key_tokens)} key labels for maps of {lq}x{lk}")
+  cell = max(1.6, 0.28 * max(lq, lk))
+  fig = _new_figure(cell * num_heads + 1.0, cell * num_layers + 0.8)
+  axes = fig.subplots(num_layers, num_heads, squeeze=False)
+  image = None
+  for layer, w in enumerate(layers):
+    for head in range(num_heads):
+      ax = axes[layer][head]
+      if head >= w.shape[0]:
+        ax.axis("off")
+        continue
+      image = ax.imshow(w[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+      ax.set_xticks(range(lk))
+      ax.set_yticks(range(lq))
+      ax.set_xticklabels(key_tokens if layer == num_layers - 1 else [], rotation=90, fontsize=7)
+      ax.set_yticklabels(query_tokens if head == 0 else [], fontsize=7)
+      if layer == 0:
+        ax.set_title(f"head {head}", fontsize=8)
+      if head == 0:
+        ax.set_ylabel(f"layer {layer}", fontsize=8)
+  fig.suptitle(title)
+  if image is not None:
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+  return _save(fig, path)
+
+
+def plot_positional_encoding(pe, path: Union[str, os.PathLike] = "positional_encoding.png",
+                             title: str = "sinusoidal positional encoding") -> str:
+  """Heatmap of PE[pos, i] (positions down, dimensions across).
+
+  PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)); values in [-1, 1].
+
+  Args:
+    pe: [L, d]; path: where the PNG goes.
+  Returns:
+    path.
+  """
+  pe = np.asarray(pe, dtype=np.float32)
+  if pe.ndim != 2:
+    raise ValueError(f"pe must be [L, d], got shape {pe.shape}")
+  fig = _new_figure(8, 5)
+  ax = fig.subplots()
+  image = ax.imshow(pe, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto", interpolation="nearest")
+  ax.set_xlabel("dimension i")
+  ax.set_ylabel("position")
+  ax.set_title(title)
+  fig.colorbar(image, ax=ax)
+  return _save(fig, path)
+
+
+def plot_learning_rate(schedule: Union[Callable, Tuple[Sequence[int], Sequence[float]]],
+                       path: Union[str, os.PathLike] = "learning_rate.png", num_steps: int = 10000,
+                       title: str = "learning rate") -> str:
+  """Learning rate against step, e.g. lr(step) = d_model^-0.5 min(step^-0.5, step warmup^-1.5).
+
+  Args:
+    schedule: an optax-style ``step -> lr`` function (evaluated on steps 0..num_steps, vectorised if it
+      accepts an array), or a pair (steps, values) such as the logged ``learning_rate`` column.
+    path: where the PNG goes; num_steps: the range for a function.
+  Returns:
+    path.
+  """
+  if callable(schedule):
+    steps = np.arange(num_steps + 1)
+    try:
+      values = np.asarray(schedule(steps), dtype=np.float64).reshape(-1)
+      if values.shape != steps.shape:
+        raise ValueError
+    except Exception:  # a schedule written for scalar steps only
+      values = np.array([float(schedule(int(s))) for s in steps])
+  else:
+    steps, values = (np.asarray(a, dtype=np.float64).reshape(-1) for a in schedule)
+    if steps.shape != values.shape:
+      raise ValueError(f"{steps.size} steps but {values.size} values")
+  if steps.size == 0:
+    raise ValueError("no learning-rate points to plot")
+  fig = _new_figure(7, 4)
+  ax = fig.subplots()
+  ax.plot(steps, values, color="tab:blue")
+  finite = values[np.isfinite(values)]
+  if finite.size:
+    peak = int(np.argmax(np.where(np.isfinite(values), values, -np.inf)))
+    ax.annotate(f"peak {values[peak]:.3g} at step {int(steps[peak])}", (steps[peak], values[peak]),
+                textcoords="offset points", xytext=(10, -12), fontsize=8)
+  ax.set_xlabel("step")
+  ax.set_ylabel("learning rate")
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  return _save(fig, path)
+
+
+def plot_loss_curves(metrics: Rows, path: Union[str, os.PathLike] = "loss_curves.png",
+                     title: str = "loss") -> str:
+  """Train and eval loss against step from txf's metrics.jsonl rows {"step", "split", "loss", ...}.
+
+  One line per split that logged a ``loss`` (train drawn as a line, eval with markers).
+
+  Args:
+    metrics: the path of a metrics.jsonl file, or its rows as dicts.
+    path: where the PNG goes.
+  Returns:
+    path.
+  Raises:
+    ValueError: no row has a loss.
+  """
+  rows = read_metrics_rows(metrics)
+  splits = sorted({r.get("split") for r in rows if "loss" in r}, key=lambda s: (s != "train", str(s)))
+  if not splits:
+    raise ValueError("no row with a 'loss' to plot")
+  fig = _new_figure(7, 4)
+  ax = fig.subplots()
+  for split in splits:
+    steps, values = _series(rows, "loss", split)
+    style = dict(marker="o", markersize=3) if split != "train" or steps.size == 1 else {}
+    ax.plot(steps, values, label=str(split), **style)
+  ax.set_xlabel("step")
+  ax.set_ylabel("loss")
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  return _save(fig, path)
+
+
+def write_run_plots(workdir: Union[str, os.PathLike]) -> List[str]:
+  """Read workdir/metrics.jsonl and write loss_curves.png and learning_rate.png beside it.
+
+  The learning-rate plot uses the logged ``learning_rate`` values (any split). A plot whose data
+  are absent (no loss, or no learning_rate logged) is skipped.
+
+  Args:
+    workdir: a run's folder holding metrics.jsonl.
+  Returns:
+    the paths written (possibly empty).
+  Raises:
+    FileNotFoundError: workdir/metrics.jsonl does not exist.
+  """
+  workdir = os.fspath(workdir)
+  rows = read_metrics_rows(os.path.join(workdir, "metrics.jsonl"))
+  written = []
+  if any("loss" in r for r in rows):
+    written.append(plot_loss_curves(rows, os.path.join(workdir, "loss_curves.png")))
+  steps, values = _series(rows, "learning_rate")
+  if steps.size:
+    written.append(plot_learning_rate((steps, values), os.path.join(workdir, "learning_rate.png")))
+  return written
