@@ -45,7 +45,7 @@ def test_counts_hand_worked():
   np.testing.assert_array_equal(co.cooccurrence_counts([[0], [1]], 2, 5), np.zeros((2, 2)))
 
 
-@pytest.mark.parametrize("window", [1, 2, 5])
+@pytest.mark.parametrize("window", [1, 3])
 def test_counts_match_brute_force_on_ragged_sequences(window):
   rng = np.random.default_rng(window)
   seqs = [list(rng.integers(0, 7, size=n)) for n in (0, 1, 3, 9, 12)]
