@@ -1,0 +1,25 @@
+"""Shared test set-up: CPU JAX, the repository root, and a helper to run the txf CLI."""
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import pytest  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPERIMENTS = os.path.join(ROOT, "experiments")
+
+
+def run_txf(*args, timeout=300, env=None, cwd=None):
+  """Run ``python -m txf.cli ARGS`` in a subprocess; returns CompletedProcess (text)."""
+  full_env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
+  return subprocess.run([sys.executable, "-m", "txf.cli", *args], capture_output=True, text=True,
+                        timeout=timeout, env=full_env, cwd=cwd or ROOT)
+
+
+@pytest.fixture
+def txf_cli():
+  return run_txf

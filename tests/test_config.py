@@ -1,0 +1,67 @@
+"""Config validation: each kind of bad config gives a clear error naming the field and the fix."""
+
+import json
+import os
+
+import pytest
+
+from txf.config import ConfigError, base_config, validate
+from tests.conftest import EXPERIMENTS, run_txf
+
+
+def test_base_and_experiment_configs_validate():
+  validate(base_config())
+  import importlib.util
+  for name in sorted(os.listdir(EXPERIMENTS)):
+    if name.endswith(".py"):
+      spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(EXPERIMENTS, name))
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      validate(module.get_config())
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda c: setattr(c.model, "num_heads", 3), "not divisible by model.num_heads=3"),
+    (lambda c: setattr(c.model, "d_ff", 0), "model.d_ff=0 must be positive"),
+    (lambda c: setattr(c, "batch_size", -4), "batch_size=-4 must be positive"),
+    (lambda c: setattr(c.model, "dropout_rate", 1.5), "model.dropout_rate=1.5 must be in [0, 1)"),
+    (lambda c: setattr(c.model, "positional", "rotary"), "model.positional='rotary' is not one of"),
+])
+def test_bad_values(mutate, needle):
+  c = base_config()
+  mutate(c)
+  with pytest.raises(ConfigError, match=None) as e:
+    validate(c)
+  assert needle in str(e.value)
+
+
+def test_unknown_field_suggests_the_right_name():
+  c = base_config()
+  c.model.num_head = 4
+  with pytest.raises(ConfigError) as e:
+    validate(c)
+  assert "unknown field 'model.num_head'" in str(e.value) and "model.num_heads" in str(e.value)
+
+
+def test_max_len_shorter_than_data():
+  c = base_config()
+  c.model.max_len = 16
+  with pytest.raises(ConfigError) as e:
+    validate(c, {"max_input_len": 32, "max_target_len": 20})
+  msg = str(e.value)
+  assert "model.max_len=16" in msg and "max_input_len=32" in msg and "max_target_len=20" in msg
+
+
+@pytest.mark.parametrize("flag, needle", [
+    ("--config.model.num_heads=5", "not divisible"),
+    ("--config.model.max_len=8", "model.max_len=8 is shorter than the data"),
+])
+def test_cli_reports_bad_config_and_writes_nothing(tmp_path, flag, needle):
+  workdir = tmp_path / "run"
+  r = run_txf("train", "--config", os.path.join(EXPERIMENTS, "copy.py"), "--workdir", str(workdir), flag,
+              "--progress=false")
+  assert r.returncode == 2, r.stderr
+  assert needle in r.stderr
+  assert "Traceback" not in r.stderr
+  if workdir.exists():  # a config that fails before training leaves no half-written run behind
+    assert not (workdir / "params.msgpack").exists()
