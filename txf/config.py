@@ -57,6 +57,8 @@ def base_config() -> ml_collections.ConfigDict:
   o = c.optimizer
   o.warmup_steps = 4000          # linear warmup length of the inverse-sqrt schedule
   o.learning_rate_scale = 1.0    # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+  o.schedule = "inverse_sqrt"    # inverse_sqrt (the paper, above) | constant (learning_rate after a linear warmup)
+  o.learning_rate = 1e-3         # schedule="constant": lr = learning_rate * min(1, step / warmup_steps)
   o.b1 = 0.9                     # Adam beta1 (paper: 0.9)
   o.b2 = 0.98                    # Adam beta2 (paper: 0.98)
   o.eps = 1e-9                   # Adam epsilon (paper: 1e-9)
@@ -130,7 +132,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
 
   positive("", ["num_train_steps", "batch_size", "log_every", "grad_accum_steps"])
   positive("model", ["d_model", "num_heads", "d_ff", "max_len"])
-  positive("optimizer", ["warmup_steps"])
+  positive("optimizer", ["warmup_steps", "learning_rate"])
   for n in ["num_encoder_layers", "num_decoder_layers"]:
     if m.get(n, 0) < 0:
       errors.append(f"model.{n}={m.get(n)} must be >= 0")
@@ -144,7 +146,8 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
              "model.pooling": ("mean", "first"), "model.attention_impl": ("reference", "fused"),
              "model.dtype": ("float32", "bfloat16"), "parallelism": ("single", "pmap", "mesh"),
              "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
-             "data.tokenizer": ("word", "sentencepiece", "char")}
+             "data.tokenizer": ("word", "sentencepiece", "char"),
+             "optimizer.schedule": ("inverse_sqrt", "constant")}
   for key, allowed in choices.items():
     if key in given and given[key] not in allowed:
       errors.append(f"{key}={given[key]!r} is not one of {allowed}")

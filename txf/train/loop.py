@@ -15,7 +15,7 @@ from txf.metrics import MetricWriter
 from txf.models import count_params, init_params
 from txf.parallel import make_runner
 from txf.train import evaluate
-from txf.train.optimizer import inverse_sqrt_schedule, make_optimizer
+from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.steps import create_train_state, make_eval_step, make_train_step, model_config_from
 
 
@@ -82,8 +82,7 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
   init_rng, dropout_rng = jax.random.split(rng)
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
   params = init_params(model_cfg, init_rng, example_batch)
-  schedule = inverse_sqrt_schedule(model_cfg.d_model, config.optimizer.warmup_steps,
-                                   config.optimizer.learning_rate_scale)
+  schedule = make_schedule(config.optimizer, model_cfg.d_model)
   tx = make_optimizer(config.optimizer, model_cfg.d_model)
   state = create_train_state(params, tx)
   say(f"txf: {model_cfg.family}, {count_params(params):,} parameters, data {config.data.source}, "

@@ -1,4 +1,5 @@
-"""Adam with the paper's settings and its inverse-square-root warmup schedule (section 5.3)."""
+"""Adam with the paper's settings and its inverse-square-root warmup schedule (section 5.3), or a
+constant learning rate after a linear warmup (``optimizer.schedule``)."""
 
 import jax.numpy as jnp
 import optax
@@ -21,9 +22,35 @@ def inverse_sqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -
   return schedule
 
 
+def constant_schedule(learning_rate: float, warmup_steps: int = 1) -> optax.Schedule:
+  """lr(step) = learning_rate * min(1, step / warmup), step counted from 1 (as the inverse-sqrt one).
+
+  ``warmup_steps = 1`` gives the plain constant rate from the first update on.
+  """
+  if learning_rate <= 0 or warmup_steps <= 0:
+    raise ValueError(f"need learning_rate > 0 and warmup_steps > 0, got {learning_rate}, {warmup_steps}")
+
+  def schedule(count):
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    return learning_rate * jnp.minimum(1.0, step / warmup_steps)
+
+  return schedule
+
+
+def make_schedule(opt_cfg, d_model: int) -> optax.Schedule:
+  """The schedule ``opt_cfg.schedule`` names: "inverse_sqrt" (default; also when the field is absent,
+  as in configs saved before it existed) or "constant" (``opt_cfg.learning_rate``)."""
+  kind = opt_cfg.get("schedule", "inverse_sqrt")
+  if kind == "inverse_sqrt":
+    return inverse_sqrt_schedule(d_model, opt_cfg.warmup_steps, opt_cfg.learning_rate_scale)
+  if kind == "constant":
+    return constant_schedule(opt_cfg.learning_rate, opt_cfg.warmup_steps)
+  raise ValueError(f"optimizer.schedule={kind!r} is not one of ('inverse_sqrt', 'constant')")
+
+
 def make_optimizer(opt_cfg, d_model: int) -> optax.GradientTransformation:
-  """Adam(b1, b2, eps) (AdamW when weight_decay > 0) on the inverse-sqrt schedule, optional clipping."""
-  schedule = inverse_sqrt_schedule(d_model, opt_cfg.warmup_steps, opt_cfg.learning_rate_scale)
+  """Adam(b1, b2, eps) (AdamW when weight_decay > 0) on ``make_schedule(opt_cfg)``, optional clipping."""
+  schedule = make_schedule(opt_cfg, d_model)
   if opt_cfg.weight_decay > 0:
     adam = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                        weight_decay=opt_cfg.weight_decay)
