@@ -6,7 +6,7 @@ jit per (model config, batch size, lengths, beam), so repeated evaluations never
 
 import functools
 import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,18 +46,22 @@ def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: in
 
 
 def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.ndarray], input_len: int,
-                  max_len: int, batch_size: int = 64, beam_size: int = 1, alpha: float = 0.6
-                  ) -> List[np.ndarray]:
+                  max_len: int, batch_size: int = 64, beam_size: int = 1, alpha: float = 0.6,
+                  max_extra: Optional[int] = None) -> List[np.ndarray]:
   """Decode source id rows (each ending with EOS) -> generated id rows (EOS kept, padding dropped).
 
-  Sources are padded to [batch_size, input_len]; output length is at most ``max_len``.
+  Sources are padded to [batch_size, input_len]; output length is at most ``max_len`` (the decode
+  buffer, fixed for every batch: one compile), and with ``max_extra`` at most each row's own source
+  length (EOS counted) + max_extra.
   """
   fn = _compiled_decoder(model_cfg, batch_size, max_len, beam_size, float(alpha))
   out = []
   for s in range(0, len(sources), batch_size):
     chunk = list(sources[s:s + batch_size])
     ids = np.asarray(fn(params, jnp.asarray(pad_batch(chunk, input_len, batch_size))))
-    for row in ids[:len(chunk)]:
+    for row, source in zip(ids[:len(chunk)], chunk):
+      if max_extra is not None:
+        row = row[:len(source) + max_extra]
       end = np.nonzero(row == EOS_ID)[0]
       out.append(row[: end[0] + 1] if len(end) else row)
   return out
@@ -65,10 +69,10 @@ def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.nda
 
 def decode_examples(model_cfg, params, task, examples: Sequence[Example], max_extra: int = 50,
                     batch_size: int = 64, beam_size: int = 1, alpha: float = 0.6) -> List[str]:
-  """Detokenized hypotheses for held-out translation examples."""
+  """Detokenized hypotheses for held-out translation examples (each at most source length + max_extra)."""
   max_len = min(model_cfg.max_len, task.max_input_len + max_extra)
   ids = translate_ids(model_cfg, params, [e.source_ids for e in examples], task.max_input_len,
-                      max_len, batch_size, beam_size, alpha)
+                      max_len, batch_size, beam_size, alpha, max_extra=max_extra)
   return [task.decode_target(i) for i in ids]
 
 

@@ -1,0 +1,268 @@
+"""txf translate / eval / generate, on a tiny copy model and a tiny decoder_lm trained once per module.
+
+The command-line tests run ``python -m txf.cli ...`` in a subprocess (exit status, stdout, stderr);
+the rest call txf.inference_io directly, which the commands are thin wrappers of.
+"""
+
+import json
+import math
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from txf import inference_io
+from txf import workdir as workdir_lib
+from txf.data.base import EOS_ID
+from txf.train import evaluate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(**overrides):
+  config = runpy.run_path(os.path.join(REPO, "experiments", "copy.py"))["get_config"]()
+  config.num_samples = 0
+  config.decode_examples = 16
+  config.eval_batches = 1
+  config.checkpoint_every = 0  # only at the end
+  for key, value in overrides.items():
+    target = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      target = target[p]
+    target[leaf] = value
+  return config
+
+
+def _train(config, workdir):
+  from txf.train.loop import train
+  train(config, str(workdir), progress=False)
+  return str(workdir)
+
+
+@pytest.fixture(scope="module")
+def copy_run(tmp_path_factory):
+  """A tiny encoder-decoder that has learned to copy (trained once, ~300 steps)."""
+  return _train(_config(), tmp_path_factory.mktemp("runs") / "copy")
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+  """A barely trained decoder_lm on the copy data: enough to sample from."""
+  config = _config(**{"model.family": "decoder_lm", "num_train_steps": 5, "decode_examples": 0})
+  return _train(config, tmp_path_factory.mktemp("runs") / "lm")
+
+
+def _txf(*args, stdin=None, cwd=None):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "txf.cli", *args], input=stdin, capture_output=True,
+                        text=True, cwd=cwd, env=env, timeout=300)
+
+
+def _user_error(result):
+  """The one-line message of a user error (exit status 2), without absl/jax log lines."""
+  assert result.returncode == 2, (result.returncode, result.stderr)
+  lines = [l for l in result.stderr.splitlines() if l.startswith("txf: error:")]
+  assert len(lines) == 1, result.stderr
+  assert "Traceback" not in result.stderr
+  return lines[0]
+
+
+@pytest.fixture(scope="module")
+def held_out(copy_run):
+  run = inference_io.load_inference_run(copy_run)
+  return [e.source for e in run.task.examples("test", 20)]
+
+
+OVERLONG = " ".join(f"s{i % 10}" for i in range(12))  # 12 symbols + EOS = 13 > max_input_len = 10
+
+
+@pytest.fixture(scope="module")
+def translated(copy_run, held_out, tmp_path_factory):
+  """txf translate --beam 2 on held-out sources with empty lines, a blank line and an over-long line."""
+  lines = held_out[:5] + [""] + held_out[5:12] + ["", "   ", OVERLONG] + held_out[12:]
+  path = tmp_path_factory.mktemp("io") / "src.txt"
+  path.write_text("\n".join(lines) + "\n")
+  result = _txf("translate", f"--workdir={copy_run}", f"--input={path}", "--beam=2", "--batch_size=8")
+  assert result.returncode == 0, result.stderr
+  return lines, result
+
+
+def test_translate_round_trip_copies_held_out_sources(translated, held_out):
+  lines, result = translated
+  out = result.stdout.split("\n")[:-1]
+  pairs = [(src, hyp) for src, hyp in zip(lines, out) if src in held_out]
+  assert len(pairs) == len(held_out)
+  assert sum(src == hyp for src, hyp in pairs) >= 0.8 * len(pairs), pairs
+
+
+def test_translate_preserves_empty_lines_and_line_count(translated):
+  lines, result = translated
+  assert result.stdout.endswith("\n")
+  out = result.stdout.split("\n")[:-1]
+  assert len(out) == len(lines)
+  for src, hyp in zip(lines, out):
+    assert (hyp == "") == (src.strip() == ""), (src, hyp)
+
+
+def test_translate_warns_on_overlong_line(translated):
+  lines, result = translated
+  lineno = lines.index(OVERLONG) + 1
+  warnings = [l for l in result.stderr.splitlines() if "warning" in l and "max_input_len" in l]
+  assert len(warnings) == 1, result.stderr
+  assert f"line {lineno}:" in warnings[0] and "13 tokens" in warnings[0] and "truncated" in warnings[0]
+  assert result.stdout.split("\n")[lineno - 1].strip()  # still translated
+
+
+def test_translate_without_trained_params_is_a_clear_error(copy_run, tmp_path):
+  shutil.copy(os.path.join(copy_run, "config.json"), tmp_path / "config.json")
+  message = _user_error(_txf("translate", f"--workdir={tmp_path}", stdin="s1 s2\n"))
+  assert "no trained parameters" in message and "params.msgpack" in message
+
+
+def test_translate_beam_below_one_is_a_clear_error(copy_run):
+  message = _user_error(_txf("translate", f"--workdir={copy_run}", "--beam=0", stdin="s1 s2\n"))
+  assert "--beam=0" in message and ">= 1" in message
+
+
+def test_params_flag_loads_an_alternate_file(copy_run, tmp_path):
+  run = inference_io.load_inference_run(copy_run)
+  zeros = jax.tree_util.tree_map(np.zeros_like, jax.device_get(run.params))
+  workdir_lib.save_params(copy_run, zeros, "params_zero.msgpack")
+  try:
+    alt = inference_io.load_inference_run(copy_run, "params_zero.msgpack")
+    assert alt.params_path == os.path.join(copy_run, "params_zero.msgpack")
+    assert all(not np.any(np.asarray(x)) for x in jax.tree_util.tree_leaves(alt.params))
+    # all-zero parameters give all-zero logits: argmax is PAD at every step, so empty outputs
+    # (the trained params.msgpack copies: test_translate_round_trip_copies_held_out_sources)
+    zero = _txf("translate", f"--workdir={copy_run}", "--params=params_zero.msgpack",
+                stdin="s1 s2 s3\ns4 s5 s6 s7\n")
+    assert zero.returncode == 0, zero.stderr
+    assert zero.stdout == "\n\n"
+    assert "params_zero.msgpack" in zero.stderr
+    report = inference_io.evaluate_split(alt, "test", max_examples=8, batch_size=8)
+    assert report["exact_match"] == 0.0 and report["params"].endswith("params_zero.msgpack")
+  finally:
+    os.remove(os.path.join(copy_run, "params_zero.msgpack"))
+
+
+def test_params_of_another_model_are_refused(copy_run, lm_run):
+  with pytest.raises(ValueError, match="does not match this run's model"):
+    inference_io.load_inference_run(copy_run, os.path.join(lm_run, "params.msgpack"))
+  with pytest.raises(FileNotFoundError, match="params_avg5.msgpack"):
+    inference_io.load_inference_run(copy_run, "params_avg5.msgpack")
+
+
+def test_translate_ids_cuts_each_row_at_source_length_plus_max_extra(monkeypatch):
+  """A decoder that never emits EOS: each row stops at its own source length + max_extra."""
+  monkeypatch.setattr(evaluate, "_compiled_decoder",
+                      lambda cfg, b, max_len, beam, alpha: lambda p, x: np.full((b, max_len), 7))
+  sources = [np.array([4, 5, EOS_ID]), np.array([4, 5, 6, 7, 8, 9, EOS_ID]), np.array([EOS_ID])]
+  out = evaluate.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2,
+                               max_extra=3)
+  assert [len(r) for r in out] == [6, 10, 4]
+  full = evaluate.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2)
+  assert [len(r) for r in full] == [12, 12, 12]
+
+
+def test_read_lines_keeps_count_and_names_bad_bytes(tmp_path):
+  path = tmp_path / "in.txt"
+  path.write_bytes(b"a b\r\n\nc")
+  assert inference_io.read_lines(str(path)) == ["a b", "", "c"]
+  path.write_bytes(b"ok\n\n")
+  assert inference_io.read_lines(str(path)) == ["ok", ""]
+  path.write_bytes(b"ok\nbad \xff\n")
+  with pytest.raises(ValueError, match=r"in.txt:2: not UTF-8"):
+    inference_io.read_lines(str(path))
+  with pytest.raises(FileNotFoundError):
+    inference_io.read_lines(str(tmp_path / "missing.txt"))
+
+
+def test_eval_writes_translation_report(copy_run):
+  result = _txf("eval", f"--workdir={copy_run}", "--split=test", "--max_examples=64")
+  assert result.returncode == 0, result.stderr
+  with open(os.path.join(copy_run, "eval_test.json")) as f:
+    report = json.load(f)
+  assert json.loads(result.stdout) == report
+  for key in ("bleu", "bleu_signature", "chrf", "chrf_signature", "exact_match", "loss",
+              "perplexity", "num_examples", "params", "split"):
+    assert key in report, key
+  assert report["num_examples"] == 64 and report["split"] == "test"
+  assert "nrefs:1" in report["bleu_signature"] and "tok:13a" in report["bleu_signature"]
+  assert "version:" in report["bleu_signature"] and "nc:6" in report["chrf_signature"]
+  assert 0.0 <= report["exact_match"] <= 1.0 and report["exact_match"] >= 0.8
+  assert 0.0 <= report["chrf"] <= 100.0 + 1e-9 and 50.0 <= report["bleu"] <= 100.0 + 1e-9
+  assert report["params"] == os.path.join(copy_run, "params.msgpack")
+
+
+def test_eval_language_model_reports_perplexity(lm_run):
+  run = inference_io.load_inference_run(lm_run)
+  report = inference_io.evaluate_split(run, "val", max_examples=40, batch_size=16)
+  assert report["num_examples"] == 40 and "bleu" not in report
+  assert report["perplexity"] == pytest.approx(math.exp(report["loss"]))
+  assert report["perplexity"] > 1.0 and math.isfinite(report["perplexity"])
+  with pytest.raises(ValueError, match="split 'nope'"):
+    inference_io.evaluate_split(run, "nope")
+
+
+def test_eval_classifier_accuracy_is_argmax_over_real_rows():
+  """A made-up classification task (filler rows included) and an untrained classifier."""
+  from txf.models import build_model, init_params
+  from txf.nn import TransformerConfig
+
+  rng = np.random.default_rng(0)
+  batches = [{"inputs": rng.integers(3, 12, (4, 6)).astype(np.int32),
+              "label": rng.integers(0, 3, (4,)).astype(np.int32)} for _ in range(3)]
+  batches[-1]["inputs"][2:] = 0  # two filler rows
+
+  class Task:
+    family, vocab_size, num_classes, max_input_len, max_target_len = "encoder_classifier", 12, 3, 6, 0
+
+    def eval_batches(self, split, batch_size, max_examples=None):
+      return batches
+
+  task = Task()
+  cfg = TransformerConfig(family="encoder_classifier", vocab_size=12, num_classes=3, d_model=16,
+                          num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=0, max_len=8)
+  params = jax.jit(lambda key: init_params(cfg, key, batches[0]))(jax.random.key(1))
+  run = inference_io.InferenceRun("w", None, task, cfg, params, "w/params.msgpack")
+  report = inference_io.evaluate_split(run, "test", batch_size=4)
+  model = build_model(cfg, deterministic=True)
+  inputs = np.concatenate([b["inputs"] for b in batches])
+  labels = np.concatenate([b["label"] for b in batches])
+  pred = np.argmax(np.asarray(model.apply({"params": params}, inputs)), axis=-1)
+  hits = (pred == labels)[np.any(inputs != 0, axis=-1)]
+  assert report["num_examples"] == 10 == len(hits)
+  assert report["accuracy"] == pytest.approx(np.mean(hits))
+  assert "perplexity" not in report and "bleu" not in report
+
+
+def test_generate_samples_from_a_language_model(lm_run):
+  result = _txf("generate", f"--workdir={lm_run}", "--prompt=s1 s2", "--max_new_tokens=6",
+                "--num_samples=2", "--seed=3")
+  assert result.returncode == 0, result.stderr
+  samples = [l for l in result.stdout.splitlines() if not l.startswith("--- sample")]
+  assert len(samples) == 2 and all(s.startswith("s1 s2") for s in samples), result.stdout
+  assert all(len(s.split()) <= 2 + 6 for s in samples)
+
+
+def test_generate_is_deterministic_and_fits_the_context(lm_run):
+  run = inference_io.load_inference_run(lm_run)
+  warned = []
+  a = inference_io.sample_texts(run, "s3", max_new_tokens=500, seed=5, num_samples=2, warn=warned.append)
+  b = inference_io.sample_texts(run, "s3", max_new_tokens=500, seed=5, num_samples=2, warn=warned.append)
+  assert a == b and any("max_new_tokens=500" in w for w in warned)
+  assert all(len(t.split()) <= run.model_cfg.max_len for t in a)
+  with pytest.raises(ValueError, match="top_p"):
+    inference_io.sample_texts(run, "s3", top_p=0.0)
+
+
+def test_generate_refuses_other_families(copy_run):
+  run = inference_io.load_inference_run(copy_run)
+  with pytest.raises(ValueError, match="needs a model.family=decoder_lm run.*txf translate"):
+    inference_io.sample_texts(run, "s1")

@@ -1,0 +1,46 @@
+"""``txf translate --workdir runs/x [--input FILE] [--output FILE] [--beam 4] [--alpha 0.6]
+[--params params_avg5.msgpack] [--max_extra 50] [--batch_size 32]``.
+
+Reads lines (stdin or --input), writes one detokenized translation per line (stdout or --output),
+in order: empty lines stay empty, so line counts always match. Lines longer than the model's
+data.max_input_len tokens are truncated with a warning on stderr naming the line and its length.
+"""
+
+import sys
+import time
+
+from absl import flags
+
+flags.DEFINE_string("workdir", None, "run directory of a trained encoder_decoder run", required=True)
+flags.DEFINE_string("input", None, "file to translate, one sentence per line (default: stdin)")
+flags.DEFINE_string("output", None, "where to write the translations (default: stdout)")
+flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
+                    "params_avg5.msgpack from `txf average-checkpoints`, or a path")
+flags.DEFINE_integer("beam", None, "beam size (1 = greedy; default: the run's config.beam_size)")
+flags.DEFINE_float("alpha", None, "GNMT length penalty exponent (default: the run's config.alpha)")
+flags.DEFINE_integer("max_extra", None, "each output has at most source length + this many tokens "
+                     "(default: the run's config.decode_max_extra, 50)")
+flags.DEFINE_integer("batch_size", 32, "sentences decoded together (a fixed batch shape: one compile)")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments {argv[1:]}: give the text on stdin or with --input FILE")
+  from txf import inference_io
+  f = flags.FLAGS
+  if f.beam is not None and f.beam < 1:  # before loading anything
+    raise ValueError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
+  run = inference_io.load_inference_run(f.workdir, f.params)
+  inference_io.require_family(run, "encoder_decoder", "translate")
+  beam = run.config.beam_size if f.beam is None else f.beam
+  alpha = run.config.alpha if f.alpha is None else f.alpha
+  max_extra = run.config.decode_max_extra if f.max_extra is None else f.max_extra
+  inference_io.check_decoding_flags(beam, max_extra, f.batch_size)
+  lines = inference_io.read_lines(f.input)
+  started = time.time()
+  out = inference_io.translate_lines(run, lines, beam, alpha, max_extra, f.batch_size)
+  inference_io.write_lines(out, f.output)
+  seconds = time.time() - started
+  empty = sum(1 for line in lines if not line.strip())
+  print(f"txf translate: {len(lines)} lines ({empty} empty) in {seconds:.1f} s, beam {beam}, "
+        f"params {run.params_path}", file=sys.stderr)
