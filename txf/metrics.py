@@ -42,8 +42,14 @@ class MetricWriter:
     """Drop rows logged after ``step`` (a resumed run re-logs them exactly)."""
     if not (self.enabled and os.path.exists(self.path)):
       return
+    def keep(line: str) -> bool:
+      try:
+        return json.loads(line)["step"] <= step
+      except ValueError:  # a line cut short by a killed process
+        return False
+
     with open(self.path) as f:
-      rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+      rows = [line.rstrip("\n") + "\n" for line in f if line.strip() and keep(line)]
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
       f.writelines(rows)

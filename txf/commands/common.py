@@ -20,7 +20,10 @@ def guarded(fn):
     user_errors = (ConfigError, RunConflictError, FileNotFoundError, NotADirectoryError, ValueError)
     try:
       return fn(argv)
-    except user_errors as e:
+    except Exception as e:  # pylint: disable=broad-except
+      loop = sys.modules.get("txf.train.loop")  # NonFiniteLossError, if training ran at all
+      if not isinstance(e, user_errors + ((loop.NonFiniteLossError,) if loop else ())):
+        raise
       if flags.FLAGS.verbose_errors:
         traceback.print_exc()
       print(f"txf: error: {e}", file=sys.stderr)

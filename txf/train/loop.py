@@ -1,8 +1,28 @@
-"""The training loop: the one place that joins data, step, parallelism, checkpoints and metrics."""
+"""The training loop: the one place that joins data, step, parallelism, checkpoints and metrics.
+
+Checkpoints (txf/checkpoint.py) are written every ``config.checkpoint_every`` steps, at the end,
+at every evaluation when ``config.best_metric`` is set (so the best one can be kept), and when the
+run is stopped by SIGTERM/SIGINT; saving is asynchronous. A run restarted in the same workdir
+resumes from the latest checkpoint (state, data position and the partial log window), so its
+metrics.jsonl and final parameters equal those of an uninterrupted run. The dropout RNG of step n
+is ``fold_in(split(key(seed))[1], n)``: the step determines it.
+
+Signals: the first SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
+(``txf train`` exits 0); a second one exits at once with status 128 + signal number.
+
+Non-finite losses: ``train_step`` leaves the state unchanged on such a step; with
+``nan_policy='stop'`` the loop raises NonFiniteLossError naming the step before any later state
+is saved, with ``'skip'`` it carries on and counts the step in the ``skipped`` metric.
+Test hook: ``TXF_INJECT_NAN_AT_STEP=k`` feeds step k (the k-th optimizer step, 1-based as in
+metrics.jsonl) NaN parameters, so its loss and gradients are NaN, and then puts the good state
+back, as train_step itself does on a non-finite step (same compiled step, no other effect).
+"""
 
 import os
+import signal
+import threading
 import time
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +30,7 @@ import numpy as np
 
 from txf import config as config_lib
 from txf import workdir as workdir_lib
+from txf.checkpoint import Checkpointer
 from txf.data import make_task
 from txf.metrics import MetricWriter
 from txf.models import count_params, init_params
@@ -24,10 +45,68 @@ class NonFiniteLossError(RuntimeError):
 
 
 def _mean_metrics(rows: List[Dict[str, np.ndarray]]) -> Dict[str, float]:
+  """Means over the finite steps of a log window (all NaN if none was finite); tokens summed."""
   keys = [k for k in rows[0] if k not in ("finite", "tokens")]
-  out = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+  good = [r for r in rows if float(r["finite"]) != 0.0]
+  out = {k: float(np.mean([r[k] for r in good])) if good else float("nan") for k in keys}
   out["tokens"] = float(np.sum([r["tokens"] for r in rows]))
   return out
+
+
+def _pack_rows(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Per-step metric rows -> JSON (value, dtype and shape kept, so unpacking is exact)."""
+  return [{k: [np.asarray(v).tolist(), str(np.asarray(v).dtype)] for k, v in r.items()}
+          for r in jax.device_get(rows)]
+
+
+def _unpack_rows(packed: List[Dict[str, Any]]) -> List[Dict[str, np.ndarray]]:
+  return [{k: np.asarray(v, dtype) for k, (v, dtype) in r.items()} for r in packed]
+
+
+class _Preemption:
+  """SIGTERM/SIGINT handling while training (main thread only; elsewhere a no-op).
+
+  The first signal sets ``requested``: the loop finishes its step, checkpoints and stops. A
+  second signal exits the process at once with status 128 + signum (no checkpoint; a save in
+  flight is left incomplete, which orbax never mistakes for a checkpoint).
+  """
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.signum, self._previous = None, {}
+
+  @property
+  def signal_name(self) -> str:
+    return signal.Signals(self.signum).name if self.signum else ""
+
+  def _handle(self, signum, frame):
+    if self.signum is not None:
+      os.write(2, f"\ntxf: second {signal.Signals(signum).name}: exiting now\n".encode())
+      os._exit(128 + signum)
+    self.signum = signum
+    os.write(2, f"\ntxf: {signal.Signals(signum).name} received: finishing this step and writing "
+                f"a checkpoint (send it again to exit at once)\n".encode())
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for s in self.SIGNALS:
+        self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    return False
+
+  def requested(self, done: int, log_every: int) -> bool:
+    """Whether to stop after step ``done``; all processes agree (checked at log steps if several)."""
+    if jax.process_count() == 1:
+      return self.signum is not None
+    if done % log_every:
+      return False
+    from jax.experimental import multihost_utils
+    flags = multihost_utils.process_allgather(np.int32(self.signum is not None))
+    return bool(np.max(flags))
 
 
 def run_eval(runner, state, task, config, model_cfg, eval_batches, examples, writer, step,
@@ -59,6 +138,80 @@ def run_eval(runner, state, task, config, model_cfg, eval_batches, examples, wri
   return metrics
 
 
+def _restore_target(runner, abstract_state):
+  """What a checkpoint is restored onto, whatever the device count it was written with: straight
+  onto the runner's shardings if it has them (mesh: ``state_shardings``), else host numpy arrays
+  (``ShapeDtypeStruct`` leaves without a sharding) that ``place_state`` then copies to devices."""
+  shardings_of = getattr(runner, "state_shardings", None)
+  if shardings_of is None:
+    return abstract_state
+  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                abstract_state, shardings_of(abstract_state))
+
+
+def _train_steps(config, runner, state, train_it, dropout_rng, start_step: int, pending: List,
+                 checkpointer: Checkpointer, writer: MetricWriter, bar, preemption: _Preemption,
+                 evaluate_at: Callable) -> tuple:
+  """Steps ``start_step+1 .. num_train_steps`` with logging, evaluation and checkpoints.
+
+  ``pending``: metric rows of the current log window (restored on resume). Returns
+  ``(state, latest eval metrics, step it stopped at on a signal or None)``.
+  """
+  final, previous, last_log = {}, None, time.time()
+  nan_at = int(os.environ.get("TXF_INJECT_NAN_AT_STEP") or 0)  # test hook, see the module doc
+
+  def check(entry):  # entry: (1-based step, its metrics)
+    if entry is not None and config.nan_policy == "stop" and float(entry[1]["finite"]) == 0.0:
+      kept = checkpointer.latest_step()
+      raise NonFiniteLossError(
+          f"non-finite loss or gradient at step {entry[0]}: the run stopped; "
+          + (f"its last good checkpoint (step {kept}) is kept" if kept is not None else
+             "no checkpoint was written") +
+          "; lower the learning rate, check the data, or set nan_policy='skip' to skip such batches")
+
+  for step in range(start_step, config.num_train_steps):
+    done = step + 1
+    batch = next(train_it)
+    if done == nan_at:  # NaN parameters in, the good state back after (the step donates its input)
+      good = jax.tree_util.tree_map(jnp.copy, state)
+      state = state.replace(params=jax.tree_util.tree_map(lambda p: p * jnp.nan, state.params))
+    state, metrics = runner.train_step(state, batch, jax.random.fold_in(dropout_rng, step))
+    if done == nan_at:
+      state = state.replace(params=good.params, opt_state=good.opt_state)
+    check(previous)  # the step before: the host never waits on the current one
+    previous = (done, metrics)
+    pending.append(metrics)
+    if bar is not None:
+      bar.update(1)
+    is_last = done == config.num_train_steps
+    if done % config.log_every == 0 or is_last:
+      rows = jax.device_get(pending)
+      m = _mean_metrics(rows)
+      now = time.time()
+      m["tokens_per_second"] = m.pop("tokens") / max(now - last_log, 1e-9)
+      m["skipped"] = float(sum(1.0 - r["finite"] for r in rows))
+      writer.write(done, "train", m)
+      if bar is not None:
+        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['accuracy']:.3f}")
+      pending, last_log = [], now
+    eval_metrics = None
+    if (config.eval_every and done % config.eval_every == 0) or is_last:
+      if bar is not None:
+        bar.clear()
+      eval_metrics = final = evaluate_at(state, done)
+      last_log = time.time()
+    stop = not is_last and preemption.requested(done, config.log_every)
+    if (stop or is_last or (config.checkpoint_every and done % config.checkpoint_every == 0)
+        or (config.best_metric and eval_metrics is not None)):
+      check(previous)  # never save a state that follows a non-finite step
+      checkpointer.save(done, runner.host_state(state), train_it.get_state(), eval_metrics,
+                        {"pending": _pack_rows(pending)})
+    if stop:
+      return state, final, done
+  check(previous)
+  return state, final, None
+
+
 def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> Dict[str, float]:
   """Train ``config`` in ``workdir``; returns the final evaluation metrics.
 
@@ -81,11 +234,12 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
   rng = jax.random.key(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
-  params = init_params(model_cfg, init_rng, example_batch)
   schedule = make_schedule(config.optimizer, model_cfg.d_model)
   tx = make_optimizer(config.optimizer, model_cfg.d_model)
-  state = create_train_state(params, tx)
-  say(f"txf: {model_cfg.family}, {count_params(params):,} parameters, data {config.data.source}, "
+  new_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch), tx)
+  abstract_state = jax.eval_shape(new_state)  # shapes only: a resumed run never initialises
+  say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
+      f"data {config.data.source}, "
       f"{config.num_train_steps} steps of {config.batch_size} on {jax.device_count()} "
       f"{jax.devices()[0].platform} device(s) -> {workdir}")
 
@@ -96,18 +250,17 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
       lambda axis: make_eval_step(model_cfg, config.optimizer.label_smoothing, axis))
   train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(), jax.process_count())
 
-  start_step = 0
-  checkpointer = None
-  try:
-    from txf.checkpoint import Checkpointer
-    checkpointer = Checkpointer(workdir, config)
-    restored = checkpointer.restore_latest(state) if resumed else None
-    if restored is not None:
-      state, data_state, start_step = restored
-      train_it.set_state(data_state)
-      say(f"resumed from the checkpoint at step {start_step}")
-  except ImportError:
-    pass
+  checkpointer = Checkpointer(workdir, config)
+  start_step, pending = 0, []
+  restored = (checkpointer.restore_latest(_restore_target(runner, abstract_state))
+              if resumed and checkpointer.all_steps() else None)
+  if restored is not None:
+    state, start_step = restored.state, restored.step
+    train_it.set_state(restored.data_state)
+    pending = _unpack_rows(restored.loop_state.get("pending", []))
+    say(f"resumed from the checkpoint at step {start_step}")
+  else:
+    state = new_state()
   state = runner.place_state(state)
 
   writer = MetricWriter(workdir, enabled=is_main)
@@ -117,60 +270,37 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
   examples = (task.examples(config.data.eval_split, config.decode_examples)
               if config.decode_examples and model_cfg.family == "encoder_decoder" else [])
 
-  pending, last_log = [], time.time()
-  previous = None
-  steps = range(start_step, config.num_train_steps)
   bar = None
   if progress and is_main:
     from tqdm import tqdm
     bar = tqdm(total=config.num_train_steps, initial=start_step, dynamic_ncols=True, desc="train")
-  final = {}
-  for step in steps:
-    batch = next(train_it)
-    state, metrics = runner.train_step(state, batch, jax.random.fold_in(dropout_rng, step))
-    if previous is not None:  # check the step before, so the host never waits on the current one
-      prev_step, prev_metrics = previous
-      if float(prev_metrics["finite"]) == 0.0 and config.nan_policy == "stop":
-        raise NonFiniteLossError(
-            f"non-finite loss or gradient at step {prev_step + 1}: the run stopped and its last "
-            f"good checkpoint is kept; lower the learning rate, check the data, or set "
-            f"nan_policy='skip' to skip such batches")
-    previous = (step, metrics)
-    pending.append(metrics)
-    done = step + 1
-    if bar is not None:
-      bar.update(1)
-    if done % config.log_every == 0 or done == config.num_train_steps:
-      rows = jax.device_get(pending)
-      m = _mean_metrics(rows)
-      now = time.time()
-      m["tokens_per_second"] = m.pop("tokens") / max(now - last_log, 1e-9)
-      m["skipped"] = float(sum(1.0 - r["finite"] for r in rows))
-      writer.write(done, "train", m)
-      if bar is not None:
-        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['accuracy']:.3f}")
-      pending, last_log = [], now
-    is_last = done == config.num_train_steps
-    if (config.eval_every and done % config.eval_every == 0) or is_last:
-      if bar is not None:
-        bar.clear()
-      final = run_eval(runner, state, task, config, model_cfg, eval_batches, examples, writer, done,
+  def evaluate_at(st, done):
+    metrics = run_eval(runner, st, task, config, model_cfg, eval_batches, examples, writer, done,
                        is_main, say)
-      say(f"eval at step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-      last_log = time.time()
-    if checkpointer is not None and ((config.checkpoint_every and done % config.checkpoint_every == 0)
-                                     or is_last):
-      checkpointer.save(done, runner.host_state(state), train_it.get_state(), final if is_last else None)
-  if previous is not None and float(previous[1]["finite"]) == 0.0 and config.nan_policy == "stop":
-    raise NonFiniteLossError(f"non-finite loss or gradient at step {previous[0] + 1}")
-  if bar is not None:
-    bar.close()
-  if checkpointer is not None:
-    checkpointer.close()
+    say(f"eval at step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return metrics
+
+  final, stopped_at = (restored.eval_metrics if restored else {}), None
+  with _Preemption() as preemption:
+    try:
+      state, evaluated, stopped_at = _train_steps(
+          config, runner, state, train_it, dropout_rng, start_step, pending, checkpointer, writer,
+          bar, preemption, evaluate_at)
+      final = evaluated or final
+    finally:
+      checkpointer.close()  # waits for the save in flight: it holds a state checked to be finite
+      if bar is not None:
+        bar.close()
+  if stopped_at is not None:
+    writer.close()
+    say(f"txf: stopped by {preemption.signal_name} after step {stopped_at}; checkpoint written to "
+        f"{checkpointer.step_dir(stopped_at)}. Run the same command to resume.")
+    return final
   if start_step >= config.num_train_steps:
     say(f"the run in {workdir} is already complete ({config.num_train_steps} steps)")
+  params = runner.host_params(state)  # every process: a mesh runner gathers shards collectively
   if is_main:
-    workdir_lib.save_params(workdir, runner.host_params(state))
+    workdir_lib.save_params(workdir, params)
     _write_plots(workdir, say)
   writer.close()
   return final

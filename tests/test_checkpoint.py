@@ -1,0 +1,295 @@
+"""txf.checkpoint on small hand-made train states (no training): save/restore, keep-N + best,
+a killed save, an unreadable checkpoint, restoring onto another device count, averaging; and the
+workdir guard (txf.workdir) that decides whether a run may resume.
+
+End-to-end kills, signals and NaNs through ``txf train`` are in test_checkpoint_resume.py.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from tests.conftest import ROOT
+from txf import workdir as workdir_lib
+from txf.checkpoint import Checkpointer, CheckpointFallbackWarning, average_checkpoints
+from txf.config import base_config
+from txf.train.steps import TrainState, create_train_state
+
+
+def _state(offset: float, step: int) -> TrainState:
+  """A host TrainState whose params and Adam moments all depend on ``offset``."""
+  params = {"dense": {"kernel": np.full((4, 6), offset, np.float32),
+                      "bias": np.arange(3, dtype=np.float32) * offset},
+            "embed": np.linspace(0, offset, 10, dtype=np.float32).reshape(5, 2)}
+  state = jax.device_get(create_train_state(params, optax.adam(1e-3)))
+  opt_state = jax.tree_util.tree_map(lambda x: np.asarray(x) + offset / 2, state.opt_state)
+  return state.replace(step=np.asarray(step, np.int32), opt_state=opt_state)
+
+
+def _template() -> TrainState:
+  """What the loop restores onto: a freshly initialised state on the default device."""
+  return jax.tree_util.tree_map(jnp.asarray, _state(0.0, 0))
+
+
+def _config(**kw):
+  c = base_config()
+  for k, v in kw.items():
+    setattr(c, k, v)
+  return c
+
+
+def _assert_tree_equal(a, b):
+  la, ta = jax.tree_util.tree_flatten(a)
+  lb, tb = jax.tree_util.tree_flatten(b)
+  assert ta == tb
+  for x, y in zip(la, lb):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_save_restore_roundtrip_with_data_and_loop_state(tmp_path):
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  saved = _state(1.5, 20)
+  assert ck.save(20, saved, {"next_index": 20, "epoch": 0}, {"loss": 2.5},
+                 {"pending": [{"loss": [1.25, "float32"]}]})
+  assert not ck.save(20, saved, {"next_index": 20})  # an existing step is never overwritten
+  ck.close()
+
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))  # a new process
+  restored = ck.restore_latest(_template())
+  ck.close()
+  assert isinstance(restored.state, TrainState) and restored.step == 20
+  _assert_tree_equal(jax.device_get(restored.state), saved)
+  assert isinstance(restored.state.params["embed"], jax.Array)  # onto the template's devices
+  assert restored.data_state == {"next_index": 20, "epoch": 0}
+  assert restored.eval_metrics == {"loss": 2.5}
+  assert restored.loop_state == {"pending": [{"loss": [1.25, "float32"]}]}
+  meta = json.loads((tmp_path / "checkpoints" / "20" / "meta" / "metadata").read_text())
+  assert meta["seed"] == 0 and meta["data_iterator"] == [{"next_index": 20, "epoch": 0}]
+
+
+def test_no_checkpoint_restores_none(tmp_path):
+  ck = Checkpointer(str(tmp_path), _config())
+  assert ck.restore_latest(_template()) is None
+  ck.close()
+
+
+@pytest.mark.parametrize("mode, best", [("max", 40), ("min", 20)])
+def test_keeps_last_n_plus_best(tmp_path, mode, best):
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=2, best_metric="bleu", best_mode=mode))
+  bleu = {20: 10.0, 40: 30.0, 60: 20.0, 80: None, 100: None}
+  for step, b in bleu.items():  # no eval at 80 and 100: never "best"
+    ck.save(step, _state(step, step), {"next_index": step},
+            None if b is None else {"bleu": b, "loss": 1.0})
+  ck.wait()
+  assert ck.all_steps() == sorted({best, 80, 100})
+  assert ck.best_step() == best
+  ck.close()
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == sorted(str(s) for s in {best, 80, 100})
+
+
+def test_keep_without_best_metric_keeps_last_n(tmp_path):
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=2))
+  for step in (10, 20, 30):
+    ck.save(step, _state(step, step), {"next_index": step}, {"loss": 1.0 / step})
+  ck.close()
+  ck = Checkpointer(str(tmp_path))
+  assert ck.all_steps() == [20, 30]
+  ck.close()
+
+
+def test_save_is_asynchronous(tmp_path, monkeypatch):
+  """save() returns while the write is still going on; wait() finishes it."""
+  monkeypatch.setenv("TXF_TEST_SAVE_DELAY_S", "1.0")
+  ck = Checkpointer(str(tmp_path), _config())
+  ck.save(10, _state(1.0, 10), {"next_index": 10})
+  names = os.listdir(tmp_path / "checkpoints")
+  assert "10" not in names and any(n.startswith("10.orbax-checkpoint-tmp") for n in names)
+  ck.wait()
+  assert os.listdir(tmp_path / "checkpoints") == ["10"]
+  ck.close()
+
+
+def test_unfinished_save_is_not_a_checkpoint(tmp_path):
+  """What a process killed mid-save leaves (a temporary directory) is ignored and cleaned up.
+
+  (test_checkpoint_resume.py kills a real ``txf train`` during a save.)
+  """
+  ck = Checkpointer(str(tmp_path), _config())
+  ck.save(10, _state(1.0, 10), {"next_index": 10})
+  ck.close()
+  partial = tmp_path / "checkpoints" / "20.orbax-checkpoint-tmp-1234"
+  (partial / "state").mkdir(parents=True)
+  (partial / "state" / "half_written").write_bytes(b"\0" * 10)
+  ck = Checkpointer(str(tmp_path), _config())
+  assert ck.all_steps() == [10]
+  assert ck.restore_latest(_template()).step == 10
+  ck.close()
+
+
+def _truncate_files(directory):
+  for root, _, files in os.walk(directory):
+    for name in files:
+      if name != "_CHECKPOINT_METADATA":
+        with open(os.path.join(root, name), "r+b") as f:
+          f.truncate(0)
+
+
+def test_unreadable_latest_falls_back_to_previous_with_warning(tmp_path):
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=5))
+  for step in (10, 20, 30):
+    ck.save(step, _state(step, step), {"next_index": step})
+  ck.close()
+  _truncate_files(tmp_path / "checkpoints" / "30" / "state")       # truncated array files
+  os.remove(tmp_path / "checkpoints" / "20" / "meta" / "metadata")  # a missing file
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=5))
+  with pytest.warns(CheckpointFallbackWarning) as record:
+    restored = ck.restore_latest(_template())
+  assert restored.step == 10 and restored.data_state == {"next_index": 10}
+  _assert_tree_equal(jax.device_get(restored.state), _state(10, 10))
+  messages = " ".join(str(w.message) for w in record)
+  assert "step 30 is unreadable" in messages and "step 20 is unreadable" in messages
+  assert ck.all_steps() == [10]
+  # nothing deleted: the unreadable ones were moved aside, and new saves of those steps work
+  aside = sorted(os.listdir(tmp_path / "checkpoints-unreadable"))
+  assert [a.split("-")[0] for a in aside] == ["20", "30"]
+  assert ck.save(20, _state(20, 20), {"next_index": 20})
+  ck.close()
+
+
+def test_checkpoint_that_does_not_fit_the_target_is_kept_and_refused(tmp_path):
+  """A readable checkpoint is never moved aside because the new run's state has another shape."""
+  ck = Checkpointer(str(tmp_path), _config())
+  ck.save(10, _state(1.0, 10), {"next_index": 10})
+  ck.close()
+  wider = _template().replace(params={**_template().params, "embed": jnp.zeros((5, 3))})
+  ck = Checkpointer(str(tmp_path), _config())
+  with pytest.raises(ValueError, match="step 10 .* is readable but does not fit"):
+    ck.restore_latest(wider)
+  assert ck.all_steps() == [10] and not (tmp_path / "checkpoints-unreadable").exists()
+  ck.close()
+
+
+def test_restore_params_only_and_average(tmp_path):
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=4))
+  for step in (10, 20, 30, 40):
+    ck.save(step, _state(step / 7, step), {"next_index": step})
+  ck.close()
+  ck = Checkpointer(str(tmp_path))  # read-only
+  _assert_tree_equal(ck.restore_params(30), _state(30 / 7, 30).params)
+  full = [ck.restore(s).state["params"] for s in (20, 30, 40)]
+  ck.close()
+  path, steps = average_checkpoints(str(tmp_path), 3)
+  assert steps == [20, 30, 40] and path == str(tmp_path / "params_avg3.msgpack")
+  averaged = workdir_lib.load_params(str(tmp_path), "params_avg3.msgpack")
+  expected = jax.tree_util.tree_map(
+      lambda *xs: np.mean(np.stack(xs).astype(np.float64), axis=0).astype(np.float32), *full)
+  la, ta = jax.tree_util.tree_flatten(averaged)
+  lb, tb = jax.tree_util.tree_flatten(expected)
+  assert ta == tb
+  for a, b in zip(la, lb):
+    assert a.dtype == np.float32
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="fewer than --last=5"):
+    average_checkpoints(str(tmp_path), 5)
+
+
+def test_restore_onto_another_device_count(tmp_path):
+  """Saved from one device; restored in a process with 4 CPU devices onto a sharded mesh target."""
+  ck = Checkpointer(str(tmp_path), _config())
+  ck.save(10, _state(3.0, 10), {"next_index": 10})
+  ck.close()
+  script = textwrap.dedent(f"""
+      import jax, numpy as np
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+      from tests.test_checkpoint import _template, _state, _assert_tree_equal
+      from txf.checkpoint import Checkpointer
+      assert jax.device_count() == 4
+      mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "tensor"))
+      def sharding(x):
+        spec = P("data", "tensor") if x.ndim == 2 and x.shape[0] % 2 == x.shape[1] % 2 == 0 else P()
+        return NamedSharding(mesh, spec)
+      target = jax.tree_util.tree_map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding(x)), _template())
+      restored = Checkpointer({str(tmp_path)!r}).restore_latest(target)
+      kernel = restored.state.params["dense"]["kernel"]
+      assert kernel.sharding == sharding(kernel) and len(kernel.addressable_shards) == 4, kernel.sharding
+      _assert_tree_equal(jax.device_get(restored.state), _state(3.0, 10))
+      print("ok", restored.step)
+  """)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                     cwd=ROOT, timeout=300)
+  assert r.returncode == 0 and "ok 10" in r.stdout, r.stderr[-3000:]
+
+
+# -- the workdir guard: which runs may resume ---------------------------------------------------
+
+def test_different_model_config_is_refused_naming_the_fields(tmp_path):
+  workdir = str(tmp_path / "run")
+  assert workdir_lib.prepare(workdir, _config()) is False
+  other = _config()
+  other.model.d_model, other.model.num_heads = 256, 4
+  with pytest.raises(workdir_lib.RunConflictError) as e:
+    workdir_lib.prepare(workdir, other)
+  message = str(e.value)
+  assert "model.d_model: 512 (in workdir) != 256 (now)" in message
+  assert "model.num_heads: 8 (in workdir) != 4 (now)" in message
+  assert "--fresh" in message and "model.d_ff" not in message
+
+
+def test_resumable_fields_may_change(tmp_path):
+  workdir = str(tmp_path / "run")
+  workdir_lib.prepare(workdir, _config())
+  longer = _config(num_train_steps=5000, checkpoint_every=7, keep_checkpoints=9, nan_policy="skip")
+  assert workdir_lib.prepare(workdir, longer) is True
+  assert workdir_lib.load_config(workdir).num_train_steps == 5000
+
+
+def test_fresh_moves_the_old_run_aside(tmp_path):
+  workdir = str(tmp_path / "run")
+  workdir_lib.prepare(workdir, _config())
+  (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+  other = _config()
+  other.model.d_model = 256
+  assert workdir_lib.prepare(workdir, other, fresh=True) is False
+  aside = [p for p in os.listdir(tmp_path) if p.startswith("run.old-")]
+  assert len(aside) == 1
+  assert (tmp_path / aside[0] / "metrics.jsonl").read_text() == '{"step": 1}\n'
+  assert workdir_lib.load_config(workdir).model.d_model == 256
+
+
+# -- preemption signals (the loop's handler; test_checkpoint_resume.py sends a real SIGTERM) -----
+
+def _wait_for(condition, timeout=5.0):
+  end = time.time() + timeout
+  while not condition() and time.time() < end:
+    time.sleep(0.01)
+  return condition()
+
+
+@pytest.mark.parametrize("first, second", [(signal.SIGTERM, signal.SIGINT),
+                                           (signal.SIGINT, signal.SIGINT)])
+def test_first_signal_requests_a_stop_second_exits_at_once(monkeypatch, first, second):
+  from txf.train.loop import _Preemption
+  before = signal.getsignal(first)
+  exits = []
+  monkeypatch.setattr(os, "_exit", exits.append)
+  with _Preemption() as preemption:
+    assert not preemption.requested(1, 10)
+    os.kill(os.getpid(), first)
+    assert _wait_for(lambda: preemption.signum == first)
+    assert preemption.requested(1, 10) and preemption.signal_name == first.name
+    assert exits == []
+    os.kill(os.getpid(), second)
+    assert _wait_for(lambda: exits == [128 + second])
+  assert signal.getsignal(first) == before  # the previous handlers are back

@@ -1,0 +1,316 @@
+"""Checkpoints of a run in ``<workdir>/checkpoints``: orbax ``CheckpointManager``, async, keep-N + best.
+
+One checkpoint per saved step ``<workdir>/checkpoints/<step>/`` holds two orbax items:
+  state  the train state ``TrainState(step, params, opt_state)`` as ``runner.host_state`` gives
+         it (a host copy; a mesh runner's sharded global arrays, written by every process)
+  meta   JSON: {"step", "seed", "data_iterator": [state of process 0, 1, ...], "eval": metrics
+         at this step ({} if none), "loop": the loop's own state (e.g. a partial log window)}
+and, when ``config.best_metric`` is set, orbax's ``metrics`` item (the loop then also saves at
+every evaluation, so the best evaluated parameters exist as a checkpoint).
+
+The dropout RNG of step n is ``fold_in(split(key(seed))[1], n)`` (see txf/train/loop.py): the
+step and the seed (in config.json) determine it, so no key is stored.
+
+Saving is asynchronous: ``save`` returns once the arrays are on the host and orbax writes them in
+a background thread; the next ``save`` and ``close`` wait for it. Orbax writes into
+``<step>.orbax-checkpoint-tmp*`` and renames it to ``<step>`` only when every item is complete,
+so a process killed mid-save leaves no directory that looks like a checkpoint (the temporary
+one is ignored, and removed by the next run).
+
+Kept: the last ``config.keep_checkpoints`` (<= 0: all) plus the best one by the eval metric
+``config.best_metric`` (``config.best_mode`` max/min; "" = off).
+
+Restoring is independent of the device count: ``restore_latest(target)`` restores onto the
+structure, dtypes and shardings of ``target`` -- jax arrays or ``jax.ShapeDtypeStruct`` leaves
+with a sharding are restored straight onto those devices (the loop passes a mesh runner's
+``state_shardings``), numpy leaves and ShapeDtypeStructs without a sharding are restored as host
+numpy (the loop then calls ``runner.place_state``). A checkpoint that cannot be read is
+moved aside to ``<workdir>/checkpoints-unreadable/`` (nothing is deleted) with a warning, and
+the previous one is tried; one that reads but does not fit the target is an error.
+
+``average_checkpoints(workdir, n)`` (``txf average-checkpoints``) writes the mean parameters of
+the last n checkpoints to ``<workdir>/params_avg<n>.msgpack``.
+
+Test hook: ``TXF_TEST_SAVE_DELAY_S=<seconds>`` makes every save wait that long inside orbax's
+background write (after writing ``<step>: slow save started`` to stderr), so a test can kill
+the process in the middle of a save.
+"""
+
+import asyncio
+import json
+import os
+import time
+import warnings
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+FORMAT_VERSION = 1
+STATE, META = "state", "meta"
+
+
+class CheckpointFallbackWarning(UserWarning):
+  """The latest checkpoint was unreadable; an earlier one is used."""
+
+
+class Restored(NamedTuple):
+  """What ``restore`` returns: the train state, this process's data-iterator state, the step,
+  the loop's own saved state and the eval metrics saved with the checkpoint."""
+  state: Any
+  data_state: Optional[Dict[str, Any]]
+  step: int
+  loop_state: Dict[str, Any]
+  eval_metrics: Dict[str, float]
+
+
+class _SlowJsonHandler(ocp.handlers.JsonCheckpointHandler):
+  """Test-only: the ``meta`` item's background write sleeps first (TXF_TEST_SAVE_DELAY_S)."""
+
+  def __init__(self, delay_s: float):
+    super().__init__()
+    self._delay_s = delay_s
+
+  async def _save_fn(self, x, directory):
+    os.write(2, f"{x.get('step')}: slow save started\n".encode())
+    await asyncio.sleep(self._delay_s)
+    await super()._save_fn(x, directory)
+
+
+def _abstract(leaf):
+  """A restore target leaf: jax arrays become ShapeDtypeStructs (keeping their sharding);
+  ShapeDtypeStructs without a sharding mean host numpy (a placeholder, never filled)."""
+  if isinstance(leaf, jax.Array):
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+  if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
+    return np.empty(leaf.shape, leaf.dtype)
+  return leaf
+
+
+def _gather_json(obj: Any) -> List[Any]:
+  """``[obj of process 0, obj of process 1, ...]`` (every process calls this)."""
+  if jax.process_count() == 1:
+    return [obj]
+  from jax.experimental import multihost_utils
+  data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
+  buf = np.zeros(int(sizes.max()), np.uint8)
+  buf[:data.size] = data
+  every = np.asarray(multihost_utils.process_allgather(buf))
+  return [json.loads(bytes(every[i, :int(n)]).decode()) for i, n in enumerate(sizes)]
+
+
+class Checkpointer:
+  """Save and restore a run's checkpoints (one instance per run; call ``close()`` at the end).
+
+  ``config`` supplies keep_checkpoints, best_metric, best_mode and seed; ``config=None`` opens
+  the checkpoints read-only (e.g. to average them).
+  """
+
+  def __init__(self, workdir: str, config=None, async_save: bool = True):
+    self.workdir = os.path.abspath(workdir)
+    self.directory = os.path.join(self.workdir, "checkpoints")
+    self.read_only = config is None
+    self.seed = None if config is None else int(config.seed)
+    self.best_metric = "" if config is None else config.best_metric
+    best_mode = "max" if config is None else config.best_mode
+    self._warned_missing_metric = False
+    keep = None if config is None or config.keep_checkpoints <= 0 else int(config.keep_checkpoints)
+    policies = [ocp.checkpoint_managers.LatestN(n=keep)]
+    best_fn = None
+    if self.best_metric:
+      name, worst = self.best_metric, -np.inf if best_mode == "max" else np.inf
+      best_fn = lambda m: float(m.get(name, worst))  # checkpoints without eval: never best
+      policies.append(ocp.checkpoint_managers.BestN(
+          get_metric_fn=best_fn, reverse=best_mode == "min", n=1,
+          keep_checkpoints_without_metrics=False))
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    registry.add(STATE, ocp.args.StandardSave)
+    registry.add(STATE, ocp.args.StandardRestore)
+    registry.add(STATE, ocp.args.PyTreeRestore)
+    delay = float(os.environ.get("TXF_TEST_SAVE_DELAY_S", "0") or 0)
+    meta_handler = _SlowJsonHandler(delay) if delay > 0 else ocp.handlers.JsonCheckpointHandler()
+    registry.add(META, ocp.args.JsonSave, meta_handler)
+    registry.add(META, ocp.args.JsonRestore, meta_handler)
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=None if self.read_only else
+        ocp.checkpoint_managers.AnyPreservationPolicy(policies),
+        best_fn=best_fn, best_mode=best_mode, create=not self.read_only,
+        cleanup_tmp_directories=not self.read_only, read_only=self.read_only,
+        enable_async_checkpointing=async_save, save_interval_steps=0 if self.read_only else 1)
+    if self.read_only and not os.path.isdir(self.directory):
+      raise FileNotFoundError(f"no checkpoints in {self.directory}: train a run there first")
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          handler_registry=registry)
+
+  # -- what is there -------------------------------------------------------------------------
+
+  def all_steps(self) -> List[int]:
+    """Steps of the finished checkpoints, ascending."""
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> Optional[int]:
+    return self._manager.latest_step()
+
+  def best_step(self) -> Optional[int]:
+    """The best step by ``best_metric`` (the latest one if best tracking is off)."""
+    return self._manager.best_step()
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  # -- saving ----------------------------------------------------------------------------------
+
+  def save(self, step: int, state, data_state: Optional[Dict[str, Any]],
+           eval_metrics: Optional[Dict[str, float]] = None,
+           loop_state: Optional[Dict[str, Any]] = None) -> bool:
+    """Start saving checkpoint ``step`` in the background; returns False if it already exists.
+
+    state: the runner's host copy of the train state (``runner.host_state``).
+    data_state: this process's ``train_iterator.get_state()`` (JSON-serialisable).
+    eval_metrics: the eval metrics measured at this very step, or None.
+    loop_state: JSON-serialisable extras the loop needs to resume exactly.
+    Waits for the previous save first. Every process must call it.
+    """
+    if step in self._manager.all_steps():
+      return False
+    meta = {"format": FORMAT_VERSION, "step": int(step), "seed": self.seed,
+            "process_count": jax.process_count(), "data_iterator": _gather_json(data_state),
+            "eval": {k: float(v) for k, v in (eval_metrics or {}).items()},
+            "loop": loop_state or {}}
+    metrics = {} if self.best_metric else None  # {}: not evaluated here, never the best
+    if self.best_metric and eval_metrics:
+      if self.best_metric in eval_metrics and np.isfinite(eval_metrics[self.best_metric]):
+        metrics = {self.best_metric: float(eval_metrics[self.best_metric])}
+      elif not self._warned_missing_metric:
+        self._warned_missing_metric = True
+        warnings.warn(f"best_metric={self.best_metric!r} is not among the eval metrics "
+                      f"{sorted(eval_metrics)} (or is not finite): no checkpoint is kept as best")
+    return self._manager.save(
+        int(step), args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
+                                              META: ocp.args.JsonSave(meta)}),
+        metrics=metrics, force=True)
+
+  def wait(self) -> None:
+    """Block until the save in flight (if any) is on disk; raises if it failed."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Wait for the save in flight and release orbax's resources."""
+    self._manager.close()
+
+  # -- restoring -------------------------------------------------------------------------------
+
+  def restore(self, step: int, target=None) -> Restored:
+    """Checkpoint ``step`` onto ``target``'s structure/dtypes/shardings (None: nested dicts)."""
+    state_args = ocp.args.StandardRestore(
+        None if target is None else jax.tree_util.tree_map(_abstract, target))
+    out = self._manager.restore(int(step), args=ocp.args.Composite(
+        **{STATE: state_args, META: ocp.args.JsonRestore()}))
+    state, meta = out[STATE], out[META]
+    saved_step = state["step"] if isinstance(state, dict) else state.step
+    if int(np.asarray(saved_step)) != int(step) or int(meta["step"]) != int(step):
+      raise ValueError(f"checkpoint {step} holds step {int(np.asarray(saved_step))} "
+                       f"(meta: {meta['step']})")
+    return Restored(state, self._data_state(meta), int(step), meta.get("loop", {}),
+                    meta.get("eval", {}))
+
+  def restore_latest(self, target=None) -> Optional[Restored]:
+    """The newest readable checkpoint, or None if there is none.
+
+    An unreadable checkpoint (truncated or missing files) is moved aside to
+    ``<workdir>/checkpoints-unreadable/`` with a CheckpointFallbackWarning, and the previous
+    one is tried. A readable checkpoint that does not fit ``target`` (other shapes, or
+    shardings that do not divide them) raises ValueError and is left where it is.
+    """
+    for step in reversed(self.all_steps()):
+      try:
+        return self.restore(step, target)
+      except Exception as e:  # pylint: disable=broad-except
+        reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        if self._readable(step):
+          raise ValueError(f"the checkpoint at step {step} in {self.directory} is readable but does "
+                           f"not fit this run's state ({reason})") from e
+        aside = self._move_aside(step)
+        warnings.warn(CheckpointFallbackWarning(
+            f"the checkpoint at step {step} is unreadable ({reason}); moved it to {aside} and "
+            f"falling back to the previous checkpoint"))
+    return None
+
+  def restore_params(self, step: int):
+    """Only the parameters of checkpoint ``step``, as numpy arrays (nested dicts)."""
+    return self._restore_numpy(step, "params")
+
+  def _restore_numpy(self, step: int, key: Optional[str] = None):
+    """The saved state (or its ``key`` subtree) as nested dicts of numpy arrays, on any devices."""
+    tree = self._manager.item_metadata(int(step))[STATE].tree
+    if key is not None:
+      tree = {key: tree[key]}
+    item = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), tree)
+    restore_args = jax.tree_util.tree_map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    out = self._manager.restore(int(step), args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=key is not None)}))[STATE]
+    return out if key is None else out[key]
+
+  def _readable(self, step: int) -> bool:
+    """Whether every array and the meta item of checkpoint ``step`` can be read."""
+    try:
+      self._restore_numpy(step)
+      self._manager.restore(int(step), args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+      return True
+    except Exception:  # pylint: disable=broad-except
+      return False
+
+  def _data_state(self, meta) -> Optional[Dict[str, Any]]:
+    states = meta.get("data_iterator") or [None]
+    if len(states) == jax.process_count():
+      return states[jax.process_index()]
+    if all(s == states[0] for s in states):
+      return states[0]
+    raise ValueError(f"the checkpoint holds the data positions of {len(states)} processes, and "
+                     f"this run has {jax.process_count()}: resume with {len(states)} processes")
+
+  def _move_aside(self, step: int) -> str:
+    aside = os.path.join(self.workdir, "checkpoints-unreadable",
+                         f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(aside), exist_ok=True)
+      os.replace(self.step_dir(step), aside)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices(f"txf_checkpoint_move_aside_{step}")
+    self._manager.reload()
+    return aside
+
+
+def average_checkpoints(workdir: str, last: int, output: Optional[str] = None
+                        ) -> Tuple[str, List[int]]:
+  """Average the params of the ``last`` newest checkpoints; returns (path written, steps used).
+
+  Means are taken in float64 and cast back to each leaf's dtype.
+  """
+  from txf import workdir as workdir_lib
+  if last < 1:
+    raise ValueError(f"--last={last} must be at least 1")
+  checkpointer = Checkpointer(workdir)  # read-only
+  try:
+    steps = checkpointer.all_steps()
+    if len(steps) < last:
+      raise ValueError(f"{checkpointer.directory} holds {len(steps)} checkpoint(s) {steps}, fewer "
+                       f"than --last={last}: use --last={len(steps)}, or train with "
+                       f"--config.keep_checkpoints={last} (or more) to keep enough")
+    steps = steps[-last:]
+    total, dtypes = None, None
+    for step in steps:
+      params = checkpointer.restore_params(step)
+      as64 = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), params)
+      if total is None:
+        total, dtypes = as64, jax.tree_util.tree_map(lambda x: np.asarray(x).dtype, params)
+      else:
+        total = jax.tree_util.tree_map(np.add, total, as64)
+  finally:
+    checkpointer.close()
+  mean = jax.tree_util.tree_map(lambda s, d: (s / len(steps)).astype(d), total, dtypes)
+  path = workdir_lib.save_params(workdir, mean, output or f"params_avg{last}.msgpack")
+  return path, steps

@@ -1,0 +1,31 @@
+"""``txf average-checkpoints --workdir runs/x [--last 5] [--output params_avg5.msgpack]``.
+
+Writes the element-wise mean of the parameters of the last N checkpoints (the N highest steps in
+``<workdir>/checkpoints``) to ``<workdir>/params_avg<N>.msgpack`` (flax msgpack, like
+params.msgpack), which ``txf.workdir.load_params(workdir, "params_avg<N>.msgpack")`` loads.
+The paper averages the last 5 (base) or 20 (big) checkpoints, written at 10-minute intervals.
+"""
+
+import os
+
+from absl import flags
+
+flags.DEFINE_string("workdir", None, "run directory holding checkpoints/", required=True)
+flags.DEFINE_integer("last", 5, "average the parameters of this many most recent checkpoints")
+flags.DEFINE_string("output", None, "output file name (relative to --workdir, or absolute); "
+                    "default params_avg<last>.msgpack")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments {argv[1:]}")
+  from txf.parallel import distributed
+  distributed.maybe_initialize()
+  f = flags.FLAGS
+  if not os.path.isdir(f.workdir):
+    raise FileNotFoundError(f"no run directory {f.workdir}")
+  from txf.checkpoint import average_checkpoints
+  path, steps = average_checkpoints(f.workdir, f.last, f.output)
+  shown = f.output or os.path.basename(path)
+  print(f"averaged the parameters of the checkpoints at steps {steps} -> {path}\n"
+        f"use them with --params={shown} (txf eval / txf translate)")
