@@ -92,6 +92,14 @@ def base_config() -> ml_collections.ConfigDict:
   d.synthetic_max_len = 12       # synthetic tasks: longest sequence before EOS
   d.synthetic_vocab = 16         # synthetic copy/reverse/sort: number of distinct symbols
   d.lm_split_fraction = 0.9      # plain-text LM sources without splits: first fraction is train
+  d.max_line_chars = 10000       # text sources: lines longer than this many characters are skipped (counted, logged)
+  d.spm_input_sentences = 1000000  # sentencepiece trains on at most this many sentences (evenly spaced, deterministic)
+  d.spm_num_threads = 1          # sentencepiece training threads (the model depends on it: keep fixed to reproduce)
+  d.num_buckets = 4              # bucketing: length buckets, bucket k holds lengths <= ceil(max_len * k / num_buckets)
+  d.bucket_window = 64           # bucketing: examples are grouped this many batches' worth at a time
+  d.rows_multiple = 8            # token-based batch row counts are rounded down to a multiple of this (device divisibility)
+  d.packing_bins = 0             # packing: rows filled at once by first-fit (0 = the rows of one batch; more is slower)
+  d.read_threads = 2             # grain threads that read and tokenize examples
   return c
 
 

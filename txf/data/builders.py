@@ -1,0 +1,205 @@
+"""tfds builders for local text, prepared once as ``array_record`` and read with ``tfds.data_source``.
+
+Three ``GeneratorBasedBuilder`` classes, one per ``data.format``:
+  txf_parallel_text   {"source": Text, "target": Text}   {split}.{src_lang} / {split}.{tgt_lang}
+  txf_labelled_text   {"text": Text, "label": int64}      {split}.tsv  (sentence<TAB>label)
+  txf_plain_text      {"text": Text}                       {split}.txt, or one .txt split by fraction
+Records keep the file order (``disable_shuffling``); plain text is stored as consecutive chunks cut
+at line ends, so ``"".join(records)`` is the split's exact text.
+
+The builder config is made on the fly from the files: its name is the folder name plus a
+fingerprint of (file paths, sizes, mtimes, reader settings), so the same files are prepared once
+and reused (``tfds`` finds ``dataset_info.json`` and skips generation), and edited files get a fresh
+preparation. Skip counts (empty / over-long lines) and the number of classes are kept in the
+dataset's metadata. No TensorFlow is imported: array_record is written and read by tfds' own
+Python writers and ``ArrayRecordDataSource``.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from absl import logging
+import numpy as np
+import tensorflow_datasets as tfds
+
+from txf.data import text
+
+DATA_DIR_ENV = "TXF_DATA_DIR"              # prepared-data root when data.data_dir is ""
+DEFAULT_DATA_DIR = "~/.cache/txf/tfds"
+FILE_FORMAT = "array_record"
+_CHUNK_CHARS = 4096                        # plain text: characters per record (cut at line ends)
+
+
+def resolve_data_dir(data_dir: str, env: Optional[Mapping[str, str]] = None) -> str:
+  """Where prepared data lives: ``data.data_dir``, else $TXF_DATA_DIR, else ~/.cache/txf/tfds."""
+  env = os.environ if env is None else env
+  return os.path.expanduser(data_dir or env.get(DATA_DIR_ENV, "") or DEFAULT_DATA_DIR)
+
+
+@dataclasses.dataclass(eq=False)
+class LocalTextConfig(tfds.core.BuilderConfig):
+  """A builder config carrying the reader spec as JSON (files per split and reader settings)."""
+  spec_json: str = "{}"
+
+  @property
+  def spec(self) -> Dict[str, Any]:
+    return json.loads(self.spec_json)
+
+
+class _LocalTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Shared machinery: info with metadata, one generator per split, records in file order."""
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "txf local text builders, array_record."}
+
+  def _features(self) -> tfds.features.FeaturesDict:
+    raise NotImplementedError
+
+  def _read_split(self, split: str, spec: Dict[str, Any]) -> Tuple[List[Any], Dict[str, int]]:
+    """(records, skip counts) of one split."""
+    raise NotImplementedError
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self, description=f"txf local text: {self.builder_config.description}",
+        features=self._features(), disable_shuffling=True, metadata=tfds.core.MetadataDict())
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # local files only
+    spec = self.builder_config.spec
+    generators, skipped, extra = {}, {}, {}
+    for split in spec["splits"]:
+      records, skipped[split] = self._read_split(split, spec)
+      extra.update(self._split_metadata(split, records))
+      generators[split] = self._generate_examples(records)
+    self.info.metadata.update({"skipped": skipped, "spec": spec, **extra})
+    return generators
+
+  def _split_metadata(self, split: str, records: List[Any]) -> Dict[str, Any]:
+    del split, records
+    return {}
+
+  def _generate_examples(self, records):
+    for i, record in enumerate(records):
+      yield i, record
+
+
+class TxfParallelText(_LocalTextBuilder):
+  """Line-aligned parallel text: ``{split}.{src}`` and ``{split}.{tgt}``."""
+
+  def _features(self):
+    return tfds.features.FeaturesDict({"source": tfds.features.Text(),
+                                       "target": tfds.features.Text()})
+
+  def _read_split(self, split, spec):
+    src, tgt = spec["splits"][split]
+    pairs, stats = text.read_parallel(src, tgt, spec["max_line_chars"])
+    return [{"source": s, "target": t} for s, t in pairs], stats.as_dict()
+
+
+class TxfLabelledText(_LocalTextBuilder):
+  """``sentence<TAB>label`` rows: ``{split}.tsv``."""
+
+  def _features(self):
+    return tfds.features.FeaturesDict({"text": tfds.features.Text(),
+                                       "label": tfds.features.Scalar(np.int64)})
+
+  def _read_split(self, split, spec):
+    rows, stats = text.read_tsv(spec["splits"][split][0], spec["max_line_chars"])
+    return [{"text": s, "label": y} for s, y in rows], stats.as_dict()
+
+  def _split_metadata(self, split, records):
+    if split != self.builder_config.spec["train_split"]:
+      return {}
+    return {"num_classes": 1 + max((r["label"] for r in records), default=-1)}
+
+
+class TxfPlainText(_LocalTextBuilder):
+  """Plain text for language modelling: ``{split}.txt`` or one file split by a character fraction."""
+
+  def _features(self):
+    return tfds.features.FeaturesDict({"text": tfds.features.Text()})
+
+  def _read_split(self, split, spec):
+    path, part = spec["splits"][split]
+    content = text.read_plain(path)
+    if part is not None:                      # [train, eval] halves of one file
+      content = text.split_plain(content, spec["fraction"])[part]
+    chunks = text.chunk_text(content, _CHUNK_CHARS)
+    return [{"text": c} for c in chunks], {"total": len(content)}
+
+
+BUILDERS = {"parallel": TxfParallelText, "tsv": TxfLabelledText, "plain": TxfPlainText}
+
+
+def local_spec(directory: str, fmt: str, splits: Sequence[str], src_lang: str, tgt_lang: str,
+               max_line_chars: int, lm_split_fraction: float) -> Dict[str, Any]:
+  """The reader spec of a text folder: files per split (train and eval required, test optional)."""
+  if fmt not in BUILDERS:
+    raise text.DataError(f"data.format={fmt!r} is not one of {sorted(BUILDERS)}")
+  train, evals, test = splits
+  spec: Dict[str, Any] = {"kind": fmt, "max_line_chars": int(max_line_chars), "splits": {},
+                          "train_split": train}
+  if fmt == "plain":
+    named, single = text.plain_split_files(directory, train, evals)
+    if named:
+      spec["splits"] = {s: [p, None] for s, p in named.items()}
+    else:
+      spec["splits"] = {train: [single, 0], evals: [single, 1]}
+      spec["fraction"] = float(lm_split_fraction)
+    return spec
+  for i, split in enumerate((train, evals, test)):
+    if fmt == "parallel":
+      files = [os.path.join(directory, f"{split}.{lang}") for lang in (src_lang, tgt_lang)]
+    else:
+      files = [os.path.join(directory, f"{split}.tsv")]
+    if all(os.path.isfile(f) for f in files):
+      spec["splits"][split] = files
+    elif i < 2:                               # train and eval must exist
+      missing = [f for f in files if not os.path.isfile(f)][0]
+      text.require_file(missing, f"{'train' if i == 0 else 'eval'} split ({split!r})")
+    else:
+      logging.info("no test split %r in %s (files %s absent); continuing without it", split,
+                   directory, files)
+  return spec
+
+
+def _fingerprint(spec: Dict[str, Any], builder_cls) -> str:
+  files = sorted({p for v in spec["splits"].values() for p in v if isinstance(p, str)})
+  stamp = [(os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in files]
+  blob = json.dumps([spec, stamp, builder_cls.__name__, str(builder_cls.VERSION)], sort_keys=True)
+  return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+@dataclasses.dataclass
+class Prepared:
+  """A prepared local dataset: per-split random-access sources and the builder's metadata."""
+  sources: Dict[str, Sequence[Dict[str, Any]]]
+  metadata: Dict[str, Any]
+  fingerprint: str                  # changes when the files or reader settings change
+  prepared_now: bool                # False when an earlier preparation was reused
+  path: str                         # the prepared dataset's directory
+
+
+def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepared:
+  """Prepare (once) and open the local text in ``directory`` as tfds array_record data sources."""
+  cls = BUILDERS[spec["kind"]]
+  fingerprint = _fingerprint(spec, cls)
+  slug = re.sub(r"[^a-z0-9]+", "_", os.path.basename(os.path.normpath(directory)).lower()).strip("_")
+  config = LocalTextConfig(name=f"{slug or 'data'}_{fingerprint}", spec_json=json.dumps(spec),
+                           description=f"{spec['kind']} text from {os.path.abspath(directory)}")
+  path = os.path.join(data_dir, cls.name, config.name, str(cls.VERSION))
+  prepared_now = not os.path.isfile(os.path.join(path, "dataset_info.json"))
+  if prepared_now:
+    logging.info("preparing %s (%s) as array_record under %s", directory, spec["kind"], data_dir)
+  sources = tfds.data_source(      # prepares once (a no-op when prepared), then opens every split
+      cls.name, data_dir=data_dir, builder_kwargs={"config": config, "file_format": FILE_FORMAT},
+      download_and_prepare_kwargs={
+          "file_format": FILE_FORMAT,
+          "download_config": tfds.download.DownloadConfig(try_download_gcs=False)})
+  sources = {str(k): v for k, v in sources.items()}
+  metadata = dict(next(iter(sources.values())).dataset_info.metadata or {})
+  return Prepared(sources, metadata, fingerprint, prepared_now, path)

@@ -1,0 +1,381 @@
+"""Real data as txf Tasks: ``make_real_task(config, workdir)``, the entry point for every source that
+is not ``synthetic:*``.
+
+  data.source = text:DIR_OR_NAME   local text (data.format parallel | tsv | plain), prepared once by
+                                   txf.data.builders as tfds array_record under data.data_dir
+  data.source = tfds:NAME          a tfds catalog dataset (txf.data.catalog), same pipeline
+
+Task classes (all in this module):
+  TranslationTask     encoder_decoder     inputs [B, S], targets [B, T]
+  ClassificationTask  encoder_classifier  inputs [B, S], label [B]
+  SentenceLMTask      decoder_lm          targets [B, T]; one sentence per record (tfds:lm1b)
+  StreamLMTask        decoder_lm          targets [B, T]; windows of one token stream (plain text)
+
+The tokenizer is trained on the training split (or loaded from ``workdir/tokenizer`` when the run
+already has one, so evaluation and translation reuse it exactly), cached under
+``data_dir/txf_tokenizers/<hash>`` and saved with ``task.save(directory)``.
+"""
+
+import hashlib
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from absl import logging
+import grain
+import numpy as np
+
+from txf.data import builders, catalog, pipeline, tokenizer
+from txf.data.base import EOS_ID, Batch, CheckpointableIterator, Example, Task
+from txf.data.text import DataError, resolve_text_dir
+
+__all__ = ["DataError", "make_real_task", "TranslationTask", "ClassificationTask",
+           "SentenceLMTask", "StreamLMTask"]
+
+FAMILY_OF_KIND = {"parallel": "encoder_decoder", "tsv": "encoder_classifier", "plain": "decoder_lm"}
+
+
+def _str(value: Any) -> str:
+  if isinstance(value, np.ndarray):
+    value = value.item()
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _adapt_local(record: Dict[str, Any]) -> Dict[str, Any]:
+  """A prepared local record (bytes, numpy scalars) -> str / int values."""
+  return {k: int(np.asarray(v)) if k == "label" else _str(v) for k, v in record.items()}
+
+
+def read_records(source: Sequence[Any], indices: Sequence[int], adapt: Callable) -> List[Dict]:
+  """Adapted records at ``indices`` (read in chunks through ``__getitems__`` when the source has it)."""
+  out, indices = [], [int(i) for i in indices]
+  many = getattr(source, "__getitems__", None)
+  for start in range(0, len(indices), 4096):
+    chunk = indices[start:start + 4096]
+    try:
+      raw = many(chunk) if many else [source[i] for i in chunk]
+    except TypeError:            # tfds.testing.mock_data's sources break __getitems__
+      raw = [source[i] for i in chunk]
+    out.extend(adapt(r) for r in raw)
+  return out
+
+
+class _RealTask(Task):
+  """What every real task shares: splits, codec, text codecs, save."""
+
+  def __init__(self, data, sources: Dict[str, Sequence[Any]], adapt: Callable, codec: tokenizer.Codec,
+               fingerprint: str):
+    self.data, self.sources, self.adapt, self.codec = data, sources, adapt, codec
+    self.fingerprint = fingerprint
+    self.vocab_size = codec.source.vocab_size
+    self.target_vocab_size = 0 if codec.joint else codec.target.vocab_size
+    self._cache: Dict[Any, Any] = {}
+
+  def split_name(self, split: str) -> str:
+    """A split's real name: itself, or the alias train / eval / validation / test of the config's."""
+    d = self.data
+    aliases = {"train": d.train_split, "eval": d.eval_split, "validation": d.eval_split,
+               "valid": d.eval_split, "val": d.eval_split, "test": d.test_split}
+    name = split if split in self.sources else aliases.get(split, split)
+    if name not in self.sources:
+      raise DataError(f"split {split!r} is not in this data (it has {sorted(self.sources)}; "
+                      f"data.train_split/eval_split/test_split name them)")
+    return name
+
+  def records(self, split: str, n: Optional[int] = None) -> List[Dict[str, Any]]:
+    """The first ``n`` (default all) records of a split, adapted to str / int values."""
+    source = self.sources[self.split_name(split)]
+    count = len(source) if n is None else min(n, len(source))
+    return read_records(source, range(count), self.adapt)
+
+  def decode_target(self, ids: Sequence[int]) -> str:
+    return self.codec.decode_target(ids)
+
+  def save(self, directory: str) -> None:
+    self.codec.save(directory)
+
+  def _local_rows(self, batch_size: int, process_count: int) -> int:
+    if batch_size % process_count:
+      raise DataError(f"batch_size={batch_size} is not divisible by the {process_count} processes")
+    return batch_size // process_count
+
+
+class ExampleTask(_RealTask):
+  """One record = one example (translation, classification, sentence LM), through the grain pipeline."""
+  features: Dict[str, int] = {}           # sequence feature -> max length
+
+  def encode_record(self, record: Dict[str, Any]) -> Dict[str, np.ndarray]:
+    """Adapted record -> {"inputs"/"targets": int32 ids ending with EOS, ("label": int)}."""
+    raise NotImplementedError
+
+  def _encode_raw(self, raw: Any) -> Dict[str, np.ndarray]:
+    return self.encode_record(self.adapt(raw))
+
+  def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
+                     process_count: int = 1) -> CheckpointableIterator:
+    """Endless batches of this process's ``batch_size / process_count`` rows (see pipeline.py)."""
+    d = self.data
+    spec = pipeline.BatchSpec(
+        lengths=dict(self.features), rows=self._local_rows(batch_size, process_count),
+        tokens_per_batch=d.tokens_per_batch // process_count, packing=d.packing,
+        bucketing=d.bucketing, num_buckets=d.num_buckets, bucket_window=d.bucket_window,
+        rows_multiple=d.rows_multiple, packing_bins=d.packing_bins, truncate=d.truncate,
+        prefetch=d.prefetch, read_threads=d.read_threads)
+    ds = pipeline.encoded_source(self.sources[self.split_name("train")], self._encode_raw, seed,
+                                 process_index, process_count)
+    fp = pipeline.pipeline_fingerprint(self.fingerprint, spec.describe(), batch_size, seed,
+                                       process_index, process_count)
+    return pipeline.GrainIterator(pipeline.batched(ds, spec, seed), fp)
+
+  def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
+                   ) -> List[Batch]:
+    """The whole split in [batch_size, L] batches; over-long examples truncated (counted, logged)."""
+    key = ("eval", self.split_name(split), batch_size, max_examples)
+    if key not in self._cache:
+      limiter = pipeline.LengthLimiter(self.features, True, True, f"{self.split_name(split)} split")
+      examples = [limiter.cut(self.encode_record(r)) for r in self.records(split, max_examples)]
+      self._cache[key] = [pipeline.pad_rows(examples[i:i + batch_size], self.features, batch_size)
+                          for i in range(0, len(examples), batch_size)]
+    return self._cache[key]
+
+
+class TranslationTask(ExampleTask):
+  """Parallel text -> ``inputs`` [B, S], ``targets`` [B, T] (both end with EOS)."""
+  family = "encoder_decoder"
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.max_input_len, self.max_target_len = self.data.max_input_len, self.data.max_target_len
+    self.features = {"inputs": self.max_input_len, "targets": self.max_target_len}
+
+  def encode_record(self, record):
+    return {"inputs": self.codec.encode_source(record["source"], 0),
+            "targets": np.asarray(self.codec.target.encode(record["target"]) + [EOS_ID], np.int32)}
+
+  def encode_source(self, text: str) -> np.ndarray:
+    return self.codec.encode_source(text, self.max_input_len)
+
+  def examples(self, split: str, n: int) -> List[Example]:
+    return [Example(r["source"], r["target"], self.encode_source(r["source"]))
+            for r in self.records(split, n)]
+
+
+class ClassificationTask(ExampleTask):
+  """Labelled text -> ``inputs`` [B, S] (ends with EOS), ``label`` [B]."""
+  family = "encoder_classifier"
+
+  def __init__(self, *args, num_classes: int, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.num_classes, self.max_input_len = num_classes, self.data.max_input_len
+    self.features = {"inputs": self.max_input_len}
+
+  def encode_record(self, record):
+    return {"inputs": self.codec.encode_source(record["text"], 0), "label": record["label"]}
+
+  def encode_source(self, text: str) -> np.ndarray:
+    return self.codec.encode_source(text, self.max_input_len)
+
+  def examples(self, split: str, n: int) -> List[Example]:
+    return [Example(r["text"], str(r["label"]), self.encode_source(r["text"]), r["label"])
+            for r in self.records(split, n)]
+
+
+def _lm_example(codec: tokenizer.Codec, ids: np.ndarray, prompt_len: int) -> Example:
+  prompt = np.asarray(ids[:prompt_len], np.int32)
+  return Example(codec.source.decode(prompt), codec.source.decode(ids[prompt_len:]), prompt)
+
+
+class SentenceLMTask(ExampleTask):
+  """One sentence per record (tfds:lm1b) -> ``targets`` [B, T] ending with EOS; packing recommended."""
+  family = "decoder_lm"
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.max_target_len = self.data.max_target_len
+    self.features = {"targets": self.max_target_len}
+
+  def encode_record(self, record):
+    return {"targets": self.codec.encode_source(record["text"], 0)}
+
+  def encode_source(self, text: str) -> np.ndarray:
+    return self.codec.encode_source(text, self.max_target_len, eos=False)
+
+  def examples(self, split: str, n: int) -> List[Example]:
+    out = []
+    for r in self.records(split, n):
+      ids = self.codec.encode_source(r["text"], self.max_target_len, eos=False)
+      out.append(_lm_example(self.codec, ids, max(1, len(ids) // 2)))
+    return out
+
+
+class StreamLMTask(_RealTask):
+  """Plain text as one token stream -> ``targets`` [B, T]: windows of T tokens (random per-epoch
+  offsets, shuffled); no padding, so packing and bucketing do not apply."""
+  family = "decoder_lm"
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.max_target_len = self.data.max_target_len
+    if self.data.packing or self.data.bucketing:
+      logging.warning("data.packing / data.bucketing have no effect on a plain-text LM stream: "
+                      "every row is a full window of %d tokens", self.max_target_len)
+
+  def stream(self, split: str) -> np.ndarray:
+    """The split's text as one int32 token stream [N] (records encoded in order, concatenated)."""
+    name = self.split_name(split)
+    if ("stream", name) not in self._cache:
+      texts = [r["text"] for r in self.records(name)]
+      ids = [i for piece in self.codec.source.encode_batch(texts) for i in piece]
+      self._cache[("stream", name)] = np.asarray(ids, np.int32)
+    return self._cache[("stream", name)]
+
+  def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
+                     process_count: int = 1) -> CheckpointableIterator:
+    """Endless [rows, T] windows; rows = batch_size / process_count (or tokens_per_batch / T)."""
+    d, length = self.data, self.max_target_len
+    rows = self._local_rows(batch_size, process_count)
+    if d.tokens_per_batch > 0:
+      rows = pipeline.round_rows(d.tokens_per_batch // process_count // length, d.rows_multiple)
+    ds = pipeline.lm_windows(self.stream("train"), length, seed, process_index, process_count)
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=d.read_threads,
+                                              prefetch_buffer_size=4 * rows))
+    it = it.batch(rows, drop_remainder=True)
+    if d.prefetch > 0:
+      it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=d.prefetch)
+    fp = pipeline.pipeline_fingerprint(self.fingerprint, rows, length, seed, process_index,
+                                       process_count)
+    return pipeline.GrainIterator(it, fp)
+
+  def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
+                   ) -> List[Batch]:
+    """Consecutive windows of the split from its start (the last one PAD-padded), [batch_size, T]."""
+    stream, length = self.stream(split), self.max_target_len
+    windows = [stream[i:i + length] for i in range(0, len(stream), length)][:max_examples]
+    rows = [{"targets": w} for w in windows]
+    return [pipeline.pad_rows(rows[i:i + batch_size], {"targets": length}, batch_size)
+            for i in range(0, len(rows), batch_size)]
+
+  def examples(self, split: str, n: int) -> List[Example]:
+    """``n`` windows spread over the split: the first quarter is the prompt, the rest the reference."""
+    stream, length = self.stream(split), self.max_target_len
+    starts = np.linspace(0, max(len(stream) - length, 0), n).astype(int) if n else []
+    return [_lm_example(self.codec, stream[s:s + length], max(1, length // 4)) for s in starts]
+
+  def encode_source(self, text: str) -> np.ndarray:
+    """A prompt: ids without EOS (its last ``max_target_len`` tokens)."""
+    return np.asarray(self.codec.source.encode(text)[-self.max_target_len:], np.int32)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _tokenizer_settings(d) -> Dict[str, Any]:
+  return {"tokenizer": d.tokenizer, "vocab_size": int(d.vocab_size),
+          "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
+          "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
+
+
+def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable) -> tokenizer.Codec:
+  """Train the tokenizer(s) on (an even sample of) the training split."""
+  cap = 0 if kind == "plain" and d.tokenizer == "char" else d.spm_input_sentences
+  records = read_records(train, tokenizer.sample_evenly(len(train), cap), adapt)
+  if kind == "parallel":
+    src, tgt = [r["source"] for r in records], [r["target"] for r in records]
+  else:
+    src = tgt = [r["text"] for r in records]
+  settings = _tokenizer_settings(d)
+  if d.tokenizer == "char":
+    source = target = tokenizer.CharTokenizer("".join(set("".join(src + tgt))))
+    return tokenizer.Codec(source, target, settings)
+
+  def train_sp(texts):
+    return tokenizer.train_sentencepiece(texts, d.vocab_size, d.spm_model_type, d.spm_num_threads)
+
+  if kind != "parallel" or d.joint_vocab:
+    source = target = train_sp(src + tgt if kind == "parallel" else src)
+  else:
+    source, target = train_sp(src), train_sp(tgt)
+  return tokenizer.Codec(source, target, settings)
+
+
+def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callable,
+                fingerprint: str, data_dir: str) -> tokenizer.Codec:
+  """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one."""
+  wanted = _tokenizer_settings(d)
+  if workdir:
+    codec = tokenizer.load_codec(os.path.join(workdir, "tokenizer"))
+    if codec is not None:
+      if codec.settings != wanted:
+        logging.warning("using the run's tokenizer in %s (built with %s); the config asks for %s",
+                        os.path.join(workdir, "tokenizer"), codec.settings, wanted)
+      return codec
+  key = hashlib.sha1(json.dumps([wanted, fingerprint], sort_keys=True).encode()).hexdigest()[:16]
+  cache = os.path.join(data_dir, "txf_tokenizers", key)
+  codec = tokenizer.load_codec(cache)
+  if codec is None:
+    logging.info("training the %s tokenizer on the training split (%s)", d.tokenizer, wanted)
+    codec = _train_codec(d, kind, train, adapt)
+    codec.save(cache)
+  return codec
+
+
+def _open_source(config, data_dir: str):
+  """(kind, sources, adapt, num_classes, fingerprint) of data.source."""
+  d = config.data
+  scheme, _, rest = d.source.partition(":")
+  splits = [d.train_split, d.eval_split, d.test_split]
+  if scheme == "text":
+    directory = resolve_text_dir(rest, d.path)
+    spec = builders.local_spec(directory, d.format, splits, d.src_lang, d.tgt_lang,
+                               d.max_line_chars, d.lm_split_fraction)
+    prepared = builders.prepare_local(directory, spec, data_dir)
+    return (d.format, prepared.sources, _adapt_local, int(prepared.metadata.get("num_classes", 0)),
+            prepared.fingerprint)
+  if scheme == "tfds":
+    try:
+      cat = catalog.open_catalog(rest, splits, data_dir, d.src_lang, d.tgt_lang)
+    except DataError as e:
+      if "has no split" not in str(e) or f"'{d.test_split}'" not in str(e):
+        raise
+      logging.info("tfds:%s has no test split %r; continuing without it", rest, d.test_split)
+      cat = catalog.open_catalog(rest, splits[:2], data_dir, d.src_lang, d.tgt_lang)
+    return "tfds-" + cat.kind, cat.sources, cat.adapt, cat.num_classes, cat.fingerprint
+  raise DataError(f"data.source={d.source!r}: use text:DIR_OR_NAME, tfds:NAME or synthetic:TASK")
+
+
+def make_real_task(config, workdir: str = "") -> Task:
+  """The Task of ``config.data.source`` (text:... or tfds:...) for ``config.model.family``.
+
+  The tokenizer is read from ``workdir/tokenizer`` if the run has one, else trained (or taken
+  from the cache) and saved there, so every later use of the run sees the same ids.
+  """
+  d, family = config.data, config.model.family
+  if d.tokenizer not in ("sentencepiece", "char"):
+    raise DataError(f"data.tokenizer={d.tokenizer!r} is for synthetic tasks; real text needs "
+                    f"'sentencepiece' or 'char'")
+  data_dir = builders.resolve_data_dir(d.data_dir)
+  kind, sources, adapt, num_classes, fingerprint = _open_source(config, data_dir)
+  from_catalog = kind.startswith("tfds-")
+  kind = kind.replace("tfds-", "")
+  if FAMILY_OF_KIND[kind] != family:
+    raise DataError(f"data.source={d.source!r} gives {kind} data, which model.family={family!r} "
+                    f"cannot use: set model.family={FAMILY_OF_KIND[kind]!r} (or another "
+                    f"data.format / source)")
+  if d.packing and family == "encoder_classifier":
+    raise DataError("data.packing=True with model.family='encoder_classifier': the classifier "
+                    "pools a whole row into one label; set data.packing=False")
+  fingerprint = f"{fingerprint}|{d.tokenizer}|{d.max_input_len}|{d.max_target_len}"
+  codec = build_codec(d, workdir, kind, sources[d.train_split], adapt, fingerprint, data_dir)
+  args = (d, sources, adapt, codec, fingerprint + "|" + json.dumps(codec.settings, sort_keys=True))
+  if kind == "parallel":
+    task = TranslationTask(*args)
+  elif kind == "tsv":
+    task = ClassificationTask(*args, num_classes=num_classes)
+  elif from_catalog:
+    task = SentenceLMTask(*args)
+  else:
+    task = StreamLMTask(*args)
+  if workdir and tokenizer.load_codec(os.path.join(workdir, "tokenizer")) is None:
+    task.save(os.path.join(workdir, "tokenizer"))
+  logging.info("real task %s: %s", type(task).__name__, task.describe())
+  return task

@@ -1,0 +1,216 @@
+"""Tokenizers for real text: SentencePiece trained on the training split, or characters.
+
+Special ids are the same for every tokenizer (txf.data.base):
+  PAD=0 "<pad>", BOS=1 "<s>", EOS=2 "</s>", UNK=3 "<unk>".
+``encode`` returns ids WITHOUT EOS (the task appends it); ``decode`` drops PAD/BOS/EOS.
+
+SentencePiece is trained with byte fallback (no UNK for unseen characters: they become byte pieces),
+``hard_vocab_limit=False`` (a small corpus may give fewer pieces than asked; ``vocab_size`` reports
+the real size), and a fixed thread count (the trained model depends on it: same input + same
+threads = the same model, byte for byte). The character tokenizer maps each character of the
+training text to ``4 + its rank``; unseen characters become UNK.
+
+A ``Codec`` is one tokenizer (joint vocabulary) or two (separate source/target vocabularies); it is
+saved to a directory (``tokenizer.json`` + ``*.model``) and loaded back byte-identically, so
+training, evaluation and translation use exactly the same tokenizer.
+"""
+
+import abc
+import dataclasses
+import io
+import json
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from txf.data.text import DataError
+
+NUM_SPECIALS = 4
+_SPECIAL_SET = (PAD_ID, BOS_ID, EOS_ID)
+CODEC_FILE = "tokenizer.json"
+
+
+class Tokenizer(abc.ABC):
+  """Text <-> ids with the fixed special ids."""
+  kind: str
+
+  @property
+  @abc.abstractmethod
+  def vocab_size(self) -> int:
+    """Number of ids, specials included."""
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> List[int]:
+    """text -> ids [L] (no BOS/EOS)."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Sequence[int]) -> str:
+    """ids [L] -> text; PAD, BOS and EOS are dropped (callers cut at EOS first)."""
+
+  @abc.abstractmethod
+  def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
+    """Write whatever files are needed under ``directory``; return the JSON description."""
+
+  def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+    """Several texts -> a list of id lists."""
+    return [self.encode(t) for t in texts]
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A trained SentencePiece model (serialized proto bytes)."""
+  kind = "sentencepiece"
+
+  def __init__(self, model_proto: bytes):
+    self.model_proto = model_proto
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    got = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(), self._sp.unk_id())
+    if got != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
+      raise DataError(f"sentencepiece model has special ids (pad, bos, eos, unk)={got}, txf needs "
+                      f"{(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}: retrain it with txf.data.tokenizer")
+
+  @property
+  def vocab_size(self) -> int:
+    return int(self._sp.get_piece_size())
+
+  def encode(self, text: str) -> List[int]:
+    return self._sp.encode(text, out_type=int)
+
+  def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+    return self._sp.encode(list(texts), out_type=int)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._sp.decode([int(i) for i in ids if int(i) not in _SPECIAL_SET])
+
+  def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
+    name = f"{prefix}.model"
+    with open(os.path.join(directory, name), "wb") as f:
+      f.write(self.model_proto)
+    return {"kind": self.kind, "model_file": name, "vocab_size": self.vocab_size}
+
+
+class CharTokenizer(Tokenizer):
+  """One id per character: id = 4 + rank of the character in ``chars`` (sorted)."""
+  kind = "char"
+
+  def __init__(self, chars: str):
+    self.chars = "".join(sorted(set(chars)))
+    self._ids = {c: NUM_SPECIALS + i for i, c in enumerate(self.chars)}
+
+  @property
+  def vocab_size(self) -> int:
+    return NUM_SPECIALS + len(self.chars)
+
+  def encode(self, text: str) -> List[int]:
+    ids = self._ids
+    return [ids.get(c, UNK_ID) for c in text]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    out = []
+    for i in ids:
+      i = int(i)
+      if i >= NUM_SPECIALS and i - NUM_SPECIALS < len(self.chars):
+        out.append(self.chars[i - NUM_SPECIALS])
+      elif i == UNK_ID:
+        out.append("\ufffd")
+    return "".join(out)
+
+  def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
+    return {"kind": self.kind, "chars": self.chars, "vocab_size": self.vocab_size}
+
+
+def train_sentencepiece(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
+                        num_threads: int = 1, character_coverage: float = 0.9999
+                        ) -> SentencePieceTokenizer:
+  """Train a SentencePiece model in memory on ``sentences`` (all are used: sample them beforehand).
+
+  Deterministic for the same sentences, settings and ``num_threads``.
+  """
+  if model_type not in ("unigram", "bpe", "char", "word"):
+    raise DataError(f"data.spm_model_type={model_type!r} is not one of unigram, bpe, char, word")
+  if vocab_size < 256 + NUM_SPECIALS + 8:
+    raise DataError(f"data.vocab_size={vocab_size} is too small for sentencepiece with byte fallback "
+                    f"(256 byte pieces + 4 specials): use at least 300, or data.tokenizer='char'")
+  proto = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=proto, vocab_size=vocab_size,
+        model_type=model_type, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+        pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>",
+        byte_fallback=True, hard_vocab_limit=False, character_coverage=character_coverage,
+        num_threads=num_threads, input_sentence_size=0, shuffle_input_sentence=False,
+        minloglevel=2)
+  except RuntimeError as e:
+    raise DataError(f"sentencepiece training failed: {e}: check data.vocab_size={vocab_size} and "
+                    f"data.spm_model_type={model_type!r} against the size of the training split"
+                    ) from None
+  return SentencePieceTokenizer(proto.getvalue())
+
+
+@dataclasses.dataclass
+class Codec:
+  """The tokenizer(s) of a task: ``source`` and ``target`` are the same object for a joint vocabulary."""
+  source: Tokenizer
+  target: Tokenizer
+  settings: Dict[str, Any] = dataclasses.field(default_factory=dict)  # how it was built (for checks)
+
+  @property
+  def joint(self) -> bool:
+    return self.source is self.target
+
+  def encode_source(self, text: str, max_len: int, eos: bool = True) -> np.ndarray:
+    """text -> int32 [<= max_len] ids (+ EOS), truncated so that EOS stays last."""
+    ids = self.source.encode(text)
+    if eos:
+      ids = ids[:max_len - 1] + [EOS_ID] if max_len else ids + [EOS_ID]
+    elif max_len:
+      ids = ids[:max_len]
+    return np.asarray(ids, np.int32)
+
+  def decode_target(self, ids: Sequence[int]) -> str:
+    """ids -> text, cut at the first EOS; PAD and BOS dropped."""
+    ids = [int(i) for i in ids]
+    if EOS_ID in ids:
+      ids = ids[:ids.index(EOS_ID)]
+    return self.target.decode(ids)
+
+  def save(self, directory: str) -> None:
+    """Write ``tokenizer.json`` (+ model files) to ``directory`` (created if needed)."""
+    os.makedirs(directory, exist_ok=True)
+    desc = {"specials": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID},
+            "joint": self.joint, "settings": self.settings,
+            "source": self.source.to_json(directory, "source" if not self.joint else "joint")}
+    if not self.joint:
+      desc["target"] = self.target.to_json(directory, "target")
+    tmp = os.path.join(directory, CODEC_FILE + ".tmp")
+    with open(tmp, "w") as f:
+      json.dump(desc, f, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(directory, CODEC_FILE))    # the json last: a complete save
+
+
+def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
+  if desc["kind"] == "char":
+    return CharTokenizer(desc["chars"])
+  with open(os.path.join(directory, desc["model_file"]), "rb") as f:
+    return SentencePieceTokenizer(f.read())
+
+
+def load_codec(directory: str) -> Optional[Codec]:
+  """The codec saved in ``directory``, or None if there is none."""
+  path = os.path.join(directory, CODEC_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    desc = json.load(f)
+  source = _tokenizer_from_json(directory, desc["source"])
+  target = source if desc["joint"] else _tokenizer_from_json(directory, desc["target"])
+  return Codec(source, target, desc.get("settings", {}))
+
+
+def sample_evenly(n: int, cap: int) -> np.ndarray:
+  """Deterministic indices of at most ``cap`` items spread evenly over ``range(n)`` (all if n <= cap)."""
+  if cap <= 0 or n <= cap:
+    return np.arange(n)
+  return np.unique(np.linspace(0, n - 1, cap).astype(np.int64))
