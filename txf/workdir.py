@@ -18,7 +18,10 @@ from txf.config import _flatten
 RESUMABLE_FIELDS = {"num_train_steps", "log_every", "eval_every", "checkpoint_every",
                     "keep_checkpoints", "num_samples", "decode_examples", "eval_batches",
                     "beam_size", "alpha", "decode_max_extra", "name", "best_metric", "best_mode",
-                    "nan_policy", "data.path", "data.data_dir", "data.prefetch"}
+                    "nan_policy", "data.path", "data.data_dir", "data.prefetch",
+                    # the layout may change on resume: checkpoints restore onto any device count
+                    "parallelism", "mesh_shape"}
+RESUMABLE_PREFIXES = ("sharding_rules.",)
 
 
 class RunConflictError(RuntimeError):
@@ -31,10 +34,14 @@ def config_to_dict(config: ml_collections.ConfigDict) -> Dict[str, Any]:
 
 def differing_fields(old: Dict[str, Any], new: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
   """(field, old value, new value) for every field that differs and is not in RESUMABLE_FIELDS."""
-  a = _flatten(ml_collections.ConfigDict(old))
-  b = _flatten(ml_collections.ConfigDict(new))
+  from txf.config import base_config
+  defaults = _flatten(base_config())
+  # a field missing on one side (added to txf after that run was written) counts as its default
+  a = {**defaults, **_flatten(ml_collections.ConfigDict(old))}
+  b = {**defaults, **_flatten(ml_collections.ConfigDict(new))}
   return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-          if a.get(k) != b.get(k) and k not in RESUMABLE_FIELDS]
+          if a.get(k) != b.get(k) and k not in RESUMABLE_FIELDS
+          and not k.startswith(RESUMABLE_PREFIXES)]
 
 
 def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False) -> bool:
