@@ -1,0 +1,199 @@
+"""The KV cache of the real models: cached decoding equals full recomputation.
+
+References are the teacher-forced forward pass (all positions at once) and the uncached callback
+txf.models.inference.make_uncached_logits_fn, which recomputes the whole prefix at every step.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txf.bench.decode import init_recompute_cache, make_recompute_logits_fn
+from txf.decode import beam_search, greedy_decode, sample
+from txf.models import build_model, init_params
+from txf.models.inference import init_cache, make_logits_fn, make_uncached_logits_fn
+from txf.nn import TransformerConfig
+
+BOS, EOS = 1, 2
+VOCAB = 13
+
+
+def small_config(family, layers=1, **overrides):
+  """A tiny model (XLA compile time dominates these tests: one layer unless the test needs two)."""
+  return TransformerConfig(family=family, vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32,
+                           num_encoder_layers=layers, num_decoder_layers=layers, max_len=16,
+                           **overrides)
+
+
+def setup_model(cfg, seed=0):
+  """Random parameters N(0, 0.3^2) (LayerNorm scales 1 + N(0, 0.1^2)) in the model's tree.
+
+  Only the shapes come from init_params (jax.eval_shape, nothing compiled): compiling the real
+  initialisers (threefry) costs more CPU than every decode in this file.
+  """
+  example = {"targets": jnp.ones((1, 4), jnp.int32)}
+  if cfg.family == "encoder_decoder":
+    example["inputs"] = jnp.ones((1, 4), jnp.int32)
+  shapes = jax.eval_shape(lambda rng: init_params(cfg, rng, example), jax.random.key(0))
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    noise = rng.normal(0, 0.3, leaf.shape)
+    if jax.tree_util.keystr(path).endswith("['scale']"):
+      noise = 1 + noise / 3
+    return jnp.asarray(noise, jnp.float32)
+  return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+LENGTHS = [3, 5, 3]  # rows 0 and 2 padded (decoded alone they share one compiled shape)
+
+
+def sources():
+  """int [3, 5]: real lengths LENGTHS, PAD (0) after."""
+  rng = np.random.default_rng(1)
+  src = rng.integers(3, VOCAB, (3, max(LENGTHS))).astype(np.int32)
+  for row, length in enumerate(LENGTHS):
+    src[row, length:] = 0
+  return jnp.asarray(src)
+
+
+# two layers where a per-layer cache mix-up could hide; one elsewhere
+VARIANTS = [("encoder_decoder", dict(layers=2)),
+            ("encoder_decoder", dict(positional="learned", pre_ln=True, tie_output=False)),
+            ("decoder_lm", {}), ("decoder_lm", dict(positional="learned", pre_ln=True, layers=2))]
+
+
+def jit_cache(cfg, params, batch, max_len, inputs=None):
+  """init_cache under jit (eager Flax is slow op by op)."""
+  return jax.jit(lambda src: init_cache(cfg, params, batch, max_len, src))(inputs)
+
+
+@pytest.mark.parametrize("family,overrides", VARIANTS)
+def test_cached_logits_equal_full_forward_at_every_position(family, overrides):
+  cfg = small_config(family, **overrides)
+  params = setup_model(cfg)
+  targets = jnp.asarray(np.random.default_rng(2).integers(3, VOCAB, (3, 6)), jnp.int32)
+  model = build_model(cfg, deterministic=True)
+  inputs = sources() if family == "encoder_decoder" else None
+  fed = jnp.concatenate([jnp.full((3, 1), BOS, jnp.int32), targets[:, :-1]], axis=1)
+
+  @jax.jit
+  def run(src, tgt):
+    # teacher-forced logits [B, T, V] over [BOS, y_1 .. y_{T-1}], all positions in one pass
+    full = model.apply({"params": params}, *([tgt] if src is None else [src, tgt]))
+    step = make_logits_fn(cfg, params)
+    one_position = lambda cache, ids: step(ids[:, None], cache)[::-1]  # (cache, logits [B, V])
+    _, cached = jax.lax.scan(one_position, init_cache(cfg, params, 3, 6, src), fed.T)
+    cached = [cached.transpose(1, 0, 2)]  # [B, T, V]
+    if family == "decoder_lm":  # a prefill of 4 positions in one call, then single steps
+      logits, cache = step(fed[:, :4], init_cache(cfg, params, 3, 6))
+      _, rest = jax.lax.scan(one_position, cache, fed[:, 4:].T)
+      cached += [logits[:, None], rest.transpose(1, 0, 2)]
+    return full, jnp.concatenate(cached, axis=1)
+
+  full, cached = run(inputs, targets)
+  np.testing.assert_allclose(cached[:, :6], full, atol=1e-5, rtol=1e-5)
+  if family == "decoder_lm":
+    np.testing.assert_allclose(cached[:, 6:], full[:, 3:], atol=1e-5, rtol=1e-5)
+
+
+def uncached_greedy(fn, batch, max_len):
+  """Step-by-step greedy with a prefix-recomputing callback: [B, max_len], PAD after EOS.
+
+  The loop is unrolled under one jit (the prefix grows: every step has its own shape)."""
+  @jax.jit
+  def run():
+    prefix = jnp.full((batch, 1), BOS, jnp.int32)
+    done = jnp.zeros(batch, bool)
+    for _ in range(max_len):
+      logits, _ = fn(prefix, None)
+      token = jnp.where(done, 0, jnp.argmax(logits, -1)).astype(jnp.int32)
+      done |= token == EOS
+      prefix = jnp.concatenate([prefix, token[:, None]], axis=1)
+    return prefix[:, 1:]
+  return run()
+
+
+def varied(ids):
+  """Guard against a trivial model: the decoded rows are not all one repeated token."""
+  return len(np.unique(np.asarray(ids))) >= 2
+
+
+MAX_LEN, BEAM = 6, 2
+
+
+@pytest.fixture(scope="module")
+def translation():
+  """One encoder-decoder, its jit'd cached decoder and its outputs on the padded batch, shared by
+  the tests below (each compile of a model decode costs seconds of CPU)."""
+  cfg = small_config("encoder_decoder", tie_output=False)
+  params = setup_model(cfg, seed=6)
+  fn = make_logits_fn(cfg, params)
+
+  @jax.jit
+  def decode(src):
+    """src [N, S] -> (greedy [N, MAX_LEN], beam ids [N, BEAM, MAX_LEN], beam scores [N, BEAM])."""
+    batch = src.shape[0]
+    cache = init_cache(cfg, params, batch, MAX_LEN, src)  # a pytree: both decoders start from it
+    greedy = greedy_decode(fn, cache, batch, MAX_LEN)
+    ids, scores = beam_search(fn, cache, batch, BEAM, MAX_LEN)
+    return greedy, ids, scores
+
+  outputs = decode(sources())
+  assert len({tuple(np.asarray(g)) for g in outputs[0]}) >= 2  # the rows really differ
+  return dict(cfg=cfg, params=params, decode=decode, outputs=outputs)
+
+
+def test_cached_greedy_equals_uncached_greedy_translation(translation):
+  # greedy is prefix-consistent: its first 4 tokens are those of a 4-step greedy loop
+  cfg, params = translation["cfg"], translation["params"]
+  expected = uncached_greedy(make_uncached_logits_fn(cfg, params, sources()), 3, 4)
+  assert varied(expected)
+  np.testing.assert_array_equal(translation["outputs"][0][:, :4], expected)
+
+
+def test_cached_greedy_equals_uncached_greedy_lm():
+  cfg = small_config("decoder_lm", tie_output=False, positional="learned")
+  params = setup_model(cfg, seed=3)
+  got = jax.jit(lambda c: greedy_decode(make_logits_fn(cfg, params), c, 3, 4))(
+      jit_cache(cfg, params, 3, 4))
+  expected = uncached_greedy(make_uncached_logits_fn(cfg, params), 3, 4)
+  assert varied(expected)
+  np.testing.assert_array_equal(got, expected)
+
+
+def test_lm_sampling_at_temperature_zero_continues_prompt_greedily():
+  # greedy continuation <=> every generated token is the argmax of the full (uncached, teacher-
+  # forced) forward over [BOS, prompt, generated] at the position before it
+  cfg = small_config("decoder_lm", tie_output=False)
+  params = setup_model(cfg, seed=8)
+  prompt = jnp.asarray([[5, 6, 7], [8, 8, 9]], jnp.int32)
+  got = jax.jit(lambda c: sample(make_logits_fn(cfg, params), c, prompt, jax.random.key(0), 5,
+                                 temperature=0.0, eos_id=-1))(jit_cache(cfg, params, 2, 3 + 5))
+  assert varied(got)
+  model = build_model(cfg, deterministic=True)
+  full = jax.jit(lambda t: model.apply({"params": params}, t))(jnp.concatenate([prompt, got], 1))
+  np.testing.assert_array_equal(np.argmax(full[:, 3:], -1), got)
+
+
+def test_cached_beam_equals_recomputing_beam(translation):
+  # the benchmark's uncached baseline runs the same beam search: ids and scores must agree
+  cfg, params = translation["cfg"], translation["params"]
+  recompute = jax.jit(lambda src: beam_search(
+      make_recompute_logits_fn(cfg, params), init_recompute_cache(cfg, params, 3, MAX_LEN, src),
+      3, BEAM, MAX_LEN))(sources())
+  _, ids, scores = translation["outputs"]
+  assert varied(ids)
+  np.testing.assert_array_equal(ids, recompute[0])
+  np.testing.assert_allclose(scores, recompute[1], atol=1e-5)
+
+
+def test_padded_batch_decodes_each_row_as_if_alone(translation):
+  greedy, ids, scores = translation["outputs"]
+  inputs = sources()
+  for row in (0, 2):  # the padded rows, each decoded alone from its real tokens only
+    alone = translation["decode"](inputs[row:row + 1, :LENGTHS[row]])
+    np.testing.assert_array_equal(greedy[row], alone[0][0])
+    np.testing.assert_array_equal(ids[row], alone[1][0])
+    np.testing.assert_allclose(scores[row], alone[2][0], atol=1e-5)

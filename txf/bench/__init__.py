@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (speed, memory); never timed tests."""

@@ -1,0 +1,196 @@
+"""Decode speed: greedy and beam search, with the KV cache and without, at two output lengths.
+
+  python -m txf.bench.decode --config small --batch 8
+
+Prints decode tokens/s (output tokens of the batch, B * L, per second of steady-state time; beam
+search runs B * K rows to produce them), compile seconds (``jit(...).lower().compile()``, apart
+from the timed runs), and the per-token cost ratio between the longest and the shortest length:
+~1 when a step costs the same at every length, ~L_long / L_short when it grows with the length.
+
+The uncached baseline uses the same greedy/beam code with a different callback
+(:func:`make_recompute_logits_fn`): its "cache" holds only the token buffer [N, max_len] (and the
+encoder output, computed once), and each step re-runs the whole decoder over that fixed-size
+buffer (positions after the current one are masked by causality), so one compiled step serves all
+steps. Only the needed position goes through the output projection. Decoding is forced to the
+asked length with ``eos_id=-1`` (never produced). The model is randomly initialised.
+"""
+
+import argparse
+import dataclasses
+import statistics
+import time
+from typing import Dict, List, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from txf.decode import beam_search, greedy_decode
+from txf.models import build_model, init_params
+from txf.models.inference import init_cache, make_logits_fn
+from txf.nn import Embed, TransformerConfig
+
+CONFIGS = {
+    "small": dict(d_model=256, num_encoder_layers=3, num_decoder_layers=3, num_heads=4, d_ff=1024,
+                  vocab_size=8000),
+    "base": dict(d_model=512, num_encoder_layers=6, num_decoder_layers=6, num_heads=8, d_ff=2048,
+                 vocab_size=32000),
+}
+
+
+def init_recompute_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int,
+                         inputs=None) -> Dict[str, jnp.ndarray]:
+  """State of the uncached callback: {"prefix": int32 [B, max_len] zeros, "step": 0-d int32}, plus
+  for the encoder-decoder {"encoded": [B, S, d_model], "valid": bool [B, S]} (encoder run once)."""
+  cache = {"prefix": jnp.zeros((batch_size, max_len), jnp.int32), "step": jnp.array(0, jnp.int32)}
+  if cfg.family == "encoder_decoder":
+    model = build_model(cfg, deterministic=True)
+    cache["encoded"], cache["valid"] = model.apply({"params": params}, inputs, method=model.encode)
+  return cache
+
+
+def _project_only(position):
+  """Flax interceptor: the tied output projection h E^T applied to h[:, position] only."""
+  def interceptor(next_fun, args, kwargs, context):
+    if isinstance(context.module, Embed) and context.method_name == "attend":
+      return next_fun(jax.lax.dynamic_slice_in_dim(args[0], position, 1, axis=1), **kwargs)
+    return next_fun(*args, **kwargs)
+  return interceptor
+
+
+def make_recompute_logits_fn(cfg: TransformerConfig, params):
+  """Uncached ``logits_fn(ids int [N, L], cache) -> (logits float32 [N, V], cache)``.
+
+  Writes ids into cache["prefix"] at cache["step"], re-runs the full decoder over the whole
+  [N, max_len] buffer and returns the logits at position step + L - 1 (causal attention makes
+  them equal to those of the prefix alone).
+  """
+  model = build_model(cfg, deterministic=True)
+
+  def logits_fn(ids, cache):
+    step, length = cache["step"], ids.shape[1]
+    prefix = jax.lax.dynamic_update_slice(cache["prefix"], ids.astype(jnp.int32), (0, step))
+    position = step + length - 1
+    if cfg.family == "encoder_decoder":
+      call = lambda: model.apply({"params": params}, cache["encoded"], cache["valid"], prefix,
+                                 method=model.decode)
+    else:
+      call = lambda: model.apply({"params": params}, prefix, method=lambda m, x: m.decoder(x))
+    if cfg.tie_output:
+      with nn.intercept_methods(_project_only(position)):
+        logits = call()[:, 0]
+    else:
+      logits = jax.lax.dynamic_index_in_dim(call(), position, axis=1, keepdims=False)
+    return logits, dict(cache, prefix=prefix, step=step + length)
+
+  return logits_fn
+
+
+def _decoder(cfg, params, method: str, cached: bool, batch: int, length: int, beam: int):
+  """jit'd ``run(inputs) -> ids``: build the cache (encoder included) and decode ``length`` tokens."""
+  def run(inputs):
+    if cached:
+      cache, fn = init_cache(cfg, params, batch, length, inputs), make_logits_fn(cfg, params)
+    else:
+      cache = init_recompute_cache(cfg, params, batch, length, inputs)
+      fn = make_recompute_logits_fn(cfg, params)
+    if method == "greedy":
+      return greedy_decode(fn, cache, batch, length, eos_id=-1)
+    return beam_search(fn, cache, batch, beam, length, eos_id=-1)[0]
+  return jax.jit(run)
+
+
+def decode_benchmark(model_cfg: TransformerConfig, batch_size: int,
+                     output_lengths: Sequence[int] = (32, 128), beam_size: int = 4,
+                     repeats: int = 3, source_len: int = 32, max_seconds: float = 30.0,
+                     seed: int = 0) -> List[dict]:
+  """Time greedy and beam decoding with and without the KV cache.
+
+  For every (method, cached, length): compile once (``compile_s``), then run ``repeats`` times
+  (fewer once ``max_seconds`` of runs are spent; at least one) and keep the median ``seconds``.
+  tokens_per_s = batch_size * length / seconds; ms_per_token = 1000 * seconds / length (one
+  decode step of the whole batch). On the longest length's rows, ``per_token_ratio`` =
+  ms_per_token(longest) / ms_per_token(shortest).
+
+  Args:
+    model_cfg: sizes (family encoder_decoder or decoder_lm); max_len is raised to the longest
+      output length if needed; dropout is off.
+    batch_size: B; output_lengths: tokens to generate; beam_size: K for the beam rows.
+    repeats, max_seconds: timing runs per case; source_len: random source length (enc-dec).
+  Returns:
+    list of dict rows: method, cached, length, batch, compile_s, seconds, runs, tokens_per_s,
+    ms_per_token (+ per_token_ratio on the longest length).
+  """
+  cfg = dataclasses.replace(model_cfg, max_len=max(model_cfg.max_len, *output_lengths))
+  rng_params, rng_src = jax.random.split(jax.random.key(seed))
+  inputs = None
+  example = {"targets": jnp.ones((1, 8), jnp.int32)}
+  if cfg.family == "encoder_decoder":
+    inputs = jax.random.randint(rng_src, (batch_size, source_len), 4, cfg.vocab_size, jnp.int32)
+    example["inputs"] = jnp.ones((1, 8), jnp.int32)
+  params = init_params(cfg, rng_params, example)
+  rows = []
+  for method in ("greedy", f"beam{beam_size}"):
+    for cached in (True, False):
+      for length in output_lengths:
+        run = _decoder(cfg, params, method, cached, batch_size, length, beam_size)
+        start = time.perf_counter()
+        compiled = run.lower(inputs).compile()
+        compile_s = time.perf_counter() - start
+        times = []
+        while len(times) < max(repeats, 1) and (not times or sum(times) < max_seconds):
+          start = time.perf_counter()
+          jax.block_until_ready(compiled(inputs))
+          times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
+        rows.append(dict(method=method, cached=cached, length=length, batch=batch_size,
+                         compile_s=compile_s, seconds=seconds, runs=len(times),
+                         tokens_per_s=batch_size * length / seconds,
+                         ms_per_token=1000 * seconds / length))
+      short, long = rows[-len(output_lengths)], rows[-1]
+      long["per_token_ratio"] = long["ms_per_token"] / short["ms_per_token"]
+  return rows
+
+
+def format_table(rows: List[dict]) -> str:
+  """The rows as a fixed-width text table."""
+  head = (f"{'method':<8} {'cache':<6} {'len':>4} {'batch':>5} {'compile s':>9} {'run s':>8} "
+          f"{'runs':>4} {'tok/s':>9} {'ms/step':>8} {'ratio':>6}")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    ratio = f"{r['per_token_ratio']:.2f}" if "per_token_ratio" in r else ""
+    lines.append(f"{r['method']:<8} {'yes' if r['cached'] else 'no':<6} {r['length']:>4} "
+                 f"{r['batch']:>5} {r['compile_s']:>9.2f} {r['seconds']:>8.3f} {r['runs']:>4} "
+                 f"{r['tokens_per_s']:>9.1f} {r['ms_per_token']:>8.2f} {ratio:>6}")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+  """Command line: run :func:`decode_benchmark` on a named config and print the table."""
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
+  parser.add_argument("--family", choices=("encoder_decoder", "decoder_lm"), default="encoder_decoder")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128])
+  parser.add_argument("--beam", type=int, default=4)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--max_seconds", type=float, default=30.0)
+  parser.add_argument("--source_len", type=int, default=32)
+  args = parser.parse_args(argv)
+  cfg = TransformerConfig(family=args.family, **CONFIGS[args.config])
+  print(f"decode benchmark: {args.config} {args.family} (d_model {cfg.d_model}, layers "
+        f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers}, heads {cfg.num_heads}, d_ff {cfg.d_ff}, "
+        f"vocab {cfg.vocab_size}), batch {args.batch}, source length {args.source_len}, "
+        f"device {jax.devices()[0].device_kind}")
+  rows = decode_benchmark(cfg, args.batch, tuple(args.lengths), args.beam, args.repeats,
+                          args.source_len, args.max_seconds)
+  print(format_table(rows))
+  by = {(r["method"], r["cached"], r["length"]): r for r in rows}
+  for method in dict.fromkeys(r["method"] for r in rows):
+    for length in args.lengths:
+      speedup = by[(method, False, length)]["seconds"] / by[(method, True, length)]["seconds"]
+      print(f"cache speed-up {method} length {length}: {speedup:.1f}x")
+
+
+if __name__ == "__main__":
+  main()
