@@ -17,6 +17,7 @@ asked length with ``eos_id=-1`` (never produced). The model is randomly initiali
 
 import argparse
 import dataclasses
+import os
 import statistics
 import time
 from typing import Dict, List, Sequence
@@ -87,7 +88,7 @@ def make_recompute_logits_fn(cfg: TransformerConfig, params):
 
 
 def _decoder(cfg, params, method: str, cached: bool, batch: int, length: int, beam: int):
-  """jit'd ``run(inputs) -> ids``: build the cache (encoder included) and decode ``length`` tokens."""
+  """jit'd ``run(inputs [B, S]) -> ids``: build the cache (encoder included), decode ``length``."""
   def run(inputs):
     if cached:
       cache, fn = init_cache(cfg, params, batch, length, inputs), make_logits_fn(cfg, params)
@@ -169,7 +170,8 @@ def main(argv=None) -> None:
   """Command line: run :func:`decode_benchmark` on a named config and print the table."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
-  parser.add_argument("--family", choices=("encoder_decoder", "decoder_lm"), default="encoder_decoder")
+  parser.add_argument("--family", choices=("encoder_decoder", "decoder_lm"),
+                      default="encoder_decoder")
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128])
   parser.add_argument("--beam", type=int, default=4)
@@ -179,9 +181,10 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   cfg = TransformerConfig(family=args.family, **CONFIGS[args.config])
   print(f"decode benchmark: {args.config} {args.family} (d_model {cfg.d_model}, layers "
-        f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers}, heads {cfg.num_heads}, d_ff {cfg.d_ff}, "
-        f"vocab {cfg.vocab_size}), batch {args.batch}, source length {args.source_len}, "
-        f"device {jax.devices()[0].device_kind}")
+        f"{cfg.num_encoder_layers}+{cfg.num_decoder_layers}, heads {cfg.num_heads}, "
+        f"d_ff {cfg.d_ff}, vocab {cfg.vocab_size}), batch {args.batch}, "
+        f"source length {args.source_len}, device {jax.devices()[0].device_kind} "
+        f"({os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f} at start)")
   rows = decode_benchmark(cfg, args.batch, tuple(args.lengths), args.beam, args.repeats,
                           args.source_len, args.max_seconds)
   print(format_table(rows))

@@ -1,4 +1,4 @@
-"""Model-agnostic decoding: greedy, beam search and sampling over a ``logits_fn(ids, cache)`` callback.
+"""Model-agnostic decoding over a ``logits_fn(ids, cache)`` callback: greedy, beam search, sampling.
 
 ``logits_fn(ids int32 [N, L], cache) -> (logits float32 [N, V] at the last position, new_cache)``;
 leaves of ``cache`` with leading dimension N are per-row state, 0-d leaves are shared counters.

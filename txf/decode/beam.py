@@ -25,7 +25,10 @@ PENALTIES = ("gnmt", "average", "none")
 
 
 def length_penalty(length: jnp.ndarray, alpha: float, kind: str = "gnmt") -> jnp.ndarray:
-  """lp(L): ``gnmt`` ((5 + L) / 6)^alpha, ``average`` L, ``none`` 1; length float/int [...] -> float32 [...]."""
+  """lp(L): ``gnmt`` ((5 + L) / 6)^alpha, ``average`` L, ``none`` 1.
+
+  length: int or float [...] -> float32 [...].
+  """
   length = jnp.asarray(length, jnp.float32)
   if kind == "gnmt":
     return ((5.0 + length) / 6.0) ** alpha
@@ -45,7 +48,7 @@ def _is_row_leaf(x: Any, rows: int = None) -> bool:
 
 
 def expand_to_beams(tree: Any, beam: int, batch_size: int = None) -> Any:
-  """Repeat every per-row leaf [N, ...] -> [N * beam, ...]; row n becomes rows n*beam .. n*beam+beam-1.
+  """Repeat every per-row leaf [N, ...] -> [N * beam, ...]; row n -> rows n*beam .. (n+1)*beam-1.
 
   out[n * beam + k] = x[n] for k < beam. 0-d leaves (shared counters such as ``cache_index``)
   are left as they are. With ``batch_size`` given, only leaves whose leading dim equals it are

@@ -1,4 +1,4 @@
-"""Ancestral sampling with temperature, top-k and nucleus (top-p) filtering, for the decoder-only LM."""
+"""Ancestral sampling with temperature, top-k and nucleus (top-p) filtering (decoder-only LM)."""
 
 from typing import Any
 
@@ -40,9 +40,9 @@ def filter_logits(logits: jnp.ndarray, top_k: int = 0, top_p: float = 1.0) -> jn
   return logits
 
 
-def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array, max_new_tokens: int,
-           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: int = EOS_ID,
-           bos_id: int = BOS_ID) -> jnp.ndarray:
+def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array,
+           max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           eos_id: int = EOS_ID, bos_id: int = BOS_ID) -> jnp.ndarray:
   """Sample continuations y_t ~ softmax(filter(logits_t / T)) of a prompt, until EOS or a length.
 
   The prompt is fed once as [BOS, prompt_1 .. prompt_P] (logits_fn must accept several positions
@@ -82,7 +82,8 @@ def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array,
     if temperature == 0:
       return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     filtered = filter_logits(logits.astype(jnp.float32) / temperature, top_k, top_p)
-    return jax.random.categorical(jax.random.fold_in(rng, step), filtered, axis=-1).astype(jnp.int32)
+    key = jax.random.fold_in(rng, step)
+    return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
 
   def cond(state):
     step, _, done, _, _ = state
