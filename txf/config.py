@@ -32,6 +32,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.alpha = 0.6                  # GNMT length penalty exponent ((5 + L) / 6) ** alpha
   c.parallelism = "single"       # "single" (one device), "pmap" (data parallel), "mesh" (jit + shardings)
   c.grad_accum_steps = 1         # micro-batches accumulated per optimizer step
+  c.mesh_shape = (-1, 1, 1)      # parallelism="mesh": devices along (data, fsdp, tensor); one -1 takes the rest
+  c.sharding_rules = ml_collections.ConfigDict({  # mesh: logical axis -> mesh axes ("a,b"; "" = replicated)
+      "batch": "data,fsdp",      # batch rows: data parallel over data x fsdp
+      "embed": "fsdp",           # d_model axis of every weight: FSDP shards it
+      "heads": "tensor",         # attention heads: tensor parallel
+      "kv": "",                  # d_k within a head: never split
+      "mlp": "tensor",           # d_ff of the FFN: tensor parallel
+      "vocab": "tensor"})        # embedding rows / output columns: tensor parallel
 
   c.model = ml_collections.ConfigDict()
   m = c.model

@@ -1,18 +1,78 @@
-"""Multi-host set-up: ``jax.distributed.initialize`` when the environment asks for it."""
+"""Multi-host set-up: ``jax.distributed.initialize`` when the environment asks for it.
+
+Every process of a job runs the same command; this decides, from the environment, whether it is
+one of several and how to find the others:
+
+  TXF_COORDINATOR=host:port, TXF_NUM_PROCESSES=N, TXF_PROCESS_ID=i
+      explicit (launch/local.py sets these; works on any cluster)
+  TXF_DISTRIBUTED=auto
+      ``jax.distributed.initialize()`` with no arguments: jax's cluster detection (Cloud TPU pods,
+      SLURM, Open MPI, Kubernetes). launch/tpu_pod.sh and launch/slurm.sbatch set it.
+  SLURM_JOB_ID with SLURM_NTASKS > 1 (srun, several tasks)
+      the same as TXF_DISTRIBUTED=auto
+  TXF_DISTRIBUTED=off
+      never initialise (e.g. one process per node of a SLURM allocation on purpose)
+
+Options (all processes must agree):
+  TXF_HEARTBEAT_TIMEOUT  seconds without heartbeats after which a process counts as dead and every
+                         other process exits with an error instead of hanging (default 100)
+  TXF_INIT_TIMEOUT       seconds to wait for all processes to connect (default 300)
+  TXF_SHUTDOWN_TIMEOUT   seconds a finishing (or failing) process waits for the others at exit
+                         (default 300)
+  TXF_LOCAL_DEVICE_IDS   comma list of the accelerator ids this process drives, e.g. "0,1,2,3"
+                         for one process per node on SLURM (jax's SLURM detection otherwise
+                         gives each process only the GPU of its SLURM_LOCALID)
+"""
 
 import os
+from typing import Any, Dict, Mapping, Optional
 
 
-def maybe_initialize() -> bool:
-  """Initialise jax.distributed if TXF_COORDINATOR (or a cluster environment) says so.
+def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, Any]]:
+  """The keyword arguments for ``jax.distributed.initialize`` the environment asks for, or None.
 
-  Returns True when running as one process of several.
+  Raises ValueError for an incomplete explicit set-up (names the missing variables).
   """
-  coordinator = os.environ.get("TXF_COORDINATOR")
-  if coordinator:
-    import jax
-    jax.distributed.initialize(coordinator_address=coordinator,
-                               num_processes=int(os.environ["TXF_NUM_PROCESSES"]),
-                               process_id=int(os.environ["TXF_PROCESS_ID"]))
-    return True
-  return False
+  mode = env.get("TXF_DISTRIBUTED", "").strip().lower()
+  if mode in ("off", "0", "false", "no"):
+    return None
+  args: Dict[str, Any] = {}
+  if env.get("TXF_COORDINATOR"):
+    missing = [k for k in ("TXF_NUM_PROCESSES", "TXF_PROCESS_ID") if not env.get(k)]
+    if missing:
+      raise ValueError(f"TXF_COORDINATOR={env['TXF_COORDINATOR']} is set but {', '.join(missing)} "
+                       f"is not: set all three (launch/local.py does)")
+    args.update(coordinator_address=env["TXF_COORDINATOR"],
+                num_processes=int(env["TXF_NUM_PROCESSES"]), process_id=int(env["TXF_PROCESS_ID"]))
+  elif mode in ("auto", "1", "true", "yes"):
+    pass  # jax detects the cluster (TPU pod metadata, SLURM variables, ...)
+  elif env.get("SLURM_JOB_ID") and int(env.get("SLURM_NTASKS", "1")) > 1:
+    pass
+  else:
+    return None
+  args["heartbeat_timeout_seconds"] = int(env.get("TXF_HEARTBEAT_TIMEOUT", "100"))
+  args["initialization_timeout"] = int(env.get("TXF_INIT_TIMEOUT", "300"))
+  args["shutdown_timeout_seconds"] = int(env.get("TXF_SHUTDOWN_TIMEOUT", "300"))
+  if env.get("TXF_LOCAL_DEVICE_IDS"):
+    args["local_device_ids"] = [int(i) for i in env["TXF_LOCAL_DEVICE_IDS"].split(",") if i.strip()]
+  return args
+
+
+def maybe_initialize(env: Mapping[str, str] = os.environ) -> bool:
+  """Initialise jax.distributed if the environment says so (see the module docstring).
+
+  Call before anything touches a jax device. Returns True when running as one process of several.
+  """
+  args = distributed_args(env)
+  if args is None:
+    return False
+  import jax
+  jax.distributed.initialize(**args)
+  return jax.process_count() > 1
+
+
+def describe() -> str:
+  """'process i of n, l local / g global devices (platform)' for logs."""
+  import jax
+  return (f"process {jax.process_index()} of {jax.process_count()}, {jax.local_device_count()} local / "
+          f"{jax.device_count()} global {jax.devices()[0].platform} devices")

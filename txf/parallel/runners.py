@@ -1,16 +1,26 @@
 """Runners: where the state lives and how a step is compiled. One interface for every layout.
 
-Runner API (all take host numpy batches of the *global per-process* batch):
-  place_state(state) -> state on device(s)
-  train_step(state, batch, rng) -> (state, metrics)    compiled, state buffers donated
-  eval_step(state, batch) -> metric sums
-  host_params(state) -> params as one host copy (for decoding and saving)
-  host_state(state) -> the state as one host copy (for checkpoints)
+Runner API (numpy host batches in, the same pure step function inside every runner):
+  place_state(state) -> state on device(s); host values must be the same on every process
+  train_step(state, batch, rng) -> (state, metrics)    compiled, state buffers donated;
+      ``batch`` is this process's share of the global batch (all of it on one process)
+  eval_step(state, batch) -> metric sums               ``batch`` is a whole global batch, the same
+      on every process
+  host_params(state) -> params as one full host copy (for decoding and saving)
+  host_state(state) -> the state as checkpoints take it (single/pmap: one host copy; mesh: the
+      sharded global arrays, which orbax writes from every process)
+
+``make_runner`` picks one by ``config.parallelism``: single (txf.parallel.runners), pmap
+(txf.parallel.pmap_runner) or mesh (txf.parallel.mesh_runner).
 """
 
 from typing import Callable
 
 import jax
+
+from txf.parallel import sharding as sharding_lib
+from txf.parallel.mesh_runner import MeshRunner
+from txf.parallel.pmap_runner import PmapRunner
 
 
 class SingleDeviceRunner:
@@ -38,7 +48,42 @@ class SingleDeviceRunner:
 
 
 def make_runner(config, make_train_step: Callable, make_eval_step: Callable):
-  """The runner for ``config.parallelism``; ``make_*_step(axis_name)`` build the pure steps."""
-  if config.parallelism == "single":
+  """The runner for ``config.parallelism``; ``make_*_step(axis_name)`` build the pure steps.
+
+  Checks up front that ``batch_size`` (and its ``grad_accum_steps`` micro-batches) split evenly
+  over the processes and devices of the chosen layout.
+  """
+  kind = config.parallelism
+  processes, accum = jax.process_count(), config.get("grad_accum_steps", 1)
+  if kind == "single":
+    if processes > 1:
+      raise ValueError(f"parallelism='single' uses one device, but this is one of {processes} "
+                       f"processes: set parallelism='pmap' or 'mesh'")
     return SingleDeviceRunner(make_train_step(None), make_eval_step(None))
-  raise NotImplementedError(f"parallelism={config.parallelism!r} is not available yet; use 'single'")
+  if kind == "pmap":
+    shards = processes * jax.local_device_count()
+    _check_batch(config.batch_size, shards, accum, f"{shards} devices ({processes} process(es) x "
+                 f"{jax.local_device_count()})")
+    return PmapRunner(make_train_step(PmapRunner.axis_name), make_eval_step(PmapRunner.axis_name))
+  if kind == "mesh":
+    mesh = sharding_lib.make_mesh(config.get("mesh_shape", (-1, 1, 1)))
+    rules = config.get("sharding_rules", None)
+    rules = dict(rules.items()) if rules is not None else None
+    spec = sharding_lib.batch_spec(rules, dict(mesh.shape))
+    axes = () if not len(spec) else (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
+    shards = 1
+    for a in axes:
+      shards *= mesh.shape[a]
+    _check_batch(config.batch_size, max(shards, processes), accum,
+                 f"mesh {dict(mesh.shape)}: batch over {axes or 'nothing'}, {processes} process(es)")
+    return MeshRunner(make_train_step(None), make_eval_step(None), mesh, rules)
+  raise ValueError(f"parallelism={kind!r} is not one of 'single', 'pmap', 'mesh'")
+
+
+def _check_batch(batch_size: int, shards: int, accum: int, where: str) -> None:
+  if batch_size % shards:
+    raise ValueError(f"batch_size={batch_size} does not split over {where}: make it a multiple of {shards}")
+  if accum > 1 and (batch_size // shards) % accum:
+    raise ValueError(f"batch_size={batch_size} gives {batch_size // shards} rows per shard over {where}, "
+                     f"not divisible into grad_accum_steps={accum} micro-batches: make batch_size a "
+                     f"multiple of {shards * accum}")

@@ -1,0 +1,309 @@
+"""Parallelism: the parameter placement table, mesh set-up, distributed env parsing, and -- with 8
+fake CPU devices in one subprocess -- pmap and mesh layouts (data=8; data=4 x tensor=2; fsdp=8;
+data=2 x fsdp=2 x tensor=2 with gradient accumulation) reproducing the single-device step's
+losses, parameters and eval sums over several steps, gradient accumulation equal to the large
+batch step, and bf16 compute (float32 parameters) that trains.
+
+The subprocess runs this file as a script (``python tests/test_parallel.py``) with XLA_FLAGS set
+before jax is imported (8 devices; XLA backend optimisation off, which cuts compile time 2-3x on
+CPU); it prints one JSON line, computed once per session and checked by several tests.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+WORKER_XLA_FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+
+if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before jax is imported
+  os.environ["XLA_FLAGS"] = WORKER_XLA_FLAGS
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from txf.config import base_config
+from txf.models import init_params
+from txf.nn import TransformerConfig
+from txf.parallel import distributed, make_runner, sharding
+from txf.train.optimizer import make_optimizer
+from txf.train.steps import create_train_state, make_eval_step, make_train_step
+
+BATCH, STEPS = 16, 3
+LAYOUTS = [("pmap", None), ("mesh", (8, 1, 1)), ("mesh", (4, 1, 2)), ("mesh", (1, 8, 1))]
+
+
+def _model(family="decoder_lm", **kw):
+  base = dict(family=family, vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=1,
+              num_decoder_layers=1, dropout_rate=0.0, max_len=16)
+  base.update(kw)
+  return TransformerConfig(**base)
+
+
+def _batches(n=STEPS, rows=BATCH, seed=0):
+  rs = np.random.RandomState(seed)
+  out = []
+  for _ in range(n):
+    y = rs.randint(3, 64, size=(rows, 8)).astype(np.int32)
+    y[:, 5:] = 0  # padding is excluded from the loss
+    x = rs.randint(3, 64, size=(rows, 8)).astype(np.int32)
+    out.append({"inputs": x, "targets": y})
+  return out
+
+
+def _train(model_cfg, parallelism="single", mesh_shape=(-1, 1, 1), accum=1, batches=None,
+           params=None, evaluate=False):
+  """(losses per step, host params, eval sums or None, runner, placed state)."""
+  batches = batches or _batches()
+  config = base_config()
+  config.batch_size, config.parallelism, config.grad_accum_steps = BATCH, parallelism, accum
+  config.mesh_shape = mesh_shape or (-1, 1, 1)
+  config.optimizer.warmup_steps = 10
+  tx = make_optimizer(config.optimizer, model_cfg.d_model)
+  if params is None:
+    params = jax.device_get(init_params(model_cfg, jax.random.key(0), batches[0]))
+  runner = make_runner(config, lambda ax: make_train_step(model_cfg, tx, 0.1, None, ax, accum),
+                       lambda ax: make_eval_step(model_cfg, 0.1, ax))
+  state = runner.place_state(create_train_state(params, tx))
+  losses = []
+  for i, batch in enumerate(batches):
+    state, metrics = runner.train_step(state, batch, jax.random.key(i))
+    losses.append(float(metrics["loss"]))
+  sums = jax.device_get(runner.eval_step(state, batches[0])) if evaluate else None
+  return losses, runner.host_params(state), sums, runner, state
+
+
+def _max_diff(a, b) -> float:
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def _worker() -> dict:
+  """Runs with 8 devices: every layout against the single-device step, as JSON-able numbers."""
+  assert jax.device_count() == 8, jax.devices()
+  cfg = _model()
+  ref_losses, ref_params, ref_sums, _, _ = _train(cfg, evaluate=True)
+  out = {"reference": ref_losses, "layouts": {}}
+  for parallelism, shape in LAYOUTS:
+    losses, params, sums, runner, state = _train(cfg, parallelism, shape, evaluate=True)
+    row = {"losses": losses, "param_diff": _max_diff(params, ref_params),
+           "eval_diff": max(abs(float(sums[k]) - float(ref_sums[k])) / max(1.0, abs(float(ref_sums[k])))
+                            for k in ref_sums)}
+    if parallelism == "mesh":
+      p = state.params["decoder"]["layer_0"]
+      mu = state.opt_state[0].mu["decoder"]["layer_0"]
+      spec = lambda x: [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
+      row["specs"] = {"query": spec(p["self_attention"]["query"]), "wi": spec(p["ffn"]["wi"]),
+                      "mu_wi": spec(mu["ffn"]["wi"]), "embedding": spec(state.params["embed"]["embedding"]),
+                      "step": spec(state.step)}
+      row["query_shard_shape"] = list(p["self_attention"]["query"].addressable_shards[0].data.shape)
+    out["layouts"][f"{parallelism}{shape or ''}"] = row
+  # a mixed layout with gradient accumulation: data=2 x fsdp=2 x tensor=2, 2 micro-batches
+  losses, params, _, _, _ = _train(cfg, "mesh", (2, 2, 2), accum=2)
+  out["layouts"]["mesh(2, 2, 2)+accum2"] = {"losses": losses, "param_diff": _max_diff(params, ref_params)}
+  # gradient accumulation on one device: 2 micro-batches of 8 vs one batch of 16
+  losses, params, _, _, _ = _train(cfg, "single", accum=2)
+  out["accum"] = {"losses": losses, "param_diff": _max_diff(params, ref_params)}
+  out["bf16"] = _bf16()
+  return out
+
+
+def _bf16() -> dict:
+  """The translation model in bfloat16 compute from float32 parameters: logits, dtypes, training."""
+  from txf.models import build_model
+  batch = _batches(n=1)[0]
+  f32, b16 = _model(family="encoder_decoder"), _model(family="encoder_decoder", dtype="bfloat16")
+  params = jax.device_get(init_params(b16, jax.random.key(0), batch))
+  logits = {cfg.dtype: jax.jit(build_model(cfg, deterministic=True).apply)(
+      {"params": params}, batch["inputs"], batch["targets"]) for cfg in (f32, b16)}
+  losses, new_params, _, _, _ = _train(b16, batches=[batch] * 12, params=params)
+  dtypes = {str(x.dtype) for x in jax.tree_util.tree_leaves((params, new_params))}
+  return {"param_dtypes": sorted(dtypes), "logits_dtype": str(logits["bfloat16"].dtype),
+          "logits_scale": float(jnp.max(jnp.abs(logits["float32"]))),
+          "logits_diff": float(jnp.max(jnp.abs(logits["bfloat16"] - logits["float32"]))),
+          "losses": losses}
+
+
+# -- the 8-device tests (one subprocess per session) -------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _worker_result() -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True,
+                        timeout=600, env=env)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_pmap_and_mesh_layouts_match_single_device_on_8_devices():
+  result = _worker_result()
+  ref = np.array(result["reference"])
+  assert ref[-1] < ref[0]  # it trains
+  assert set(result["layouts"]) == {"pmap", "mesh(8, 1, 1)", "mesh(4, 1, 2)", "mesh(1, 8, 1)",
+                                    "mesh(2, 2, 2)+accum2"}
+  for name, row in result["layouts"].items():
+    np.testing.assert_allclose(row["losses"], ref, rtol=2e-6, atol=2e-6, err_msg=name)
+    assert row["param_diff"] < 1e-5, (name, row["param_diff"])
+    if "eval_diff" in row:
+      assert row["eval_diff"] < 1e-5, (name, row["eval_diff"])
+
+
+def test_mesh_layouts_shard_params_and_optimizer_state_by_the_rules():
+  result = _worker_result()
+  fsdp = result["layouts"]["mesh(1, 8, 1)"]
+  assert fsdp["specs"]["query"] == ["fsdp"]  # [d, h, d_k]: d over fsdp
+  assert fsdp["specs"]["mu_wi"] == ["fsdp"]  # Adam moments shard like the params
+  assert fsdp["query_shard_shape"] == [4, 4, 8]  # 32 / 8 rows per device
+  tp = result["layouts"]["mesh(4, 1, 2)"]
+  assert tp["specs"]["query"] == [None, "tensor"]  # heads over tensor
+  assert tp["specs"]["wi"] == [None, "tensor"]     # d_ff over tensor
+  assert tp["specs"]["embedding"] == ["tensor"]   # vocab over tensor
+  assert tp["query_shard_shape"] == [32, 2, 8]
+  assert result["layouts"]["mesh(8, 1, 1)"]["specs"]["query"] == []  # pure data parallel
+  assert tp["specs"]["step"] == []
+
+
+# -- in-process tests (one device) -----------------------------------------------------------------
+
+def _abstract_params(**kw):
+  cfg = _model(**kw)
+  batch = {"inputs": np.ones((2, 8), np.int32), "targets": np.ones((2, 8), np.int32)}
+  return jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), batch))
+
+
+def test_every_weight_matrix_of_every_family_has_a_placement_rule():
+  variants = [dict(family="encoder_decoder"), dict(family="decoder_lm", positional="learned"),
+              dict(family="encoder_classifier", pre_ln=True),
+              dict(family="encoder_decoder", share_embeddings=False, tie_output=False, pre_ln=True,
+                   target_vocab_size=48)]
+  for kw in variants:
+    params = _abstract_params(**kw)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+      name = sharding.path_str(path)
+      axes = sharding.leaf_axes(name, leaf.ndim)
+      assert len(axes) == leaf.ndim
+      if leaf.ndim >= 2:  # every matrix is placed by a rule (vectors may stay replicated)
+        assert any(a is not None for a in axes), (kw, name)
+
+
+def test_partition_specs_follow_the_rules_and_fall_back_to_replication():
+  params = _abstract_params(family="encoder_decoder", vocab_size=37)  # 37: not divisible by 2
+  sizes = {"data": 2, "fsdp": 2, "tensor": 2}
+  specs = sharding.partition_specs(params, None, sizes)
+  P = jax.sharding.PartitionSpec
+  attn = specs["encoder"]["layer_0"]["self_attention"]
+  assert attn["query"] == P("fsdp", "tensor") and attn["out"] == P("tensor", None, "fsdp")
+  assert specs["encoder"]["layer_0"]["ffn"]["wi"] == P("fsdp", "tensor")
+  assert specs["encoder"]["layer_0"]["ffn"]["bi"] == P("tensor")
+  assert specs["encoder"]["layer_0"]["norm_1"]["scale"] == P()
+  assert specs["embed"]["embedding"] == P(None, "fsdp")  # vocab 37 % 2 != 0: that axis replicated
+  # rules from the config: replicate the embed axis, heads over fsdp x tensor
+  rules, sizes4 = {"embed": "", "heads": "fsdp,tensor"}, {"data": 1, "fsdp": 2, "tensor": 2}
+  specs = sharding.partition_specs(params, rules, sizes4)
+  assert specs["encoder"]["layer_0"]["self_attention"]["query"] == P(None, ("fsdp", "tensor"))
+  specs = sharding.partition_specs(_abstract_params(num_heads=2), rules, sizes4)
+  assert specs["decoder"]["layer_0"]["self_attention"]["query"] == P()  # 2 heads over 4: replicated
+  # a mesh axis is used once per array: vocab and embed both on tensor -> embed replicated
+  specs = sharding.partition_specs(params, {"vocab": "tensor", "embed": "tensor"}, sizes)
+  assert specs["decoder"]["layer_0"]["ffn"]["wi"] == P("tensor")
+  try:
+    sharding.parse_rules({"embed": "fdsp"})
+    raise AssertionError("a misspelt mesh axis must raise")
+  except ValueError as e:
+    assert "fdsp" in str(e) and "fsdp" in str(e)
+  assert sharding.batch_spec(None, sizes) == P(("data", "fsdp"))
+  assert sharding.batch_spec(None, {"data": 4, "fsdp": 1, "tensor": 2}) == P("data")
+
+
+def test_mesh_shape_fills_one_axis_and_names_the_problem():
+  assert sharding.resolve_mesh_shape((-1, 1, 1), 8) == (8, 1, 1)
+  assert sharding.resolve_mesh_shape((-1, 1, 2), 8) == (4, 1, 2)
+  assert sharding.resolve_mesh_shape((1, 8, 1), 8) == (1, 8, 1)
+  for bad, words in [((-1, -1, 1), "at most one -1"), ((3, 1, 1), "has 3 devices"),
+                     ((-1, 3, 1), "not divisible"), ((8, 1), "needs 3 entries")]:
+    try:
+      sharding.resolve_mesh_shape(bad, 8)
+      raise AssertionError(f"{bad} must raise")
+    except ValueError as e:
+      assert words in str(e), (bad, str(e))
+  mesh = sharding.make_mesh((-1, 1, 1))
+  assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh.shape["data"] == jax.device_count()
+
+
+def test_config_rules_are_the_sharding_defaults():
+  assert dict(base_config().sharding_rules.items()) == sharding.DEFAULT_RULES
+  assert tuple(base_config().mesh_shape) == (-1, 1, 1)
+
+
+def test_memory_benchmark_divides_state_by_the_sharded_ways():
+  from txf.bench import memory
+  rows = {r["layout"]: r for r in memory.memory_table(["base"], 8)}
+  single = rows["single"]["total_mb"]
+  assert 62e6 < rows["single"]["params"] < 66e6  # the paper's base model: 65M
+  assert abs(rows["single"]["opt_mb"] - 2 * rows["single"]["params_mb"]) < 1e-3  # Adam: mu, nu
+  assert rows["pmap x8"]["total_mb"] == rows["mesh data=8"]["total_mb"] == single  # replicas
+  assert abs(rows["mesh fsdp=8"]["total_mb"] / single - 1 / 8) < 0.002  # only norms/biases whole
+  assert abs(rows["mesh data=4 x tensor=2"]["total_mb"] / single - 1 / 2) < 0.002
+
+
+def test_distributed_environment_parsing():
+  assert distributed.distributed_args({}) is None
+  assert distributed.distributed_args({"TXF_DISTRIBUTED": "off", "TXF_COORDINATOR": "h:1"}) is None
+  args = distributed.distributed_args({"TXF_COORDINATOR": "127.0.0.1:1234", "TXF_NUM_PROCESSES": "2",
+                                       "TXF_PROCESS_ID": "1", "TXF_HEARTBEAT_TIMEOUT": "7"})
+  assert args == {"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 1,
+                  "heartbeat_timeout_seconds": 7, "initialization_timeout": 300,
+                  "shutdown_timeout_seconds": 300}
+  assert distributed.distributed_args({"TXF_DISTRIBUTED": "auto"})["heartbeat_timeout_seconds"] == 100
+  slurm = distributed.distributed_args({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "16",
+                                        "TXF_LOCAL_DEVICE_IDS": "0,1,2,3"})
+  assert "coordinator_address" not in slurm and slurm["local_device_ids"] == [0, 1, 2, 3]
+  assert distributed.distributed_args({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "1"}) is None
+  try:
+    distributed.distributed_args({"TXF_COORDINATOR": "h:1", "TXF_PROCESS_ID": "0"})
+    raise AssertionError("an incomplete explicit set-up must raise")
+  except ValueError as e:
+    assert "TXF_NUM_PROCESSES" in str(e)
+
+
+def test_runners_refuse_uneven_batches_with_the_fix_in_the_message():
+  from txf.parallel.pmap_runner import PmapRunner
+  from txf.parallel.runners import _check_batch
+  runner = PmapRunner(lambda s, b, r: (s, {}), lambda p, b: {})
+  runner.num_local = 4  # as on a 4-device host
+  assert runner.split({"targets": np.zeros((8, 5))})["targets"].shape == (4, 2, 5)
+  try:
+    runner.split({"targets": np.zeros((10, 5))})
+    raise AssertionError("an uneven pmap batch must raise")
+  except ValueError as e:
+    assert "batch_size a multiple of" in str(e)
+  for args, words in [((12, 8, 1, "8 devices"), "multiple of 8"), ((16, 8, 4, "8 devices"), "multiple of 32")]:
+    try:
+      _check_batch(*args)
+      raise AssertionError(f"{args} must raise")
+    except ValueError as e:
+      assert words in str(e)
+
+
+def test_gradient_accumulation_equals_the_large_batch_step():
+  result = _worker_result()
+  np.testing.assert_allclose(result["accum"]["losses"], result["reference"], rtol=2e-6, atol=2e-6)
+  assert result["accum"]["param_diff"] < 1e-6
+
+
+def test_bfloat16_compute_keeps_float32_params_and_trains():
+  r = _worker_result()["bf16"]
+  assert r["param_dtypes"] == ["float32"]  # before and after training
+  assert r["logits_dtype"] == "float32"    # the loss is computed in float32
+  assert r["logits_diff"] < 0.05 * r["logits_scale"], r  # the same model, bf16 rounding only
+  losses = r["losses"]
+  assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.3, losses
+
+
+if __name__ == "__main__":
+  print(json.dumps(_worker()))

@@ -1,0 +1,152 @@
+"""``jax.jit`` over a (data, fsdp, tensor) ``Mesh`` with ``NamedSharding``s: FSDP, tensor and data parallel.
+
+The pure step is the single-device one (``axis_name=None``); XLA's SPMD partitioner inserts the
+collectives from the in/out shardings: parameters and optimizer state sharded by the parameter
+table and ``config.sharding_rules`` (txf/parallel/sharding.py), batches over data x fsdp, metrics
+replicated. Works the same on one process and on many (each process feeds its own rows).
+"""
+
+from typing import Callable, Mapping, Optional
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from txf.parallel import sharding as sharding_lib
+
+
+class MeshRunner:
+  """jit with in/out shardings on ``mesh``; state buffers donated.
+
+  Train batches are this process's rows of the global batch (``process_index``/``process_count``
+  split); they are assembled into one global array with ``jax.make_array_from_process_local_data``.
+  Eval batches are whole global batches, identical on every process. ``host_state`` returns the
+  sharded global arrays themselves (orbax writes each process's shards); ``host_params`` gathers
+  one full host copy on every process.
+  """
+  axis_name = None
+
+  def __init__(self, train_step: Callable, eval_step: Callable, mesh: Mesh,
+               rules: Optional[Mapping[str, str]] = None, table=sharding_lib.PARAM_AXES):
+    self.mesh, self.rules, self.table = mesh, rules, table
+    self.axis_sizes = dict(mesh.shape)
+    self.batch_sharding = NamedSharding(mesh, sharding_lib.batch_spec(rules, self.axis_sizes))
+    self.replicated = NamedSharding(mesh, PartitionSpec())
+    self._train_step, self._eval_step = train_step, eval_step
+    self._key_impl = None
+    self._shardings = None
+    self._train = self._eval = None
+    self._checked_rows = set()
+
+  def state_shardings(self, state):
+    """NamedShardings for every leaf of ``state`` (a TrainState, or shapes of one)."""
+    return sharding_lib.named_shardings(state, self.mesh, self.rules, self.table)
+
+  # -- placement ------------------------------------------------------------------------------
+  def place_state(self, state):
+    """Shard ``state`` over the mesh (host arrays: the same values must be given on every process)."""
+    shardings = self.state_shardings(state)
+    if self._shardings is None:
+      self._compile(shardings)
+    multi = jax.process_count() > 1
+
+    def put(x, s):
+      if isinstance(x, jax.Array) and (not multi or not x.is_fully_addressable):
+        return jax.device_put(x, s)
+      return jax.device_put(np.asarray(jax.device_get(x)), s)
+
+    return jax.tree_util.tree_map(put, state, shardings)
+
+  def _compile(self, shardings):
+    self._shardings = shardings
+
+    def train(state, batch, key_data):
+      return self._train_step(state, batch, jax.random.wrap_key_data(key_data, impl=self._key_impl))
+
+    self._train = jax.jit(train, in_shardings=(shardings, self.batch_sharding, self.replicated),
+                          out_shardings=(shardings, self.replicated), donate_argnums=(0,))
+    self._eval = jax.jit(self._eval_step, in_shardings=(shardings.params, self.batch_sharding),
+                         out_shardings=self.replicated)
+
+  def local_batch(self, batch):
+    """This process's rows [B_local, ...] -> global arrays [B_local * processes, ...] on the mesh."""
+    count = jax.process_count()
+
+    def one(x):
+      x = np.asarray(x)
+      global_shape = (x.shape[0] * count,) + x.shape[1:]
+      self._check_rows(global_shape, x.shape[0])
+      return jax.make_array_from_process_local_data(self.batch_sharding, x, global_shape)
+
+    return jax.tree_util.tree_map(one, batch)
+
+  def global_batch(self, batch):
+    """A whole global batch, the same numpy values on every process -> sharded global arrays."""
+    def one(x):
+      x = np.asarray(x)
+      self._check_rows(x.shape, None)
+      return jax.make_array_from_callback(x.shape, self.batch_sharding, lambda index: x[index])
+    return jax.tree_util.tree_map(one, batch)
+
+  def _check_rows(self, global_shape, local_rows):
+    key = (global_shape[0], local_rows)
+    if key in self._checked_rows:
+      return
+    spec = self.batch_sharding.spec
+    entry = spec[0] if len(spec) else None
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    ways = int(np.prod([self.axis_sizes[a] for a in axes]))
+    if global_shape[0] % ways:
+      raise ValueError(f"parallelism='mesh': a batch of {global_shape[0]} rows cannot be split over "
+                       f"{ways} batch shards (mesh {self.axis_sizes}, batch over "
+                       f"{self.batch_sharding.spec}); make batch_size a multiple of {ways}")
+    if local_rows is not None:
+      index_map = self.batch_sharding.addressable_devices_indices_map(tuple(global_shape))
+      rows = {(idx[0].start or 0, idx[0].stop or global_shape[0]) if idx else (0, global_shape[0])
+              for idx in index_map.values()}
+      needed = sum(stop - start for start, stop in rows)
+      if needed != local_rows:
+        raise ValueError(
+            f"parallelism='mesh': this process's devices hold {needed} rows of the global batch but the "
+            f"data gives it {local_rows} (batch_size / process_count); the batch axes (data x fsdp = "
+            f"{ways}) must be a multiple of the process count {jax.process_count()} and the tensor "
+            f"axis must not span processes: change mesh_shape")
+    self._checked_rows.add(key)
+
+  def _key_data(self, rng):
+    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+      self._key_impl = jax.random.key_impl(rng)
+      data = jax.random.key_data(rng)
+    else:  # a raw uint32 key
+      self._key_impl, data = None, rng
+    return jax.device_put(np.asarray(jax.device_get(data)), self.replicated)
+
+  # -- steps ----------------------------------------------------------------------------------
+  def train_step(self, state, batch, rng):
+    """batch: this process's rows [B_local, ...]; metrics come back replicated (scalars)."""
+    if self._train is None:
+      raise RuntimeError("MeshRunner.train_step before place_state: place the state first")
+    return self._train(state, self.local_batch(batch), self._key_data(rng))
+
+  def eval_step(self, state, batch):
+    """batch: one whole global batch [B, ...]; returns the metric sums over it, on the host."""
+    if self._eval is None:
+      raise RuntimeError("MeshRunner.eval_step before place_state: place the state first")
+    return jax.device_get(self._eval(state.params, self.global_batch(batch)))
+
+  # -- host copies ----------------------------------------------------------------------------
+  def host_params(self, state):
+    """One full host (numpy) copy of the parameters, on every process."""
+    return gather(state.params)
+
+  def host_state(self, state):
+    """The state for checkpoints: the sharded global arrays themselves (orbax saves every shard)."""
+    return state
+
+
+def gather(tree):
+  """Sharded (possibly multi-process) arrays -> full numpy arrays on every process."""
+  if jax.process_count() > 1:
+    return multihost_utils.process_allgather(tree, tiled=True)
+  return jax.device_get(tree)
