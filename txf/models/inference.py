@@ -19,7 +19,15 @@ def init_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int, in
   For the encoder-decoder, ``inputs`` int [B, S] are encoded once here and the cross-attention
   keys/values of every layer are stored in the cache.
   Returns the cache pytree (self-attention buffers [B, max_len, h, d_k] zeroed, index 0).
+  The cache holds ``max_len`` positions (BOS and any prompt included): callers must not feed more
+  (txf.decode's loops stop at ``max_len``).
   """
+  if max_len < 1:
+    raise ValueError(f"the decode cache needs max_len >= 1, got {max_len}")
+  if cfg.positional == "learned" and max_len > cfg.max_len:
+    raise ValueError(f"decoding {max_len} positions needs a learned position table of at least that "
+                     f"size, but model.max_len={cfg.max_len}: decode fewer tokens or train with a "
+                     f"larger model.max_len")
   model = build_model(cfg, decode=True)
   dummy = jnp.zeros((batch_size, max_len), jnp.int32)
   if cfg.family == "encoder_decoder":
