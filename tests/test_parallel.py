@@ -260,10 +260,11 @@ def test_distributed_environment_parsing():
                   "heartbeat_timeout_seconds": 7, "initialization_timeout": 300,
                   "shutdown_timeout_seconds": 300}
   assert distributed.distributed_args({"TXF_DISTRIBUTED": "auto"})["heartbeat_timeout_seconds"] == 100
-  slurm = distributed.distributed_args({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "16",
+  slurm = distributed.distributed_args({"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "16",
                                         "TXF_LOCAL_DEVICE_IDS": "0,1,2,3"})
   assert "coordinator_address" not in slurm and slurm["local_device_ids"] == [0, 1, 2, 3]
-  assert distributed.distributed_args({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "1"}) is None
+  assert distributed.distributed_args({"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "1"}) is None
+  assert distributed.distributed_args({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "16"}) is None  # batch script
   try:
     distributed.distributed_args({"TXF_COORDINATOR": "h:1", "TXF_PROCESS_ID": "0"})
     raise AssertionError("an incomplete explicit set-up must raise")

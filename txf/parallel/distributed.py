@@ -8,7 +8,7 @@ one of several and how to find the others:
   TXF_DISTRIBUTED=auto
       ``jax.distributed.initialize()`` with no arguments: jax's cluster detection (Cloud TPU pods,
       SLURM, Open MPI, Kubernetes). launch/tpu_pod.sh and launch/slurm.sbatch set it.
-  SLURM_JOB_ID with SLURM_NTASKS > 1 (srun, several tasks)
+  SLURM_STEP_NUM_TASKS > 1 (inside `srun` with several tasks; not the batch script itself)
       the same as TXF_DISTRIBUTED=auto
   TXF_DISTRIBUTED=off
       never initialise (e.g. one process per node of a SLURM allocation on purpose)
@@ -46,7 +46,7 @@ def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, 
                 num_processes=int(env["TXF_NUM_PROCESSES"]), process_id=int(env["TXF_PROCESS_ID"]))
   elif mode in ("auto", "1", "true", "yes"):
     pass  # jax detects the cluster (TPU pod metadata, SLURM variables, ...)
-  elif env.get("SLURM_JOB_ID") and int(env.get("SLURM_NTASKS", "1")) > 1:
+  elif int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1) > 1:
     pass
   else:
     return None
