@@ -1,5 +1,6 @@
 """Pure jnp functions for the paper's math: no Flax, no state, formulas in docstrings."""
 
+from txf.ops import cooccurrence, jacobians  # seed 003: PCA embeddings; LayerNorm/softmax Jacobians
 from txf.ops.attention import (causal_mask, combine_masks, merge_heads, multi_head_attention,
                                padding_mask, scaled_dot_product_attention, segment_mask, split_heads)
 from txf.ops.embedding import embed, tied_logits
