@@ -58,7 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.max_len = 256                # longest sequence the model accepts (learned PE size, decode cache)
   m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | first token
-  m.attention_impl = "reference"  # reference (einsum; attention weights visible) | fused (jax.nn.dot_product_attention)
+  m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
   m.dtype = "float32"            # compute dtype: float32 | bfloat16 (parameters stay float32)
 
   c.optimizer = ml_collections.ConfigDict()
@@ -159,7 +159,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
                   f"an integer; use num_heads in {ok[:6]} or change d_model")
   choices = {"model.family": ("encoder_decoder", "encoder_classifier", "decoder_lm"),
              "model.positional": ("sinusoidal", "learned", "none"),
-             "model.pooling": ("mean", "first"), "model.attention_impl": ("reference", "fused"),
+             "model.pooling": ("mean", "first"), "model.attention_impl": ("auto", "reference", "fused"),
              "model.dtype": ("float32", "bfloat16"), "parallelism": ("single", "pmap", "mesh"),
              "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
              "data.tokenizer": ("word", "sentencepiece", "char"),

@@ -18,16 +18,50 @@ from txf.ops import attention as attn_ops
 xavier = nn.initializers.xavier_uniform()
 
 
+# What ``attention_impl='auto'`` runs on CPU: the faster of the two at the benchmark sizes
+# (BENCHMARKS.md, "attention implementations": reference <= fused in CPU time, small and base).
+CPU_AUTO_IMPL = "reference"
+
+
+def resolve_impl(impl: str) -> str:
+  """``auto`` -> ``fused`` on GPU/TPU (cuDNN flash attention on GPU), CPU_AUTO_IMPL on CPU."""
+  if impl != "auto":
+    return impl
+  return CPU_AUTO_IMPL if jax.default_backend() == "cpu" else "fused"
+
+
+def _fused_attention(q, k, v, mask):
+  """jax.nn.dot_product_attention; cuDNN on GPU for half-precision inputs it supports, else XLA.
+
+  A query row whose keys are all masked gets a zero output, as on the reference path (XLA's
+  softmax would average V there instead).
+  """
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+  out = None
+  if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
+    try:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
+    except Exception:  # pylint: disable=broad-except  # cuDNN rejects this shape/GPU at trace time
+      out = None
+  if out is None:
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+  if mask is not None:
+    out = out * mask.any(-1).transpose(0, 2, 1)[..., None].astype(out.dtype)
+  return out
+
+
 def attend(q, k, v, mask, impl: str):
   """softmax(Q K^T / sqrt(d_k) + M) V on [B, L, H, d_k] inputs; returns ([B, L_q, H, d_v], weights or None).
 
   ``reference`` is txf.ops.scaled_dot_product_attention (weights returned for inspection);
-  ``fused`` is jax.nn.dot_product_attention (cuDNN flash attention on GPU; no weights).
+  ``fused`` is jax.nn.dot_product_attention (cuDNN flash attention on GPU; no weights);
+  ``auto`` picks per backend (:func:`resolve_impl`). Both agree to float32 rounding
+  (tests/test_attention_impl.py).
   """
+  impl = resolve_impl(impl)
   if impl == "fused":
-    if mask is not None:
-      mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
-    return jax.nn.dot_product_attention(q, k, v, mask=mask), None
+    return _fused_attention(q, k, v, mask), None
   out, weights = attn_ops.scaled_dot_product_attention(
       q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
   return out.transpose(0, 2, 1, 3), weights

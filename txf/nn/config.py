@@ -33,7 +33,7 @@ class TransformerConfig:
   max_len: int = 256                   # longest sequence (learned PE table size, decode cache)
   layer_norm_eps: float = 1e-6
   pooling: str = "mean"                # encoder_classifier: mean | first
-  attention_impl: str = "reference"    # reference (einsum, returns weights) | fused (jax.nn.dot_product_attention)
+  attention_impl: str = "auto"         # auto (per backend) | reference (einsum, weights) | fused (jax.nn.dot_product_attention)
   dtype: str = "float32"               # compute dtype; parameters stay float32
   deterministic: bool = False          # True disables dropout (eval, decode)
   decode: bool = False                 # True: one position per call with a KV cache

@@ -31,6 +31,11 @@ class SingleDeviceRunner:
     self._train = jax.jit(train_step, donate_argnums=(0,))
     self._eval = jax.jit(lambda state, batch: eval_step(state.params, batch))
 
+  @property
+  def train_jit(self):
+    """The jitted, state-donating train step: ``.lower(...).compile()`` for AOT, ``._cache_size()``."""
+    return self._train
+
   def place_state(self, state):
     return jax.device_put(state)
 

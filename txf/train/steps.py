@@ -77,7 +77,7 @@ def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformati
     grads = jax.tree_util.tree_map(lambda g: g / count, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     loss = loss_sum / count
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)

@@ -1,0 +1,86 @@
+"""Smoke tests of the benchmark code (tiny config): it runs and reports the expected fields.
+
+Never asserts on timings. Also checks the properties of a lean train step that are not timings:
+one compilation for many steps (no recompilation after the first) and a donated state.
+"""
+
+import json
+import warnings
+
+import jax
+import numpy as np
+import pytest
+
+from txf.bench import run as bench_run
+from txf.bench import train as bench_train
+
+TRAIN_FIELDS = {"config", "dtype", "attention_impl", "attention_resolved", "compile_s", "step_s_best",
+                "step_s_median", "target_tokens_per_s", "tokens_per_s", "flops_model", "flops_xla",
+                "model_gflops_per_s", "mfu_float32", "mfu_bfloat16", "mfu_paired_float32", "memory", "max_rss_mib",
+                "load_before", "load_after", "donated", "donation_warnings", "step_cpu_s"}
+
+
+@pytest.fixture(scope="module")
+def results():
+  return bench_run.run_benchmarks(["tiny"], steps=2, decode=True, decode_batch=2, decode_length=4,
+                                  beam_size=2, peak_size=128, say=lambda *a: None)
+
+
+def test_results_have_every_field(results):
+  assert set(results["peaks"]) == {"float32", "bfloat16"}
+  for peak in results["peaks"].values():
+    assert peak["gflops_best"] > 0 and peak["runs"] >= 2
+  (row,) = results["train"]
+  assert TRAIN_FIELDS <= set(row)
+  assert row["config"] == "tiny" and row["steps"] >= 2
+  assert row["flops_model"] > 0 and row["flops_xla"] and row["flops_xla"] > 0
+  assert {"arguments_mib", "temp_mib", "peak_mib"} <= set(row["memory"])
+  assert row["donated"] and not row["donation_warnings"]
+  methods = {(r["method"], r["cached"]) for r in results["decode"]}
+  assert {("greedy", True), ("beam2", True)} <= methods
+  assert all(r["tokens_per_s"] > 0 for r in results["decode"])
+  json.dumps(results, default=str)  # serialisable
+
+
+def test_report_names_every_column(results):
+  text = bench_run.format_report(results)
+  for word in ("matmul peak float32", "matmul peak bfloat16", "tgt tok/s", "MFU32", "compile s",
+               "peak MiB", "greedy", "beam2", "load"):
+    assert word in text
+
+
+def test_model_flops_formula_matches_a_hand_count():
+  cfg = bench_train.config_for("tiny")  # d 32, f 64, 1+1 layers, V 64
+  d, f, s, t, v = 32, 64, 8, 8, 64
+  forward = (s * (8 * d * d + 4 * d * f + 4 * s * d) + t * (12 * d * d + 4 * d * f + 4 * t * d + 4 * s * d)
+             + s * 4 * d * d + 2 * t * d * v)
+  assert bench_train.model_train_flops(cfg, 4, s, t) == 3 * 4 * forward
+
+
+def test_cli_writes_json(tmp_path, txf_cli):
+  out = tmp_path / "bench.json"
+  proc = txf_cli("bench", "--configs=tiny", f"--output={out}", "--steps=2", "--nodecode", timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  assert "MFU32" in proc.stdout
+  data = json.loads(out.read_text())
+  assert data["train"][0]["config"] == "tiny" and "uptime_start" in data
+
+
+def test_cli_rejects_unknown_config(txf_cli):
+  proc = txf_cli("bench", "--configs=huge", "--nodecode")
+  assert proc.returncode == 2 and "unknown bench config" in proc.stderr
+
+
+def test_train_step_compiles_once_and_donates_the_state():
+  cfg = bench_train.config_for("tiny")
+  batch = bench_train.random_batch(cfg, 4, 8, 8)
+  runner, state = bench_train.build_step(cfg, batch)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for step in range(4):
+      old = jax.tree_util.tree_leaves(state)
+      state, metrics = runner.train_step(state, dict(batch), jax.random.fold_in(jax.random.key(0), step))
+      assert all(leaf.is_deleted() for leaf in old)  # every state buffer was donated
+  assert not [w for w in caught if "donat" in str(w.message).lower()]  # "not usable" would be here
+  assert runner.train_jit._cache_size() == 1  # one compilation for all steps
+  assert np.isfinite(float(metrics["loss"]))
