@@ -35,8 +35,9 @@ from txf.train.loop import train
 # %% [markdown]
 # ## Train
 #
-# The default experiment reaches ~99% held-out exact match at 1200 steps; 800 are enough for clear
-# maps. Small mode trains a 1+1-layer, d_model=32 model for 20 steps.
+# The default experiment runs 1200 steps; 800 suffice here (one run on a 2-core CPU: held-out exact
+# match 1.0 on 200 greedy-decoded sentences, and one cross-attention head aligning 95% of content
+# words). Small mode trains a 1+1-layer, d_model=32 model for 20 steps.
 
 # %%
 config = nu.load_experiment("default")

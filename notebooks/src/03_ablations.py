@@ -137,13 +137,23 @@ for axis, (field, values) in AXES.items():
     em = [r.final["exact_match"] for r in runs_for(field, value)]
     labels.append(f"{field.split('.')[1]}={value}")
     means.append(np.mean(em))
-    spreads.append(np.std(em))
+    spreads.append(np.std(em, ddof=1) if len(em) > 1 else 0.0)
 ax.bar(range(len(labels)), means, yerr=spreads, color="tab:blue", alpha=0.8, capsize=3)
 ax.set_xticks(range(len(labels)))
 ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
 ax.set_ylabel("held-out exact match")
 ax.set_title(f"after {STEPS} steps ({len(SEEDS)} seed(s); base configuration repeated per axis)")
 nu.show(nu.save_figure(fig, "03_exact_match.png"))
+
+# %% [markdown]
+# **One recorded full run** (3 seeds × 400 steps, 500 held-out sentences; 50 min on a shared 2-core
+# CPU), exact match mean ± sd: heads 1 / 2 / 4 / 8: 0.33 ± 0.36 / 0.65 ± 0.20 / 0.79 ± 0.16 /
+# 0.83 ± 0.06; PE sinusoidal / learned / none: 0.79 / 0.76 ± 0.10 / 0.15 ± 0.02; label smoothing
+# 0 / 0.1: 0.76 ± 0.10 / 0.79; pre-LN: 0.96 ± 0.04 (post-LN 0.79); warmup 50 / 200 / 800: 0.00
+# (stuck at NLL 2.2: the peak rate (128·50)^-0.5 = 0.0125 is too high) / 0.79 / 0.96 ± 0.04. At
+# this short horizon the base's peak rate of 0.00625 at step 200 makes post-LN runs seed-sensitive;
+# pre-LN and a gentler warmup both remove most of that. Greedy vs teacher-forced exact match on
+# 200 sentences: 0.900 and 0.900.
 
 # %% [markdown]
 # ## Check: teacher-forced exact match = greedy-decoding exact match

@@ -179,6 +179,10 @@ for name, runs in results.items():
 display(Markdown(nu.table(rows, ["embedding init", f"dev accuracy at step {early_step}",
                                  "best dev accuracy (picked on dev)", f"dev accuracy at step {STEPS}"])))
 
+# One recorded full run (rt-polarity, 3 seeds, 600 steps of 64): dev accuracy at step 250
+# random 0.671 ± 0.023 vs PCA 0.694 ± 0.010; best 0.713 ± 0.001 vs 0.708 ± 0.007; at step 600
+# 0.705 ± 0.006 vs 0.685 ± 0.008. The PCA table speeds up early learning, then overfits sooner; it
+# does not raise the best accuracy. Analogy probes: 0 of 4 in the top 5.
 fig = nu.new_figure(7, 4)
 ax = fig.subplots()
 for name, runs in results.items():
