@@ -1,4 +1,4 @@
-"""``python -m txf.bench [--configs small,base] [--output bench.json] [--steps 5]``: see txf/bench/run.py."""
+"""``python -m txf.bench [--configs small,base] [--output runs/bench.json] [--steps 5]``: see txf/bench/run.py."""
 
 from txf.bench.run import main
 

@@ -1,7 +1,7 @@
 """One command for every speed figure: matmul peaks, train steps, decoding; a table and a JSON file.
 
-  txf bench [--configs small,base] [--output bench.json] [--steps 5]
-  python -m txf.bench --configs small,base --output bench.json      (the same, without absl)
+  txf bench [--configs small,base] [--output runs/bench.json] [--steps 5]
+  python -m txf.bench --configs small,base --output runs/bench.json   (the same, without absl)
 
 Order of a run: the machine (CPU, SIMD features, jax, XLA_FLAGS, ``uptime``), the fp32 and bf16
 matmul peaks (:func:`txf.bench.train.matmul_peak`), then for each config and each (dtype,
@@ -166,7 +166,7 @@ def main(argv=None) -> None:
   """``python -m txf.bench`` (argparse flags mirror ``txf bench``)."""
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--configs", default="small,base", help="comma-separated: small,base")
-  p.add_argument("--output", default="bench.json", help="JSON results file ('' = none)")
+  p.add_argument("--output", default="runs/bench.json", help="JSON results file ('' = none)")
   p.add_argument("--steps", type=int, default=5, help="timed train steps per row")
   p.add_argument("--dtypes", default="float32", help="comma-separated model dtypes: float32,bfloat16")
   p.add_argument("--attention_impls", default="auto", help="comma-separated: auto,reference,fused")

@@ -1,4 +1,4 @@
-"""``txf bench [--configs small,base] [--output bench.json] [--steps 5] [--dtypes float32,bfloat16]``.
+"""``txf bench [--configs small,base] [--output runs/bench.json] [--steps 5] [--dtypes float32,bfloat16]``.
 
 Prints the machine's fp32/bf16 matmul peaks, train-step compile seconds, tokens/s, model FLOPs
 (analytic and XLA's count), MFU, memory, and cached greedy/beam decode tokens/s, and writes them
@@ -8,7 +8,7 @@ as JSON. The work is in txf/bench/run.py; figures and how to read them are in BE
 from absl import flags
 
 flags.DEFINE_list("configs", ["small", "base"], "bench configs to run (txf/bench/train.py BENCH_CONFIGS)")
-flags.DEFINE_string("output", "bench.json", "JSON results file ('' = do not write)")
+flags.DEFINE_string("output", "runs/bench.json", "JSON results file ('' = do not write)")
 flags.DEFINE_integer("steps", 5, "timed train steps per row (after 2 warm-up steps)")
 flags.DEFINE_list("dtypes", ["float32"], "model.dtype values to time: float32, bfloat16")
 flags.DEFINE_list("attention_impls", ["auto"], "model.attention_impl values to time: auto, reference, fused")

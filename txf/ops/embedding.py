@@ -24,4 +24,7 @@ def tied_logits(h: jnp.ndarray, table: jnp.ndarray) -> jnp.ndarray:
   Returns:
     [..., V].
   """
-  return h @ table.T
+  # One [N, d] @ [d, V] matmul over the flattened positions: with h kept [B, L, d], the gradient
+  # of E contracts over two axes and XLA:CPU materialised a transposed [V, B*L] copy of the
+  # logits' gradient for it (~35% of this head's fwd+bwd time at the base config; BENCHMARKS.md).
+  return (h.reshape(-1, h.shape[-1]) @ table.T).reshape(*h.shape[:-1], table.shape[0])
