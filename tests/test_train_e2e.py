@@ -59,3 +59,20 @@ def test_unknown_command_and_help():
   assert r.returncode == 2 and "unknown command" in r.stderr
   r = run_txf("--help")
   assert r.returncode == 0 and "train" in r.stdout
+
+
+def test_time_limit_ends_training_as_a_finished_run_and_resumes(tmp_path):
+  workdir = tmp_path / "limited"
+  args = ("train", "--config", COPY, "--workdir", str(workdir), "--progress=false",
+          "--config.num_train_steps=500", "--config.time_limit_minutes=1e-6",
+          "--config.decode_examples=8")
+  r = run_txf(*args, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "time limit of 1e-06 min reached: training ended after step 1 of 500" in r.stdout
+  rows = _rows(workdir)
+  assert [(x["step"], x["split"]) for x in rows] == [(1, "train"), (1, "eval")]
+  assert (workdir / "params.msgpack").stat().st_size > 0 and (workdir / "checkpoints").is_dir()
+  r = run_txf(*args, timeout=300)  # the same command goes on from step 1, for one more step
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "resumed from the checkpoint at step 1" in r.stdout and "after step 2 of 500" in r.stdout
+  assert [x["step"] for x in _rows(workdir) if x["split"] == "train"] == [1, 2]

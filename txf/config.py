@@ -16,6 +16,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.name = "experiment"          # a label for logs; the workdir defaults to runs/<name>
   c.seed = 0                     # one seed for parameters, dropout and data order
   c.num_train_steps = 1000       # optimizer steps
+  c.time_limit_minutes = 0.0     # > 0: end training after this many minutes of this process (final eval, checkpoint, params); 0 = off
   c.batch_size = 64              # examples per step, over all devices and processes
   c.log_every = 50               # steps between train-metric lines in metrics.jsonl
   c.eval_every = 500             # steps between evaluations (and at the end); 0 = only at the end
@@ -149,6 +150,8 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   positive("", ["num_train_steps", "batch_size", "log_every", "grad_accum_steps"])
   positive("model", ["d_model", "num_heads", "d_ff", "max_len"])
   positive("optimizer", ["warmup_steps", "learning_rate"])
+  if cfg.get("time_limit_minutes", 0.0) < 0:
+    errors.append(f"time_limit_minutes={cfg.get('time_limit_minutes')} must be >= 0 (0 = no limit)")
   for n in ["num_encoder_layers", "num_decoder_layers"]:
     if m.get(n, 0) < 0:
       errors.append(f"model.{n}={m.get(n)} must be >= 0")

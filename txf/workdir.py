@@ -15,8 +15,8 @@ import ml_collections
 from txf.config import _flatten
 
 # Fields that may change between a run and its resumption (length of the run, logging, decoding).
-RESUMABLE_FIELDS = {"num_train_steps", "log_every", "eval_every", "checkpoint_every",
-                    "keep_checkpoints", "num_samples", "decode_examples", "eval_batches",
+RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_every",
+                    "checkpoint_every", "keep_checkpoints", "num_samples", "decode_examples", "eval_batches",
                     "beam_size", "alpha", "decode_max_extra", "name", "best_metric", "best_mode",
                     "nan_policy", "data.path", "data.data_dir", "data.prefetch",
                     # the layout may change on resume: checkpoints restore onto any device count

@@ -10,6 +10,11 @@ is ``fold_in(split(key(seed))[1], n)``: the step determines it.
 Signals: the first SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
 (``txf train`` exits 0); a second one exits at once with status 128 + signal number.
 
+Time limit: ``config.time_limit_minutes > 0`` ends training once this process has trained that
+long (compilation and in-loop evaluations included): the step reached is treated as the last one
+(final evaluation, checkpoint, params.msgpack, plots). Running the same command again resumes and
+trains for up to that long again, towards ``num_train_steps``.
+
 Non-finite losses: ``train_step`` leaves the state unchanged on such a step; with
 ``nan_policy='stop'`` the loop raises NonFiniteLossError naming the step before any later state
 is saved, with ``'skip'`` it carries on and counts the step in the ``skipped`` metric.
@@ -149,13 +154,29 @@ def _restore_target(runner, abstract_state):
                                 abstract_state, shardings_of(abstract_state))
 
 
+def _out_of_time(deadline, done: int, log_every: int) -> bool:
+  """Whether the time limit has passed after step ``done``; all processes agree (checked at log
+  steps if several, like a signal)."""
+  if deadline is None:
+    return False
+  late = time.time() >= deadline
+  if jax.process_count() == 1:
+    return late
+  if done % log_every:
+    return False
+  from jax.experimental import multihost_utils
+  return bool(np.max(multihost_utils.process_allgather(np.int32(late))))
+
+
 def _train_steps(config, runner, state, train_it, dropout_rng, start_step: int, pending: List,
                  checkpointer: Checkpointer, writer: MetricWriter, bar, preemption: _Preemption,
-                 evaluate_at: Callable) -> tuple:
+                 evaluate_at: Callable, deadline=None) -> tuple:
   """Steps ``start_step+1 .. num_train_steps`` with logging, evaluation and checkpoints.
 
-  ``pending``: metric rows of the current log window (restored on resume). Returns
-  ``(state, latest eval metrics, step it stopped at on a signal or None)``.
+  ``pending``: metric rows of the current log window (restored on resume). ``deadline``: a
+  ``time.time()`` after which the step reached is treated as the last (None = no limit). Returns
+  ``(state, latest eval metrics, step it stopped at on a signal or None, step it ended at on the
+  time limit or None)``.
   """
   final, previous, last_log = {}, None, time.time()
   nan_at = int(os.environ.get("TXF_INJECT_NAN_AT_STEP") or 0)  # test hook, see the module doc
@@ -183,7 +204,8 @@ def _train_steps(config, runner, state, train_it, dropout_rng, start_step: int, 
     pending.append(metrics)
     if bar is not None:
       bar.update(1)
-    is_last = done == config.num_train_steps
+    timed_out = done < config.num_train_steps and _out_of_time(deadline, done, config.log_every)
+    is_last = done == config.num_train_steps or timed_out
     if done % config.log_every == 0 or is_last:
       rows = jax.device_get(pending)
       m = _mean_metrics(rows)
@@ -207,9 +229,12 @@ def _train_steps(config, runner, state, train_it, dropout_rng, start_step: int, 
       checkpointer.save(done, runner.host_state(state), train_it.get_state(), eval_metrics,
                         {"pending": _pack_rows(pending)})
     if stop:
-      return state, final, done
+      return state, final, done, None
+    if timed_out:
+      check(previous)
+      return state, final, None, done
   check(previous)
-  return state, final, None
+  return state, final, None, None
 
 
 def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> Dict[str, float]:
@@ -280,12 +305,14 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
     say(f"eval at step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return metrics
 
-  final, stopped_at = (restored.eval_metrics if restored else {}), None
+  final, stopped_at, timed_out_at = (restored.eval_metrics if restored else {}), None, None
+  limit = float(config.get("time_limit_minutes", 0.0))
+  deadline = time.time() + 60.0 * limit if limit > 0 else None
   with _Preemption() as preemption:
     try:
-      state, evaluated, stopped_at = _train_steps(
+      state, evaluated, stopped_at, timed_out_at = _train_steps(
           config, runner, state, train_it, dropout_rng, start_step, pending, checkpointer, writer,
-          bar, preemption, evaluate_at)
+          bar, preemption, evaluate_at, deadline)
       final = evaluated or final
     finally:
       checkpointer.close()  # waits for the save in flight: it holds a state checked to be finite
@@ -296,6 +323,9 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
     say(f"txf: stopped by {preemption.signal_name} after step {stopped_at}; checkpoint written to "
         f"{checkpointer.step_dir(stopped_at)}. Run the same command to resume.")
     return final
+  if timed_out_at is not None:
+    say(f"txf: time limit of {limit:g} min reached: training ended after step {timed_out_at} of "
+        f"{config.num_train_steps} (evaluated, checkpointed, params saved; run again to go on)")
   if start_step >= config.num_train_steps:
     say(f"the run in {workdir} is already complete ({config.num_train_steps} steps)")
   params = runner.host_params(state)  # every process: a mesh runner gathers shards collectively
