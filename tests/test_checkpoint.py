@@ -293,3 +293,24 @@ def test_first_signal_requests_a_stop_second_exits_at_once(monkeypatch, first, s
     os.kill(os.getpid(), second)
     assert _wait_for(lambda: exits == [128 + second])
   assert signal.getsignal(first) == before  # the previous handlers are back
+
+
+def test_export_best_latest_and_numbered_checkpoint(tmp_path):
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=4))
+  for step in (10, 20, 30, 40):
+    ck.save(step, _state(step / 7, step), {"next_index": step})
+  ck.close()
+  (tmp_path / "config.json").write_text(json.dumps(_config(best_metric="accuracy").to_dict()))
+  rows = [{"step": 10, "split": "eval", "accuracy": 0.5}, {"step": 20, "split": "train", "accuracy": 0.99},
+          {"step": 20, "split": "eval", "accuracy": 0.8}, {"step": 30, "split": "eval", "accuracy": 0.7},
+          {"step": 40, "split": "eval", "accuracy": 0.8}]  # 0.8 twice: the earlier step wins
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  for which, expected in (("best", 20), ("latest", 40), ("30", 30)):
+    path, steps = average_checkpoints(str(tmp_path), 1, step=which)
+    assert steps == [expected] and path == str(tmp_path / f"params_{which}.msgpack")
+    _assert_tree_equal(workdir_lib.load_params(str(tmp_path), path), _state(expected / 7, expected).params)
+  with pytest.raises(ValueError, match="one of the saved steps"):
+    average_checkpoints(str(tmp_path), 1, step="25")
+  (tmp_path / "config.json").write_text(json.dumps(_config().to_dict()))
+  with pytest.raises(ValueError, match="without best_metric"):
+    average_checkpoints(str(tmp_path), 1, step="best")

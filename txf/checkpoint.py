@@ -284,17 +284,57 @@ class Checkpointer:
     return aside
 
 
-def average_checkpoints(workdir: str, last: int, output: Optional[str] = None
-                        ) -> Tuple[str, List[int]]:
+def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
+  """'best', 'latest', or a step number -> a saved step.
+
+  'best': among the saved steps, the one whose evaluation in ``metrics.jsonl`` is best by the
+  run's ``best_metric`` / ``best_mode`` (config.json).
+  """
+  from txf import workdir as workdir_lib
+  steps = checkpointer.all_steps()
+  if not steps:
+    raise ValueError(f"{checkpointer.directory} holds no checkpoint")
+  if which == "latest":
+    return steps[-1]
+  if which == "best":
+    config = workdir_lib.load_config(checkpointer.workdir)
+    name, mode = config.get("best_metric", ""), config.get("best_mode", "max")
+    if not name:
+      raise ValueError(f"{checkpointer.workdir} was trained without best_metric, so no best "
+                       f"checkpoint was kept: pass --step=latest or one of {steps}")
+    scores = {}
+    with open(os.path.join(checkpointer.workdir, "metrics.jsonl")) as f:
+      for line in f:
+        row = json.loads(line)
+        if row.get("split") == "eval" and row.get("step") in steps and name in row:
+          scores[row["step"]] = float(row[name])
+    if not scores:
+      raise ValueError(f"no evaluation of '{name}' in {checkpointer.workdir}/metrics.jsonl matches "
+                       f"a saved step {steps}: pass --step=latest or a step")
+    sign = -1.0 if mode == "max" else 1.0  # ties: the earliest step
+    return min(scores, key=lambda k: (sign * scores[k], k))
+  if not str(which).isdigit() or int(which) not in steps:
+    raise ValueError(f"--step={which!r}: use 'best', 'latest' or one of the saved steps {steps}")
+  return int(which)
+
+
+def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
+                        step: Optional[str] = None) -> Tuple[str, List[int]]:
   """Average the params of the ``last`` newest checkpoints; returns (path written, steps used).
 
-  Means are taken in float64 and cast back to each leaf's dtype.
+  Means are taken in float64 and cast back to each leaf's dtype. ``step`` ('best', 'latest' or a
+  step number) exports that one checkpoint's params instead (default name params_<step>.msgpack).
   """
   from txf import workdir as workdir_lib
   if last < 1:
     raise ValueError(f"--last={last} must be at least 1")
   checkpointer = Checkpointer(workdir)  # read-only
   try:
+    if step:
+      chosen = _pick_step(checkpointer, str(step))
+      params = checkpointer.restore_params(chosen)
+      path = workdir_lib.save_params(workdir, params, output or f"params_{step}.msgpack")
+      return path, [chosen]
     steps = checkpointer.all_steps()
     if len(steps) < last:
       raise ValueError(f"{checkpointer.directory} holds {len(steps)} checkpoint(s) {steps}, fewer "

@@ -1,9 +1,11 @@
-"""``txf average-checkpoints --workdir runs/x [--last 5] [--output params_avg5.msgpack]``.
+"""``txf average-checkpoints --workdir runs/x [--last 5 | --step best|latest|N] [--output F]``.
 
 Writes the element-wise mean of the parameters of the last N checkpoints (the N highest steps in
 ``<workdir>/checkpoints``) to ``<workdir>/params_avg<N>.msgpack`` (flax msgpack, like
 params.msgpack), which ``txf.workdir.load_params(workdir, "params_avg<N>.msgpack")`` loads.
 The paper averages the last 5 (base) or 20 (big) checkpoints, written at 10-minute intervals.
+``--step`` exports one checkpoint's parameters instead (``params_<step>.msgpack``): ``best`` is the
+saved step with the best evaluation by the run's ``best_metric``, e.g. early stopping on dev.
 """
 
 import os
@@ -14,6 +16,8 @@ flags.DEFINE_string("workdir", None, "run directory holding checkpoints/", requi
 flags.DEFINE_integer("last", 5, "average the parameters of this many most recent checkpoints")
 flags.DEFINE_string("output", None, "output file name (relative to --workdir, or absolute); "
                     "default params_avg<last>.msgpack")
+flags.DEFINE_string("step", None, "export one checkpoint instead of averaging: best (by the run's "
+                    "best_metric), latest, or a step number; default file params_<step>.msgpack")
 
 
 def main(argv):
@@ -25,7 +29,9 @@ def main(argv):
   if not os.path.isdir(f.workdir):
     raise FileNotFoundError(f"no run directory {f.workdir}")
   from txf.checkpoint import average_checkpoints
-  path, steps = average_checkpoints(f.workdir, f.last, f.output)
+  path, steps = average_checkpoints(f.workdir, f.last, f.output, f.step)
   shown = f.output or os.path.basename(path)
-  print(f"averaged the parameters of the checkpoints at steps {steps} -> {path}\n"
+  what = "exported the parameters of the checkpoint at step" if f.step else \
+      "averaged the parameters of the checkpoints at steps"
+  print(f"{what} {steps} -> {path}\n"
         f"use them with --params={shown} (txf eval / txf translate)")
