@@ -16,9 +16,11 @@ def get_config():
   config = base_config()
   config.name = "sst2"                       # workdir defaults to runs/sst2
   config.num_train_steps = 4000              # ~4 epochs of the 67k training phrases at batch 64
+  config.time_limit_minutes = 30.0           # ends here if the 4000 steps take longer
   config.batch_size = 64                     # sentences per step
-  config.eval_every = 500                    # dev loss / accuracy every 500 steps
-  config.checkpoint_every = 500
+  config.eval_every = 250                    # dev loss / accuracy every 250 steps
+  config.checkpoint_every = 250
+  config.best_metric = "accuracy"            # also keep the checkpoint with the best dev accuracy
   config.decode_examples = 0                 # nothing to decode: a classifier
   config.num_samples = 0
 
@@ -28,7 +30,7 @@ def get_config():
   config.model.d_ff = 1024                   # 4 x d_model, the paper's ratio
   config.model.num_encoder_layers = 3        # N = 3
   config.model.num_decoder_layers = 0        # no decoder
-  config.model.dropout_rate = 0.1            # the paper's P_drop
+  config.model.dropout_rate = 0.2            # from scratch on 67k phrases overfits within ~2 epochs
   config.model.pooling = "mean"              # mean over real tokens
   config.model.max_len = 128                 # covers data.max_input_len
 

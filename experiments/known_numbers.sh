@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The README's "Known numbers on real data" table (issue 9): train each run, then score it with
+# `txf eval`. Needs the shared data: TXF_DATA=../shared/data (default here). Each run stops at its
+# config's time_limit_minutes (Multi30k 90, Tiny Shakespeare 60, SST-2 30) and leaves metrics.jsonl,
+# plots (loss curves), eval_<split>.json and samples in runs/<name>/.
+#
+#   bash experiments/known_numbers.sh                # one after another, both cores each (~3 h)
+#   CORES=0 bash experiments/known_numbers.sh m30k   # one run, pinned to core 0 (taskset)
+#
+# Runs: m30k, sst2, shakespeare (default: all three).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export TXF_DATA="${TXF_DATA:-../shared/data}"
+pin=()
+if [[ -n "${CORES:-}" ]]; then pin=(taskset -c "$CORES"); fi
+txf() { "${pin[@]}" python -m txf.cli "$@"; }
+
+for run in "${@:-m30k sst2 shakespeare}"; do
+  for r in $run; do
+    case "$r" in
+      m30k)
+        txf train --config experiments/multi30k_en_de.py --progress=false
+        txf eval --workdir runs/multi30k_en_de --split test_2016_flickr --beam 4
+        head -n 20 "$TXF_DATA/multi30k/test_2016_flickr.en" > runs/multi30k_en_de/samples.en
+        txf translate --workdir runs/multi30k_en_de --beam 4 --input runs/multi30k_en_de/samples.en \
+          --output runs/multi30k_en_de/samples.de ;;
+      sst2)  # early stopping on dev, as SST-2 dev figures are usually reported
+        txf train --config experiments/sst2.py --progress=false
+        txf average-checkpoints --workdir runs/sst2 --step best
+        txf eval --workdir runs/sst2 --split dev --params params_best.msgpack ;;
+      shakespeare)
+        txf train --config experiments/shakespeare_char.py --progress=false
+        txf eval --workdir runs/shakespeare_char --split val
+        txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --num_samples 3 \
+          --max_new_tokens 400 > runs/shakespeare_char/samples.txt ;;
+      *) echo "unknown run '$r': use m30k, sst2 or shakespeare" >&2; exit 2 ;;
+    esac
+  done
+done
