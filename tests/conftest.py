@@ -14,8 +14,10 @@ EXPERIMENTS = os.path.join(ROOT, "experiments")
 
 
 def run_txf(*args, timeout=300, env=None, cwd=None):
-  """Run ``python -m txf.cli ARGS`` in a subprocess; returns CompletedProcess (text)."""
-  full_env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
+  """Run ``python -m txf.cli ARGS`` in a subprocess; returns CompletedProcess (text).
+  ``env`` entries are added to this process's environment; a None value removes the variable."""
+  full_env = {k: v for k, v in {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}.items()
+              if v is not None}
   return subprocess.run([sys.executable, "-m", "txf.cli", *args], capture_output=True, text=True,
                         timeout=timeout, env=full_env, cwd=cwd or ROOT)
 

@@ -16,6 +16,7 @@ COMMANDS = {
     "generate": ("txf.commands.generate", "sample text from a trained language model"),
     "average-checkpoints": ("txf.commands.average", "average the parameters of the last N checkpoints"),
     "bench": ("txf.commands.bench", "benchmark train-step and decode speed"),
+    "info": ("txf.commands.info", "print jax, devices, CPU features and the malloc in use"),
 }
 
 
@@ -26,6 +27,13 @@ def usage() -> str:
 
 
 def main(argv=None) -> None:
+  if argv is None:  # the console script / python -m txf.cli (not an in-process call)
+    from txf import runtime
+    try:
+      runtime.maybe_reexec_with_tcmalloc(list(sys.argv))
+    except ValueError as e:
+      print(f"txf: {e}", file=sys.stderr)
+      sys.exit(2)
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
     print(usage())

@@ -100,7 +100,8 @@ def format_report(results: Dict[str, object]) -> str:
   """The results as text tables: peaks, train steps, decoding."""
   m = results["machine"]
   lines = [f"machine: {m['cpu']}, {m['cpu_count']} cores, SIMD {','.join(m['simd'])}, "
-           f"{m['platform']}, jax {m['jax']}, XLA_FLAGS='{m['xla_flags']}'",
+           f"{m['platform']}, jax {m['jax']}, XLA_FLAGS='{m['xla_flags']}', "
+           f"malloc {m.get('allocator', 'system')}",
            f"start: {results['uptime_start']}", f"end:   {results.get('uptime_end', '')}", ""]
   for dtype, p in results["peaks"].items():
     lines.append(f"matmul peak {dtype:<8} {p['gflops_best']:7.1f} GFLOP/s best, {p['gflops_median']:7.1f} "

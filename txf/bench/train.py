@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from txf import runtime
 from txf.bench.decode import CONFIGS as MODEL_SIZES
 from txf.nn import TransformerConfig
 
@@ -57,7 +58,7 @@ def load_average() -> float:
 
 
 def machine_info() -> Dict[str, object]:
-  """What the figures were measured on: CPU model and features, cores, jax, XLA flags, load."""
+  """What the figures were measured on: CPU model and features, cores, jax, XLA flags, malloc, load."""
   model, flags = platform.processor() or "unknown", set()
   try:
     with open("/proc/cpuinfo") as f:
@@ -72,7 +73,7 @@ def machine_info() -> Dict[str, object]:
           "simd": sorted(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")),
           "platform": jax.devices()[0].platform, "device_kind": jax.devices()[0].device_kind,
           "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "load_1min": load_average()}
+          "allocator": runtime.allocator(), "load_1min": load_average()}
 
 
 def matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 8,

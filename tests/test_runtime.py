@@ -1,0 +1,54 @@
+"""txf.runtime: when the txf command re-executes itself under tcmalloc, and that it really does."""
+
+import sys
+
+import pytest
+
+from tests.conftest import run_txf
+from txf import runtime
+
+LIB = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def _plan(env, platform="linux", found=LIB):
+  return runtime.reexec_plan(env, ["/bin/txf", "train", "--workdir", "w"], platform, lambda: found)
+
+
+def test_reexec_plan_preloads_tcmalloc_once_and_keeps_the_arguments():
+  argv, env = _plan({"PATH": "/bin", "LD_PRELOAD": "/x/other.so"})
+  assert argv == [sys.executable, "-m", "txf.cli", "train", "--workdir", "w"]
+  assert env["LD_PRELOAD"] == f"{LIB} /x/other.so" and env["PATH"] == "/bin"
+  assert _plan(env) is None  # the re-executed process does not loop
+
+
+@pytest.mark.parametrize("env,platform,found", [
+    ({"TXF_MALLOC": "system"}, "linux", LIB),      # turned off
+    ({}, "darwin", LIB),                           # not Linux
+    ({}, "linux", None),                           # not installed
+    ({"LD_PRELOAD": LIB}, "linux", LIB),           # already preloaded
+])
+def test_no_reexec(env, platform, found):
+  assert _plan(env, platform, found) is None
+
+
+def test_bad_setting_and_missing_forced_library_are_named():
+  with pytest.raises(ValueError, match="TXF_MALLOC='jemalloc'"):
+    _plan({"TXF_MALLOC": "jemalloc"})
+  with pytest.raises(ValueError, match="apt-get install libtcmalloc-minimal4"):
+    _plan({"TXF_MALLOC": "tcmalloc"}, found=None)
+
+
+def test_find_tcmalloc_looks_in_the_given_directories(tmp_path):
+  assert runtime.find_tcmalloc([str(tmp_path)]) is None
+  (tmp_path / "libtcmalloc_minimal.so.4").write_bytes(b"")
+  assert runtime.find_tcmalloc([str(tmp_path)]) == str(tmp_path / "libtcmalloc_minimal.so.4")
+
+
+@pytest.mark.skipif(runtime.find_tcmalloc() is None or not sys.platform.startswith("linux"),
+                    reason="tcmalloc is not installed here")
+def test_txf_command_runs_under_tcmalloc_and_system_malloc_on_request():
+  env = {"LD_PRELOAD": None, "_TXF_MALLOC_REEXEC": None, "TXF_MALLOC": None}
+  r = run_txf("info", env=env)
+  assert r.returncode == 0 and "allocator: tcmalloc" in r.stdout, r.stderr
+  r = run_txf("info", env={**env, "TXF_MALLOC": "system"})
+  assert r.returncode == 0 and "allocator: system" in r.stdout, r.stderr

@@ -1,0 +1,18 @@
+"""``txf info``: what this process runs on (jax, devices, CPU, SIMD features, malloc, XLA_FLAGS).
+
+One ``key: value`` line each; useful in bug reports and to check that tcmalloc is in use.
+"""
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments {argv[1:]}")
+  import jax
+  from txf.bench.train import machine_info
+  info = machine_info()
+  info["devices"] = ", ".join(str(d) for d in jax.devices())
+  info["process"] = f"{jax.process_index()} of {jax.process_count()}"
+  for key in ("jax", "platform", "device_kind", "devices", "process", "cpu", "cpu_count", "simd",
+              "allocator", "xla_flags", "load_1min"):
+    value = info[key]
+    print(f"{key}: {','.join(value) if isinstance(value, list) else value}")
