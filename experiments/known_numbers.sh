@@ -6,6 +6,7 @@
 #
 #   bash experiments/known_numbers.sh                # one after another, both cores each (~3 h)
 #   CORES=0 bash experiments/known_numbers.sh m30k   # one run, pinned to core 0 (taskset)
+#   TRAIN_FLAGS="--config.time_limit_minutes=70" bash experiments/known_numbers.sh m30k  # extra train flags
 #
 # Runs: m30k, sst2, shakespeare (default: all three).
 set -euo pipefail
@@ -14,22 +15,23 @@ export TXF_DATA="${TXF_DATA:-../shared/data}"
 pin=()
 if [[ -n "${CORES:-}" ]]; then pin=(taskset -c "$CORES"); fi
 txf() { "${pin[@]}" python -m txf.cli "$@"; }
+read -r -a extra <<< "${TRAIN_FLAGS:-}"
 
 for run in "${@:-m30k sst2 shakespeare}"; do
   for r in $run; do
     case "$r" in
       m30k)
-        txf train --config experiments/multi30k_en_de.py --progress=false
+        txf train --config experiments/multi30k_en_de.py --progress=false "${extra[@]}"
         txf eval --workdir runs/multi30k_en_de --split test_2016_flickr --beam 4
         head -n 20 "$TXF_DATA/multi30k/test_2016_flickr.en" > runs/multi30k_en_de/samples.en
         txf translate --workdir runs/multi30k_en_de --beam 4 --input runs/multi30k_en_de/samples.en \
           --output runs/multi30k_en_de/samples.de ;;
       sst2)  # early stopping on dev, as SST-2 dev figures are usually reported
-        txf train --config experiments/sst2.py --progress=false
+        txf train --config experiments/sst2.py --progress=false "${extra[@]}"
         txf average-checkpoints --workdir runs/sst2 --step best
         txf eval --workdir runs/sst2 --split dev --params params_best.msgpack ;;
       shakespeare)
-        txf train --config experiments/shakespeare_char.py --progress=false
+        txf train --config experiments/shakespeare_char.py --progress=false "${extra[@]}"
         txf eval --workdir runs/shakespeare_char --split val
         txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --num_samples 3 \
           --max_new_tokens 400 > runs/shakespeare_char/samples.txt ;;
