@@ -84,3 +84,10 @@ def test_train_step_compiles_once_and_donates_the_state():
   assert not [w for w in caught if "donat" in str(w.message).lower()]  # "not usable" would be here
   assert runner.train_jit._cache_size() == 1  # one compilation for all steps
   assert np.isfinite(float(metrics["loss"]))
+
+
+def test_cpu_step_costs_report_every_field():
+  from txf.bench import cpu
+  c = cpu.step_costs("tiny", steps=2, warmup=1)
+  assert set(c) == {"user_s", "sys_s", "wall_s", "minor_faults"}
+  assert c["wall_s"] > 0 and c["user_s"] >= 0 and c["minor_faults"] >= 0
