@@ -257,7 +257,11 @@ def test_generate_is_deterministic_and_fits_the_context(lm_run):
   a = inference_io.sample_texts(run, "s3", max_new_tokens=500, seed=5, num_samples=2, warn=warned.append)
   b = inference_io.sample_texts(run, "s3", max_new_tokens=500, seed=5, num_samples=2, warn=warned.append)
   assert a == b and any("max_new_tokens=500" in w for w in warned)
-  assert all(len(t.split()) <= run.model_cfg.max_len for t in a)
+  # the context is the window the model was trained on (positions past it were never seen)
+  context = min(run.model_cfg.max_len, run.task.max_target_len)
+  assert all(len(t.split()) <= context for t in a), (context, a)
+  assert any(f"max_new_tokens=500 does not fit the model's context (" in w and f"={context} tokens" in w
+             for w in warned), warned
   with pytest.raises(ValueError, match="top_p"):
     inference_io.sample_texts(run, "s3", top_p=0.0)
 

@@ -245,8 +245,10 @@ def sample_texts(run: InferenceRun, prompt: str, max_new_tokens: int = 200, temp
                  warn: Warn = warn_stderr) -> List[str]:
   """``num_samples`` continuations of ``prompt`` from a decoder_lm run, each as prompt + continuation.
 
-  Prompt and continuation share the model's context (model.max_len positions, BOS included):
-  ``max_new_tokens`` is lowered, with a warning, to fit.
+  Prompt and continuation share the context the model was trained on (BOS included): the
+  training window ``data.max_target_len``, or ``model.max_len`` if smaller. Positions past the
+  training window were never seen (samples turn to noise there), so ``max_new_tokens`` is
+  lowered, with a warning, to fit.
   """
   import jax
   import jax.numpy as jnp
@@ -263,13 +265,16 @@ def sample_texts(run: InferenceRun, prompt: str, max_new_tokens: int = 200, temp
   unknown = int(np.sum(prompt_ids == UNK_ID))
   if unknown:
     warn(f"the prompt has {unknown} token(s) outside the model's vocabulary (read as <unk>)")
-  context = run.model_cfg.max_len
+  trained = int(run.task.max_target_len or run.model_cfg.max_len)
+  context = min(run.model_cfg.max_len, trained)
+  where = (f"model.max_len={context}" if context < trained else
+           f"the training window data.max_target_len={context}")
   room = context - 1 - len(prompt_ids)  # BOS + prompt + new tokens, minus the last one never fed
   if room < 1:
-    raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the model's context is model.max_len="
-                     f"{context} tokens (BOS included): shorten the prompt")
+    raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the model's context is {where} "
+                     f"tokens (BOS included): shorten the prompt")
   if max_new_tokens > room + 1:
-    warn(f"--max_new_tokens={max_new_tokens} does not fit the model's context of {context} tokens "
+    warn(f"--max_new_tokens={max_new_tokens} does not fit the model's context ({where} tokens) "
          f"with a {len(prompt_ids)}-token prompt: generating at most {room + 1}")
     max_new_tokens = room + 1
   sampler = _compiled_sampler(run.model_cfg, num_samples, len(prompt_ids), max_new_tokens,

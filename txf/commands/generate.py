@@ -11,8 +11,8 @@ flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run"
 flags.DEFINE_string("prompt", "", "text to continue (empty: sample from the start)")
 flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
                     "params_avg5.msgpack from `txf average-checkpoints`, or a path")
-flags.DEFINE_integer("max_new_tokens", 200, "most tokens to generate (lowered to fit the model's "
-                     "context, model.max_len)")
+flags.DEFINE_integer("max_new_tokens", 200, "most tokens to generate (lowered to fit the context "
+                     "the model was trained on, data.max_target_len)")
 flags.DEFINE_float("temperature", 0.8, "softmax temperature (0 = greedy)")
 flags.DEFINE_integer("top_k", 0, "sample among the k most likely tokens (0 = off)")
 flags.DEFINE_float("top_p", 0.95, "nucleus sampling: the smallest set with this much mass (1 = off)")

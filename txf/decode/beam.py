@@ -58,21 +58,30 @@ def expand_to_beams(tree: Any, beam: int, batch_size: int = None) -> Any:
       lambda x: jnp.repeat(x, beam, axis=0) if _is_row_leaf(x, batch_size) else x, tree)
 
 
+def _per_source(path) -> bool:
+  """Whether a cache leaf is per source: under a key starting with ``cross_`` (txf.nn's cached
+  cross-attention keys/values and memory mask), equal for all beams of a row."""
+  return any(str(getattr(p, "key", getattr(p, "name", ""))).startswith("cross_") for p in path)
+
+
 def gather_beams(tree: Any, beam_indices: jnp.ndarray, batch_size: int, beam: int) -> Any:
   """Reorder the beams of every per-row leaf [B * beam, ...] (a flattened [B, beam, ...]).
 
   out[b * K + k] = x[b * K + beam_indices[b, k]], with beam_indices int [B, K_new] and K = beam;
-  leaves whose leading dim is not B * K (0-d counters) are returned unchanged.
+  leaves whose leading dim is not B * K (0-d counters) are returned unchanged, and so are
+  per-source leaves (keys ``cross_*``: every beam of row b holds the same values, so reordering
+  within the row is the identity; skipping it saves a copy of the encoder memory's K/V per step)
+  when the beam count does not change.
   """
   new_beam = beam_indices.shape[1]
 
-  def gather(x):
-    if not _is_row_leaf(x, batch_size * beam):
+  def gather(path, x):
+    if not _is_row_leaf(x, batch_size * beam) or (new_beam == beam and _per_source(path)):
       return x
     flat = (jnp.arange(batch_size)[:, None] * beam + beam_indices).reshape(-1)
     return jnp.take(x, flat, axis=0).reshape((batch_size * new_beam,) + x.shape[1:])
 
-  return jax.tree_util.tree_map(gather, tree)
+  return jax.tree_util.tree_map_with_path(gather, tree)
 
 
 def _take(x: jnp.ndarray, indices: jnp.ndarray) -> jnp.ndarray:
@@ -133,9 +142,14 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     logits, cache = logits_fn(last.reshape(b * k, 1), cache)
     vocab = logits.shape[-1]
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, vocab)
-    candidates = (alive_logp[:, :, None] + logp).reshape(b, k * vocab)
-    top_logp, top_index = jax.lax.top_k(candidates, min(2 * k, k * vocab))  # [B, 2K]
-    top_beam, top_token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+    # the 2K best of the K*V extensions lie among each beam's 2K best tokens: top-k in two stages,
+    # over [B*K, V] then [B, K*2K], instead of one over [B, K*V] rows
+    n = min(2 * k, vocab)
+    beam_logp, beam_token = jax.lax.top_k(logp, n)  # [B, K, n]
+    candidates = (alive_logp[:, :, None] + beam_logp).reshape(b, k * n)
+    top_logp, top_index = jax.lax.top_k(candidates, min(2 * k, k * n))  # [B, 2K]
+    top_beam = top_index // n
+    top_token = jnp.take_along_axis(beam_token.reshape(b, k * n), top_index, axis=1).astype(jnp.int32)
     top_seqs = jax.lax.dynamic_update_slice_in_dim(
         _take(alive_seqs, top_beam), top_token[:, :, None], step, axis=2)  # [B, 2K, T]
     is_eos = top_token == eos_id
