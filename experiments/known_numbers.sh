@@ -34,7 +34,7 @@ for run in "${@:-m30k sst2 shakespeare}"; do
         txf train --config experiments/shakespeare_char.py --progress=false "${extra[@]}"
         txf eval --workdir runs/shakespeare_char --split val
         txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --num_samples 3 \
-          --max_new_tokens 400 > runs/shakespeare_char/samples.txt ;;
+          --max_new_tokens 250 > runs/shakespeare_char/samples.txt ;;
       *) echo "unknown run '$r': use m30k, sst2 or shakespeare" >&2; exit 2 ;;
     esac
   done
