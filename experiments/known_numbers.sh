@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's "Known numbers on real data" table (issue 9): train each run, then score it with
 # `txf eval`. Needs the shared data: TXF_DATA=../shared/data (default here). Each run stops at its
-# config's time_limit_minutes (Multi30k 90, Tiny Shakespeare 60, SST-2 30) and leaves metrics.jsonl,
+# config's time_limit_minutes (Multi30k 90, Tiny Shakespeare 60, SST-2 15) and leaves metrics.jsonl,
 # plots (loss curves), eval_<split>.json and samples in runs/<name>/.
 #
 #   bash experiments/known_numbers.sh                # one after another, both cores each (~3 h)
