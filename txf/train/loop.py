@@ -105,13 +105,18 @@ class _Preemption:
 
   def requested(self, done: int, log_every: int) -> bool:
     """Whether to stop after step ``done``; all processes agree (checked at log steps if several)."""
-    if jax.process_count() == 1:
-      return self.signum is not None
-    if done % log_every:
-      return False
-    from jax.experimental import multihost_utils
-    flags = multihost_utils.process_allgather(np.int32(self.signum is not None))
-    return bool(np.max(flags))
+    return _any_process(lambda: self.signum is not None, done, log_every)
+
+
+def _any_process(flag: Callable[[], bool], done: int, log_every: int) -> bool:
+  """``flag()`` of this process alone, or with several processes, whether any process's flag is
+  set; they compare only at log steps (one allgather per ``log_every`` steps), so all agree."""
+  if jax.process_count() == 1:
+    return flag()
+  if done % log_every:
+    return False
+  from jax.experimental import multihost_utils
+  return bool(np.max(multihost_utils.process_allgather(np.int32(flag()))))
 
 
 def run_eval(runner, state, task, config, model_cfg, eval_batches, examples, writer, step,
@@ -159,13 +164,7 @@ def _out_of_time(deadline, done: int, log_every: int) -> bool:
   steps if several, like a signal)."""
   if deadline is None:
     return False
-  late = time.time() >= deadline
-  if jax.process_count() == 1:
-    return late
-  if done % log_every:
-    return False
-  from jax.experimental import multihost_utils
-  return bool(np.max(multihost_utils.process_allgather(np.int32(late))))
+  return _any_process(lambda: time.time() >= deadline, done, log_every)
 
 
 def _train_steps(config, runner, state, train_it, dropout_rng, start_step: int, pending: List,
