@@ -68,6 +68,7 @@ def base_config() -> ml_collections.ConfigDict:
   o.learning_rate_scale = 1.0    # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
   o.schedule = "inverse_sqrt"    # inverse_sqrt (the paper, above) | constant (learning_rate after a linear warmup)
   o.learning_rate = 1e-3         # schedule="constant": lr = learning_rate * min(1, step / warmup_steps)
+  o.cooldown_steps = 0           # > 0: the lr falls linearly to 0 over the last this-many of num_train_steps
   o.b1 = 0.9                     # Adam beta1 (paper: 0.9)
   o.b2 = 0.98                    # Adam beta2 (paper: 0.98)
   o.eps = 1e-9                   # Adam epsilon (paper: 1e-9)
@@ -150,6 +151,10 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   positive("", ["num_train_steps", "batch_size", "log_every", "grad_accum_steps"])
   positive("model", ["d_model", "num_heads", "d_ff", "max_len"])
   positive("optimizer", ["warmup_steps", "learning_rate"])
+  cooldown = o.get("cooldown_steps", 0)
+  if cooldown < 0 or (cooldown > cfg.get("num_train_steps", cooldown) > 0):
+    errors.append(f"optimizer.cooldown_steps={cooldown} must be in [0, num_train_steps="
+                  f"{cfg.get('num_train_steps')}] (0 = no cooldown)")
   if cfg.get("time_limit_minutes", 0.0) < 0:
     errors.append(f"time_limit_minutes={cfg.get('time_limit_minutes')} must be >= 0 (0 = no limit)")
   for n in ["num_encoder_layers", "num_decoder_layers"]:

@@ -1,5 +1,6 @@
 """Adam with the paper's settings and its inverse-square-root warmup schedule (section 5.3), or a
-constant learning rate after a linear warmup (``optimizer.schedule``)."""
+constant learning rate after a linear warmup (``optimizer.schedule``); either can end with a linear
+cooldown to zero over the run's last ``optimizer.cooldown_steps`` steps."""
 
 import jax.numpy as jnp
 import optax
@@ -37,20 +38,48 @@ def constant_schedule(learning_rate: float, warmup_steps: int = 1) -> optax.Sche
   return schedule
 
 
-def make_schedule(opt_cfg, d_model: int) -> optax.Schedule:
+def with_cooldown(schedule: optax.Schedule, total_steps: int, cooldown_steps: int) -> optax.Schedule:
+  """lr'(step) = lr(step) * min(1, (total - step + 1) / cooldown), step counted from 1.
+
+  The last ``cooldown_steps`` updates of a ``total_steps`` run fall linearly to zero: update
+  ``total - cooldown + 1`` has the full rate, the last one (step = total) 1/cooldown of it.
+  Earlier steps are unchanged. (A "warmup-stable-decay" tail; T5X ends its rsqrt schedule
+  the same way.) It ends only if the run reaches ``total_steps``: size the run to its time limit.
+  """
+  if total_steps <= 0 or not 0 < cooldown_steps <= total_steps:
+    raise ValueError(f"need 0 < cooldown_steps <= total_steps, got {cooldown_steps}, {total_steps}")
+
+  def cooled(count):
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    return schedule(count) * jnp.clip((total_steps - step + 1.0) / cooldown_steps, 0.0, 1.0)
+
+  return cooled
+
+
+def make_schedule(opt_cfg, d_model: int, total_steps: int = 0) -> optax.Schedule:
   """The schedule ``opt_cfg.schedule`` names: "inverse_sqrt" (default; also when the field is absent,
-  as in configs saved before it existed) or "constant" (``opt_cfg.learning_rate``)."""
+  as in configs saved before it existed) or "constant" (``opt_cfg.learning_rate``), followed by
+  ``with_cooldown`` when ``opt_cfg.cooldown_steps > 0`` (``total_steps``: the run's
+  ``num_train_steps``)."""
   kind = opt_cfg.get("schedule", "inverse_sqrt")
   if kind == "inverse_sqrt":
-    return inverse_sqrt_schedule(d_model, opt_cfg.warmup_steps, opt_cfg.learning_rate_scale)
-  if kind == "constant":
-    return constant_schedule(opt_cfg.learning_rate, opt_cfg.warmup_steps)
-  raise ValueError(f"optimizer.schedule={kind!r} is not one of ('inverse_sqrt', 'constant')")
+    schedule = inverse_sqrt_schedule(d_model, opt_cfg.warmup_steps, opt_cfg.learning_rate_scale)
+  elif kind == "constant":
+    schedule = constant_schedule(opt_cfg.learning_rate, opt_cfg.warmup_steps)
+  else:
+    raise ValueError(f"optimizer.schedule={kind!r} is not one of ('inverse_sqrt', 'constant')")
+  cooldown = int(opt_cfg.get("cooldown_steps", 0))
+  if cooldown > 0:
+    if total_steps <= 0:
+      raise ValueError("optimizer.cooldown_steps > 0 needs the run's length: pass total_steps")
+    schedule = with_cooldown(schedule, total_steps, cooldown)
+  return schedule
 
 
-def make_optimizer(opt_cfg, d_model: int) -> optax.GradientTransformation:
-  """Adam(b1, b2, eps) (AdamW when weight_decay > 0) on ``make_schedule(opt_cfg)``, optional clipping."""
-  schedule = make_schedule(opt_cfg, d_model)
+def make_optimizer(opt_cfg, d_model: int, total_steps: int = 0) -> optax.GradientTransformation:
+  """Adam(b1, b2, eps) (AdamW when weight_decay > 0) on ``make_schedule(opt_cfg, d_model,
+  total_steps)``, optional clipping."""
+  schedule = make_schedule(opt_cfg, d_model, total_steps)
   if opt_cfg.weight_decay > 0:
     adam = optax.adamw(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps,
                        weight_decay=opt_cfg.weight_decay)
