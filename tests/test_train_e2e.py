@@ -72,7 +72,14 @@ def test_time_limit_ends_training_as_a_finished_run_and_resumes(tmp_path):
   rows = _rows(workdir)
   assert [(x["step"], x["split"]) for x in rows] == [(1, "train"), (1, "eval")]
   assert (workdir / "params.msgpack").stat().st_size > 0 and (workdir / "checkpoints").is_dir()
-  r = run_txf(*args, timeout=300)  # the same command goes on from step 1, for one more step
+  r = run_txf(*args, timeout=300)  # the budget counts across restarts: it is spent, nothing trains
   assert r.returncode == 0, r.stderr[-3000:]
-  assert "resumed from the checkpoint at step 1" in r.stdout and "after step 2 of 500" in r.stdout
+  assert "its whole time limit of 1e-06 min (step 1 of 500)" in r.stdout
+  assert "raise time_limit_minutes to train on" in r.stdout
+  assert [(x["step"], x["split"]) for x in _rows(workdir)] == [(1, "train"), (1, "eval")]
+  longer = args[:-3] + ("--config.num_train_steps=2", "--config.time_limit_minutes=0",
+                        "--config.decode_examples=8")  # no limit: goes on from step 1 to the end
+  r = run_txf(*longer, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "resumed from the checkpoint at step 1" in r.stdout
   assert [x["step"] for x in _rows(workdir) if x["split"] == "train"] == [1, 2]

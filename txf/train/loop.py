@@ -10,10 +10,13 @@ is ``fold_in(split(key(seed))[1], n)``: the step determines it.
 Signals: the first SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
 (``txf train`` exits 0); a second one exits at once with status 128 + signal number.
 
-Time limit: ``config.time_limit_minutes > 0`` ends training once this process has trained that
-long (compilation and in-loop evaluations included): the step reached is treated as the last one
-(final evaluation, checkpoint, params.msgpack, plots). Running the same command again resumes and
-trains for up to that long again, towards ``num_train_steps``.
+Time limit: ``config.time_limit_minutes > 0`` ends training once the run has trained that long in
+all (compilation and in-loop evaluations included): the step reached is treated as the last one
+(final evaluation, checkpoint, params.msgpack, plots). The time is counted across restarts: each
+checkpoint records the training seconds behind it, so a run stopped and resumed (preemption, a
+signal) gets what is left of its budget, not a new one; the time between the last checkpoint and a
+kill is not counted, as its steps are trained again. To train on after the limit, raise
+``time_limit_minutes`` (it may change on resume).
 
 Non-finite losses: ``train_step`` leaves the state unchanged on such a step; with
 ``nan_policy='stop'`` the loop raises NonFiniteLossError naming the step before any later state
@@ -169,11 +172,13 @@ def _out_of_time(deadline, done: int, log_every: int) -> bool:
 
 def _train_steps(config, runner, state, train_it, dropout_rng, start_step: int, pending: List,
                  checkpointer: Checkpointer, writer: MetricWriter, bar, preemption: _Preemption,
-                 evaluate_at: Callable, deadline=None) -> tuple:
+                 evaluate_at: Callable, deadline=None,
+                 trained_seconds: Callable[[], float] = lambda: 0.0) -> tuple:
   """Steps ``start_step+1 .. num_train_steps`` with logging, evaluation and checkpoints.
 
   ``pending``: metric rows of the current log window (restored on resume). ``deadline``: a
-  ``time.time()`` after which the step reached is treated as the last (None = no limit). Returns
+  ``time.time()`` after which the step reached is treated as the last (None = no limit);
+  ``trained_seconds()``: the run's training time so far, saved with each checkpoint. Returns
   ``(state, latest eval metrics, step it stopped at on a signal or None, step it ended at on the
   time limit or None)``.
   """
@@ -226,7 +231,7 @@ def _train_steps(config, runner, state, train_it, dropout_rng, start_step: int, 
         or (config.best_metric and eval_metrics is not None)):
       check(previous)  # never save a state that follows a non-finite step
       checkpointer.save(done, runner.host_state(state), train_it.get_state(), eval_metrics,
-                        {"pending": _pack_rows(pending)})
+                        {"pending": _pack_rows(pending), "train_seconds": trained_seconds()})
     if stop:
       return state, final, done, None
     if timed_out:
@@ -258,8 +263,8 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
   rng = jax.random.key(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
-  schedule = make_schedule(config.optimizer, model_cfg.d_model)
-  tx = make_optimizer(config.optimizer, model_cfg.d_model)
+  schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
+  tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
   new_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch), tx)
   abstract_state = jax.eval_shape(new_state)  # shapes only: a resumed run never initialises
   say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
@@ -306,13 +311,21 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
 
   final, stopped_at, timed_out_at = (restored.eval_metrics if restored else {}), None, None
   limit = float(config.get("time_limit_minutes", 0.0))
-  deadline = time.time() + 60.0 * limit if limit > 0 else None
+  used = float(restored.loop_state.get("train_seconds", 0.0)) if restored else 0.0
+  started = time.time()
+  trained_seconds = lambda: used + time.time() - started
+  deadline = started + 60.0 * limit - used if limit > 0 else None
+  spent = deadline is not None and used >= 60.0 * limit and start_step < config.num_train_steps
+  if spent:
+    say(f"txf: the run has already trained {used / 60:.1f} min, its whole time limit of {limit:g} "
+        f"min (step {start_step} of {config.num_train_steps}); raise time_limit_minutes to train on")
   with _Preemption() as preemption:
     try:
-      state, evaluated, stopped_at, timed_out_at = _train_steps(
-          config, runner, state, train_it, dropout_rng, start_step, pending, checkpointer, writer,
-          bar, preemption, evaluate_at, deadline)
-      final = evaluated or final
+      if not spent:
+        state, evaluated, stopped_at, timed_out_at = _train_steps(
+            config, runner, state, train_it, dropout_rng, start_step, pending, checkpointer, writer,
+            bar, preemption, evaluate_at, deadline, trained_seconds)
+        final = evaluated or final
     finally:
       checkpointer.close()  # waits for the save in flight: it holds a state checked to be finite
       if bar is not None:
@@ -324,7 +337,8 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
     return final
   if timed_out_at is not None:
     say(f"txf: time limit of {limit:g} min reached: training ended after step {timed_out_at} of "
-        f"{config.num_train_steps} (evaluated, checkpointed, params saved; run again to go on)")
+        f"{config.num_train_steps} (evaluated, checkpointed, params saved; raise "
+        f"time_limit_minutes and run again to go on)")
   if start_step >= config.num_train_steps:
     say(f"the run in {workdir} is already complete ({config.num_train_steps} steps)")
   params = runner.host_params(state)  # every process: a mesh runner gathers shards collectively
