@@ -12,6 +12,7 @@ import sys
 COMMANDS = {
     "train": ("txf.commands.train", "train a model from an experiment config"),
     "translate": ("txf.commands.translate", "translate lines with a trained run (stdin or --input)"),
+    "classify": ("txf.commands.classify", "label lines with a trained classifier (stdin or --input)"),
     "eval": ("txf.commands.evaluate", "evaluate a trained run on a split: BLEU/chrF, accuracy, perplexity"),
     "generate": ("txf.commands.generate", "sample text from a trained language model"),
     "average-checkpoints": ("txf.commands.average", "average the parameters of the last N checkpoints"),

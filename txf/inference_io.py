@@ -1,6 +1,6 @@
-"""What ``txf translate``, ``txf eval`` and ``txf generate`` share: load a trained run for inference,
-read input lines, translate lines in fixed-shape batches, sample from a language model, evaluate a
-split into a JSON-ready report.
+"""What ``txf translate``, ``txf classify``, ``txf eval`` and ``txf generate`` share: load a trained
+run for inference, read input lines, translate or classify lines in fixed-shape batches, sample from
+a language model, evaluate a split into a JSON-ready report.
 
 No absl flags here (the commands own those), so tests and notebooks can call everything directly.
 """
@@ -110,7 +110,7 @@ def require_family(run: InferenceRun, family: str, command: str) -> None:
   if run.family == family:
     return
   other = {"encoder_decoder": "txf translate", "decoder_lm": "txf generate",
-           "encoder_classifier": "txf eval"}[run.family]
+           "encoder_classifier": "txf classify"}[run.family]
   raise ValueError(f"txf {command} needs a model.family={family} run, but {run.workdir} holds a "
                    f"model.family={run.family} run: use `{other}` for it")
 
@@ -234,6 +234,40 @@ def translate_lines(run: InferenceRun, lines: Sequence[str], beam: int = 1, alph
   out = [""] * len(lines)
   for i, row in zip(todo, ids):
     out[i] = " ".join(run.task.decode_target(row).split("\n"))  # one output line per input line
+  return out
+
+
+# ----------------------------------------------------------------------------- classify
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_classifier(model_cfg):
+  import jax
+  from txf.models import build_model
+  model = build_model(model_cfg, deterministic=True)
+  return jax.jit(lambda params, inputs: jax.nn.softmax(model.apply({"params": params}, inputs=inputs), -1))
+
+
+def classify_lines(run: InferenceRun, lines: Sequence[str], batch_size: int = 64,
+                   warn: Warn = warn_stderr) -> List[Optional[np.ndarray]]:
+  """Class probabilities per line: ``softmax(classifier(inputs))``, a float array [num_classes], or
+  None for an empty or blank line. Lines are encoded as in training (ids + EOS; over-long lines
+  truncated with a warning) and run in fixed [batch_size, data.max_input_len] batches (one compile).
+  """
+  if batch_size < 1:
+    raise ValueError(f"--batch_size={batch_size} must be >= 1")
+  sources = encode_lines(run.task, lines, warn)
+  todo = [i for i, s in enumerate(sources) if s is not None]
+  classify = _compiled_classifier(run.model_cfg)
+  out: List[Optional[np.ndarray]] = [None] * len(lines)
+  for start in range(0, len(todo), batch_size):
+    rows = todo[start:start + batch_size]
+    inputs = np.zeros((batch_size, run.task.max_input_len), np.int32)  # 0 = padding
+    for r, i in enumerate(rows):
+      inputs[r, :len(sources[i])] = sources[i]
+    probs = np.asarray(classify(run.params, inputs), np.float64)
+    for r, i in enumerate(rows):
+      out[i] = probs[r]
   return out
 
 
