@@ -32,7 +32,10 @@ for run in "${@:-m30k sst2 shakespeare}"; do
         txf eval --workdir runs/sst2 --split dev
         txf average-checkpoints --workdir runs/sst2 --step best
         txf eval --workdir runs/sst2 --split dev --params params_best.msgpack \
-          --output runs/sst2/eval_dev_best.json ;;
+          --output runs/sst2/eval_dev_best.json
+        sed -n 2,21p "$TXF_DATA/sst2/dev.tsv" > runs/sst2/samples.gold.tsv  # sentence<TAB>gold label
+        cut -f 1 runs/sst2/samples.gold.tsv | txf classify --workdir runs/sst2 --output runs/sst2/samples.pred
+        paste runs/sst2/samples.pred runs/sst2/samples.gold.tsv > runs/sst2/samples.tsv ;;
       shakespeare)
         txf train --config experiments/shakespeare_char.py --progress=false "${extra[@]}"
         txf eval --workdir runs/shakespeare_char --split val
