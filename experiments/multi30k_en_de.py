@@ -9,6 +9,10 @@ Training ends after 90 minutes (``time_limit_minutes``) or 4000 steps, whichever
 step of ~4k source + ~4k target token slots takes ~2 s on both cores, ~3.5 s on one. Reference point: a 3+3, d=256 model reaches about 36.5 BLEU de->en on test2016 (greedy);
 en->de is usually a few BLEU lower. A joint 8000-piece BPE vocabulary is trained on train.{en,de}
 (about a second) and stored in the run's workdir/tokenizer.
+
+Measured on the 2-core CPU (README, "Known numbers"): 2037 steps in the 90 minutes; sacreBLEU on
+test_2016_flickr with beam 4 is 36.6 from the last checkpoint and 37.9 from the average of the last
+4 (`txf average-checkpoints --workdir runs/multi30k_en_de --last 4`).
 """
 
 from txf.config import base_config
