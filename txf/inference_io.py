@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 import numpy as np
 
 from txf import workdir as workdir_lib
-from txf.data.base import EOS_ID, UNK_ID, Task
+from txf.data.base import EOS_ID, PAD_ID, UNK_ID, Task
 
 DEFAULT_PARAMS = "params.msgpack"
 Warn = Callable[[str], None]
@@ -262,7 +262,7 @@ def classify_lines(run: InferenceRun, lines: Sequence[str], batch_size: int = 64
   out: List[Optional[np.ndarray]] = [None] * len(lines)
   for start in range(0, len(todo), batch_size):
     rows = todo[start:start + batch_size]
-    inputs = np.zeros((batch_size, run.task.max_input_len), np.int32)  # 0 = padding
+    inputs = np.full((batch_size, run.task.max_input_len), PAD_ID, np.int32)
     for r, i in enumerate(rows):
       inputs[r, :len(sources[i])] = sources[i]
     probs = np.asarray(classify(run.params, inputs), np.float64)
