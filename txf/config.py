@@ -8,6 +8,7 @@ import difflib
 from typing import Iterable, List, Optional
 
 import ml_collections
+from txf.errors import TxfError
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -124,7 +125,7 @@ def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
   return out
 
 
-class ConfigError(ValueError):
+class ConfigError(TxfError, ValueError):
   """A config that cannot work; the message names the field and the fix."""
 
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import ml_collections
 
 from txf.config import _flatten
+from txf.errors import TxfError
 
 # Fields that may change between a run and its resumption (length of the run, logging, decoding).
 RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_every",
@@ -24,7 +25,7 @@ RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_
 RESUMABLE_PREFIXES = ("sharding_rules.",)
 
 
-class RunConflictError(RuntimeError):
+class RunConflictError(TxfError, RuntimeError):
   """The workdir holds another run."""
 
 

@@ -40,6 +40,7 @@ from txf import config as config_lib
 from txf import workdir as workdir_lib
 from txf.checkpoint import Checkpointer
 from txf.data import make_task
+from txf.errors import TxfError
 from txf.metrics import MetricWriter
 from txf.models import count_params, init_params
 from txf.parallel import make_runner
@@ -48,7 +49,7 @@ from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.steps import create_train_state, make_eval_step, make_train_step, model_config_from
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(TxfError, RuntimeError):
   """A NaN or Inf loss with nan_policy='stop'."""
 
 
