@@ -1,11 +1,14 @@
-"""The three model families, built from one set of txf.nn modules, and a family-agnostic forward."""
+"""The three model families, built from one set of txf.nn modules, a family-agnostic forward, the
+default training objective (label-smoothed cross-entropy) and the model config a run builds."""
 
 import dataclasses
-from typing import Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from txf import ops
 
 from txf.models.decoder_lm import DecoderLM
 from txf.models.encoder_classifier import EncoderClassifier
@@ -33,9 +36,15 @@ def model_inputs(family: str, batch: Dict[str, jnp.ndarray]) -> Dict[str, jnp.nd
   return {k: batch[k] for k in keys if k in batch}
 
 
-def init_params(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, jnp.ndarray]):
-  """Initialise parameters from one example batch (only its shapes matter)."""
-  model = build_model(cfg, deterministic=True)
+# Builds a module for a config: ``build(cfg, deterministic=False, decode=False) -> nn.Module``.
+ModelBuilder = Callable[..., nn.Module]
+
+
+def init_params(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, jnp.ndarray],
+                build: Optional[ModelBuilder] = None):
+  """Initialise parameters from one example batch (only its shapes matter); ``build`` makes the
+  module (default ``build_model``)."""
+  model = (build or build_model)(cfg, deterministic=True)
   inputs = model_inputs(cfg.family, batch)
   # one compiled init instead of ~80 op-by-op dispatches
   return jax.jit(lambda r, x: model.init(r, **x)["params"])(rng, inputs)
@@ -60,3 +69,34 @@ def forward(model: nn.Module, params, batch: Dict[str, jnp.ndarray], dropout_rng
 def count_params(params) -> int:
   """Total number of scalars in a parameter pytree."""
   return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))
+
+
+def model_config_from(config, task) -> TransformerConfig:
+  """The model's frozen config: ``config.model`` fields plus the sizes the data decides
+  (``task.vocab_size``, ``task.target_vocab_size``, ``task.num_classes``)."""
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+  kwargs = {k: v for k, v in config.model.items() if k in fields}
+  kwargs.update(vocab_size=task.vocab_size, target_vocab_size=task.target_vocab_size,
+                num_classes=task.num_classes or 2)
+  return TransformerConfig(**kwargs)
+
+
+# A loss: (model, params, batch, dropout rng or None) -> (loss_sum, terms), where loss_sum is a
+# scalar summed over the batch's weighted positions (the step divides it by terms["count"]) and
+# terms holds the scalar sums "count" (weight total), "nll_sum" (unsmoothed NLL) and "correct".
+LossFn = Callable[[nn.Module, Any, Dict[str, jnp.ndarray], Optional[jax.Array]],
+                  Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]]
+
+
+def cross_entropy_loss(label_smoothing: float = 0.0) -> LossFn:
+  """The default loss: sum_t w_t * LS-CE_t (label smoothing epsilon_ls), with the unsmoothed NLL
+  and the argmax-correct count as terms; w_t = 0 on padding (see ``forward``)."""
+
+  def loss_fn(model, params, batch, rng):
+    logits, targets, weights = forward(model, params, batch, rng)
+    loss_sum, count = ops.label_smoothed_cross_entropy(logits, targets, weights, label_smoothing)
+    nll_sum, _ = ops.label_smoothed_cross_entropy(logits, targets, weights, 0.0)
+    correct, _ = ops.token_accuracy(logits, targets, weights)
+    return loss_sum, {"count": count, "nll_sum": nll_sum, "correct": correct}
+
+  return loss_fn
