@@ -1,7 +1,7 @@
 """txf classify: label<TAB>probability per input line from a trained encoder_classifier run.
 
 A tiny classifier learns 'dog in the sentence' (tests/test_data_fixtures.tsv_dir) once per module;
-its predictions through txf.inference_io.classify_lines are checked against the data's own rule and
+its predictions through txf.inference.classify_lines are checked against the data's own rule and
 against the training loop's evaluation, which batches and pools through a different path.
 """
 
@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 
 from test_data_fixtures import config_for, sentences, tsv_dir, write_lines
-from txf import inference_io
+from txf import inference
+from txf.errors import TxfError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def classifier_run(tmp_path_factory):
-  from txf.train.loop import train
+  from txf.train import train
   root = tmp_path_factory.mktemp("classify")
   cfg = config_for(f"text:{tsv_dir(root / 'tsv', n_train=400)}", root / "tfds", "encoder_classifier",
                    "tsv", eval_split="dev", test_split="dev")
@@ -43,9 +44,9 @@ def _dev_rows(workdir):
 
 
 def test_classify_agrees_with_the_rule_and_with_the_training_loops_evaluation(classifier_run):
-  run = inference_io.load_inference_run(classifier_run)
+  run = inference.load_run(classifier_run)
   held_out, _ = sentences(60, seed=7)
-  probs = inference_io.classify_lines(run, held_out, batch_size=8)
+  probs = inference.classify_lines(run, held_out, batch_size=8)
   assert all(p.shape == (2,) and abs(p.sum() - 1.0) < 1e-5 and (p >= 0).all() for p in probs)
   predicted = np.array([int(p.argmax()) for p in probs])
   truth = np.array([int("dog" in s) for s in held_out])
@@ -53,7 +54,7 @@ def test_classify_agrees_with_the_rule_and_with_the_training_loops_evaluation(cl
   assert (predicted == truth).mean() >= 0.9, (predicted, truth)
   # The loop's final dev accuracy counts the same predictions, batched by the data pipeline.
   rows = _dev_rows(classifier_run)
-  dev = inference_io.classify_lines(run, [text for text, _ in rows], batch_size=5)
+  dev = inference.classify_lines(run, [text for text, _ in rows], batch_size=5)
   accuracy = np.mean([int(p.argmax()) == int(label) for p, (_, label) in zip(dev, rows)])
   evals = [json.loads(l) for l in open(os.path.join(classifier_run, "metrics.jsonl")) if '"eval"' in l]
   assert accuracy == pytest.approx(evals[-1]["accuracy"], abs=1e-6)
@@ -78,8 +79,8 @@ def test_classify_command_keeps_line_count_and_empty_lines(classifier_run, tmp_p
 
 def test_each_family_is_pointed_at_its_own_command():
   classifier = types.SimpleNamespace(family="encoder_classifier", workdir="runs/sst2")
-  with pytest.raises(ValueError, match="needs a model.family=encoder_decoder run.*use `txf classify`"):
-    inference_io.require_family(classifier, "encoder_decoder", "translate")
+  with pytest.raises(TxfError, match="needs a model.family=encoder_decoder run.*use `txf classify`"):
+    inference.require_family(classifier, "encoder_decoder", "translate")
   translator = types.SimpleNamespace(family="encoder_decoder", workdir="runs/m30k")
-  with pytest.raises(ValueError, match="needs a model.family=encoder_classifier run.*use `txf translate`"):
-    inference_io.require_family(translator, "encoder_classifier", "classify")
+  with pytest.raises(TxfError, match="needs a model.family=encoder_classifier run.*use `txf translate`"):
+    inference.require_family(translator, "encoder_classifier", "classify")

@@ -1,7 +1,7 @@
 """txf translate / eval / generate, on a tiny copy model and a tiny decoder_lm trained once per module.
 
 The command-line tests run ``python -m txf.cli ...`` in a subprocess (exit status, stdout, stderr);
-the rest call txf.inference_io directly, which the commands are thin wrappers of.
+the rest call txf.inference directly, which the commands are thin wrappers of.
 """
 
 import json
@@ -16,10 +16,11 @@ import jax
 import numpy as np
 import pytest
 
-from txf import inference_io
+from txf import inference
+from txf.errors import TxfError
+from txf.inference import decoding
 from txf import workdir as workdir_lib
 from txf.data.base import EOS_ID
-from txf.train import evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,7 +41,7 @@ def _config(**overrides):
 
 
 def _train(config, workdir):
-  from txf.train.loop import train
+  from txf.train import train
   train(config, str(workdir), progress=False)
   return str(workdir)
 
@@ -75,7 +76,7 @@ def _user_error(result):
 
 @pytest.fixture(scope="module")
 def held_out(copy_run):
-  run = inference_io.load_inference_run(copy_run)
+  run = inference.load_run(copy_run)
   return [e.source for e in run.task.examples("test", 20)]
 
 
@@ -131,11 +132,11 @@ def test_translate_beam_below_one_is_a_clear_error(copy_run):
 
 
 def test_params_flag_loads_an_alternate_file(copy_run, tmp_path):
-  run = inference_io.load_inference_run(copy_run)
+  run = inference.load_run(copy_run)
   zeros = jax.tree_util.tree_map(np.zeros_like, jax.device_get(run.params))
   workdir_lib.save_params(copy_run, zeros, "params_zero.msgpack")
   try:
-    alt = inference_io.load_inference_run(copy_run, "params_zero.msgpack")
+    alt = inference.load_run(copy_run, "params_zero.msgpack")
     assert alt.params_path == os.path.join(copy_run, "params_zero.msgpack")
     assert all(not np.any(np.asarray(x)) for x in jax.tree_util.tree_leaves(alt.params))
     # all-zero parameters give all-zero logits: argmax is PAD at every step, so empty outputs
@@ -145,42 +146,42 @@ def test_params_flag_loads_an_alternate_file(copy_run, tmp_path):
     assert zero.returncode == 0, zero.stderr
     assert zero.stdout == "\n\n"
     assert "params_zero.msgpack" in zero.stderr
-    report = inference_io.evaluate_split(alt, "test", max_examples=8, batch_size=8)
+    report = inference.evaluate_split(alt, "test", max_examples=8, batch_size=8)
     assert report["exact_match"] == 0.0 and report["params"].endswith("params_zero.msgpack")
   finally:
     os.remove(os.path.join(copy_run, "params_zero.msgpack"))
 
 
 def test_params_of_another_model_are_refused(copy_run, lm_run):
-  with pytest.raises(ValueError, match="does not match this run's model"):
-    inference_io.load_inference_run(copy_run, os.path.join(lm_run, "params.msgpack"))
-  with pytest.raises(FileNotFoundError, match="params_avg5.msgpack"):
-    inference_io.load_inference_run(copy_run, "params_avg5.msgpack")
+  with pytest.raises(TxfError, match="does not match this run's model"):
+    inference.load_run(copy_run, os.path.join(lm_run, "params.msgpack"))
+  with pytest.raises(TxfError, match="params_avg5.msgpack"):
+    inference.load_run(copy_run, "params_avg5.msgpack")
 
 
 def test_translate_ids_cuts_each_row_at_source_length_plus_max_extra(monkeypatch):
   """A decoder that never emits EOS: each row stops at its own source length + max_extra."""
-  monkeypatch.setattr(evaluate, "_compiled_decoder",
+  monkeypatch.setattr(decoding, "_compiled_decoder",
                       lambda cfg, b, max_len, beam, alpha: lambda p, x: np.full((b, max_len), 7))
   sources = [np.array([4, 5, EOS_ID]), np.array([4, 5, 6, 7, 8, 9, EOS_ID]), np.array([EOS_ID])]
-  out = evaluate.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2,
+  out = decoding.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2,
                                max_extra=3)
   assert [len(r) for r in out] == [6, 10, 4]
-  full = evaluate.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2)
+  full = decoding.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2)
   assert [len(r) for r in full] == [12, 12, 12]
 
 
 def test_read_lines_keeps_count_and_names_bad_bytes(tmp_path):
   path = tmp_path / "in.txt"
   path.write_bytes(b"a b\r\n\nc")
-  assert inference_io.read_lines(str(path)) == ["a b", "", "c"]
+  assert inference.read_lines(str(path)) == ["a b", "", "c"]
   path.write_bytes(b"ok\n\n")
-  assert inference_io.read_lines(str(path)) == ["ok", ""]
+  assert inference.read_lines(str(path)) == ["ok", ""]
   path.write_bytes(b"ok\nbad \xff\n")
-  with pytest.raises(ValueError, match=r"in.txt:2: not UTF-8"):
-    inference_io.read_lines(str(path))
-  with pytest.raises(FileNotFoundError):
-    inference_io.read_lines(str(tmp_path / "missing.txt"))
+  with pytest.raises(TxfError, match=r"in.txt:2: not UTF-8"):
+    inference.read_lines(str(path))
+  with pytest.raises(TxfError):
+    inference.read_lines(str(tmp_path / "missing.txt"))
 
 
 def test_eval_writes_translation_report(copy_run):
@@ -201,13 +202,13 @@ def test_eval_writes_translation_report(copy_run):
 
 
 def test_eval_language_model_reports_perplexity(lm_run):
-  run = inference_io.load_inference_run(lm_run)
-  report = inference_io.evaluate_split(run, "val", max_examples=40, batch_size=16)
+  run = inference.load_run(lm_run)
+  report = inference.evaluate_split(run, "val", max_examples=40, batch_size=16)
   assert report["num_examples"] == 40 and "bleu" not in report
   assert report["perplexity"] == pytest.approx(math.exp(report["loss"]))
   assert report["perplexity"] > 1.0 and math.isfinite(report["perplexity"])
-  with pytest.raises(ValueError, match="split 'nope'"):
-    inference_io.evaluate_split(run, "nope")
+  with pytest.raises(TxfError, match="split 'nope'"):
+    inference.evaluate_split(run, "nope")
 
 
 def test_eval_classifier_accuracy_is_argmax_over_real_rows():
@@ -230,8 +231,8 @@ def test_eval_classifier_accuracy_is_argmax_over_real_rows():
   cfg = TransformerConfig(family="encoder_classifier", vocab_size=12, num_classes=3, d_model=16,
                           num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=0, max_len=8)
   params = jax.jit(lambda key: init_params(cfg, key, batches[0]))(jax.random.key(1))
-  run = inference_io.InferenceRun("w", None, task, cfg, params, "w/params.msgpack")
-  report = inference_io.evaluate_split(run, "test", batch_size=4)
+  run = inference.Run("w", None, task, cfg, params, "w/params.msgpack")
+  report = inference.evaluate_split(run, "test", batch_size=4)
   model = build_model(cfg, deterministic=True)
   inputs = np.concatenate([b["inputs"] for b in batches])
   labels = np.concatenate([b["label"] for b in batches])
@@ -252,21 +253,21 @@ def test_generate_samples_from_a_language_model(lm_run):
 
 
 def test_generate_is_deterministic_and_fits_the_context(lm_run):
-  run = inference_io.load_inference_run(lm_run)
+  run = inference.load_run(lm_run)
   warned = []
-  a = inference_io.sample_texts(run, "s3", max_new_tokens=500, seed=5, num_samples=2, warn=warned.append)
-  b = inference_io.sample_texts(run, "s3", max_new_tokens=500, seed=5, num_samples=2, warn=warned.append)
+  a = inference.sample_texts(run, "s3", max_new_tokens=500, seed=5, num_samples=2, warn=warned.append)
+  b = inference.sample_texts(run, "s3", max_new_tokens=500, seed=5, num_samples=2, warn=warned.append)
   assert a == b and any("max_new_tokens=500" in w for w in warned)
   # the context is the window the model was trained on (positions past it were never seen)
   context = min(run.model_cfg.max_len, run.task.max_target_len)
   assert all(len(t.split()) <= context for t in a), (context, a)
   assert any(f"max_new_tokens=500 does not fit the model's context (" in w and f"={context} tokens" in w
              for w in warned), warned
-  with pytest.raises(ValueError, match="top_p"):
-    inference_io.sample_texts(run, "s3", top_p=0.0)
+  with pytest.raises(TxfError, match="top_p"):
+    inference.sample_texts(run, "s3", top_p=0.0)
 
 
 def test_generate_refuses_other_families(copy_run):
-  run = inference_io.load_inference_run(copy_run)
-  with pytest.raises(ValueError, match="needs a model.family=decoder_lm run.*txf translate"):
-    inference_io.sample_texts(run, "s1")
+  run = inference.load_run(copy_run)
+  with pytest.raises(TxfError, match="needs a model.family=decoder_lm run.*txf translate"):
+    inference.sample_texts(run, "s1")

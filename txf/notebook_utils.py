@@ -12,7 +12,7 @@ memory, so an ablation grid does not pay for workdirs. Its exact match is comput
 forcing: a target sequence is matched when the argmax at every real position is the reference token.
 Greedy decoding feeds back its own argmax, so it reproduces the reference exactly when (and only
 when) every teacher-forced argmax is right, EOS included: the two exact matches are the same number
-(notebooks/03_ablations.ipynb checks this against ``txf.train.evaluate.decode_examples``).
+(notebooks/03_ablations.ipynb checks this against ``txf.inference.translate_texts``).
 """
 
 import dataclasses
@@ -25,8 +25,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import jax
 import jax.numpy as jnp
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from txf import viz
 
 SMALL_ENV, OUT_ENV, DATA_ENV = "TXF_NOTEBOOK_SMALL", "TXF_NOTEBOOK_OUT", "TXF_DATA"
 # XLA:CPU spends most of a tiny run compiling; these flags cut compile time several-fold (measured:
@@ -91,12 +92,7 @@ def load_experiment(name: str):
 
 # ----------------------------------------------------------------------------- figures
 
-def new_figure(width: float, height: float) -> Figure:
-  """A matplotlib Figure on an Agg canvas (no pyplot state)."""
-  fig = Figure(figsize=(width, height), dpi=100)
-  FigureCanvasAgg(fig)
-  return fig
-
+new_figure = viz.new_figure  # one Figure factory for txf's plots and the notebooks'
 
 def save_figure(fig: Figure, name: str) -> str:
   """Write ``fig`` as output_dir()/name (PNG) and return the path."""
@@ -175,7 +171,7 @@ def make_evaluator(model_cfg, label_smoothing: float) -> Callable:
   """jit'd (params, batch) -> sums: loss_sum, nll_sum, correct, count, and for sequence families
   exact (targets whose every real position is predicted) and rows (rows with a real target)."""
   from txf.models import build_model, forward
-  from txf.train.steps import make_eval_step
+  from txf.inference import make_eval_step
   eval_step = make_eval_step(model_cfg, label_smoothing)
   model = build_model(model_cfg, deterministic=True)
 
@@ -266,7 +262,7 @@ def quick_train(config, num_steps: Optional[int] = None, eval_examples: int = 50
   batch size and data, evaluated on the first ``eval_examples`` of the eval split."""
   from txf import config as config_lib
   from txf.data import make_task
-  from txf.train.steps import model_config_from
+  from txf.models import model_config_from
   config_lib.validate(config)
   task = make_task(config)
   model_cfg = model_config_from(config, task)

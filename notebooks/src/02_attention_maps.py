@@ -3,7 +3,7 @@
 #
 # Train the default experiment (`experiments/default.py`: the toy English → "toy-Romance" task, whose
 # grammar moves the verb to the end, puts adjectives after the noun and the adverb after the subject)
-# briefly with `txf.train.loop.train` in a temporary workdir, then draw **every head of every layer**
+# briefly with `txf.train.train` in a temporary workdir, then draw **every head of every layer**
 # for one held-out sentence: encoder self-attention, decoder causal self-attention, and
 # encoder-decoder cross-attention. The cross-attention should show the learned alignment — including
 # the reordering — and we measure how often each head's strongest source word is the word being
@@ -26,11 +26,10 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from txf import viz
-from txf import workdir as workdir_lib
+from txf import inference
 from txf.data import synthetic
 from txf.data.base import pad_batch
-from txf.train import evaluate
-from txf.train.loop import train
+from txf.train import train
 
 # %% [markdown]
 # ## Train
@@ -66,7 +65,8 @@ nu.show(os.path.join(OUT, "02_loss_curves.png"))
 # into the `intermediates` collection), and collect the maps `[layers, batch, heads, L_q, L_k]`.
 
 # %%
-_, task, model_cfg, params = workdir_lib.load_run(workdir)
+run = inference.load_run(workdir)
+task, model_cfg, params = run.task, run.model_cfg, run.params
 adverbs = {a for a, _ in synthetic.ADVERBS}
 adjectives = {a for a, _ in synthetic.ADJECTIVES}
 candidates = task.examples("val", 100)
@@ -91,7 +91,7 @@ maps = {"encoder_self": maps["encoder_self"][..., :S, :S], "decoder_self": maps[
 print("source:    ", example.source)
 print("reference: ", example.reference)
 if not SMALL:
-  print("model:     ", evaluate.decode_examples(model_cfg, params, task, [example])[0])
+  print("model:     ", inference.translate_texts(model_cfg, params, task, [example.source_ids])[0])
 
 # %%
 nu.show(viz.plot_attention_heads(maps["encoder_self"][:, 0], src_tokens, src_tokens,

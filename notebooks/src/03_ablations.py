@@ -36,8 +36,8 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from txf.data import make_task
-from txf.train import evaluate
-from txf.train.steps import model_config_from
+from txf import inference
+from txf.models import model_config_from
 
 # %%
 base = nu.load_experiment("default")
@@ -160,7 +160,7 @@ nu.show(nu.save_figure(fig, "03_exact_match.png"))
 #
 # Greedy decoding feeds back its own argmax; it reproduces the reference exactly when every
 # teacher-forced argmax (EOS included) is the reference token. So the number in the table is what
-# `txf.train.evaluate.decode_examples` (the loop's greedy decoder, with its KV cache) would give.
+# `txf.inference.translate_texts` (the loop's greedy decoder, with its KV cache) would give.
 
 # %%
 config = variant("model.num_heads", base.model.num_heads)
@@ -168,8 +168,8 @@ task = make_task(config)
 model_cfg = model_config_from(config, task)
 run = runs[("base", None)][0]
 examples = task.examples(config.data.eval_split, nu.pick(200, 16))
-hyps = evaluate.decode_examples(model_cfg, run.params, task, examples)
-greedy = evaluate.exact_match(hyps, [e.reference for e in examples])
+hyps = inference.translate_texts(model_cfg, run.params, task, [e.source_ids for e in examples])
+greedy = inference.exact_match(hyps, [e.reference for e in examples])
 evaluator = nu.make_evaluator(model_cfg, config.optimizer.label_smoothing)
 forced = nu.evaluate(evaluator, run.params, task.eval_batches(config.data.eval_split, len(examples),
                                                               len(examples)))["exact_match"]

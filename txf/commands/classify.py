@@ -12,6 +12,9 @@ import time
 
 from absl import flags
 
+from txf import inference
+from txf.errors import TxfError
+
 flags.DEFINE_string("workdir", None, "run directory of a trained encoder_classifier run", required=True)
 flags.DEFINE_string("input", None, "file to classify, one text per line (default: stdin)")
 flags.DEFINE_string("output", None, "where to write label<TAB>probability lines (default: stdout)")
@@ -22,17 +25,16 @@ flags.DEFINE_integer("batch_size", 64, "lines classified together (a fixed batch
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}: give the text on stdin or with --input FILE")
-  from txf import inference_io
+    raise TxfError(f"unexpected arguments {argv[1:]}: give the text on stdin or with --input FILE")
   f = flags.FLAGS
   if f.batch_size < 1:  # before loading anything
-    raise ValueError(f"--batch_size={f.batch_size} must be >= 1")
-  run = inference_io.load_inference_run(f.workdir, f.params)
-  inference_io.require_family(run, "encoder_classifier", "classify")
-  lines = inference_io.read_lines(f.input)
+    raise TxfError(f"--batch_size={f.batch_size} must be >= 1")
+  run = inference.load_run(f.workdir, f.params)
+  inference.require_family(run, "encoder_classifier", "classify")
+  lines = inference.read_lines(f.input)
   started = time.time()
-  probs = inference_io.classify_lines(run, lines, f.batch_size)
+  probs = inference.classify_lines(run, lines, f.batch_size)
   out = ["" if p is None else f"{int(p.argmax())}\t{float(p.max()):.4f}" for p in probs]
-  inference_io.write_lines(out, f.output)
+  inference.write_lines(out, f.output)
   print(f"txf classify: {len(lines)} lines ({sum(p is None for p in probs)} empty) in "
         f"{time.time() - started:.1f} s, params {run.params_path}", file=sys.stderr)

@@ -4,7 +4,7 @@
 Writes a JSON report to --output (default workdir/eval_<split>.json) and prints it:
 translation: sacreBLEU and chrF on detokenized text (with their signatures) and exact match;
 classification: accuracy; language models: perplexity and loss in nats per token. Every family also
-reports the teacher-forced loss and accuracy (see txf.inference_io.evaluate_split).
+reports the teacher-forced loss and accuracy (see txf.inference.evaluate_split).
 """
 
 import json
@@ -12,6 +12,10 @@ import os
 import sys
 
 from absl import flags
+
+from txf import inference
+from txf import workdir as workdir_lib
+from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained run", required=True)
 flags.DEFINE_string("split", None, "split to evaluate (default: the run's config.data.test_split)")
@@ -29,15 +33,13 @@ flags.DEFINE_integer("batch_size", 32, "examples per batch (fixed shape: one com
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}")
-  from txf import inference_io
-  from txf import workdir as workdir_lib
+    raise TxfError(f"unexpected arguments {argv[1:]}")
   f = flags.FLAGS
   if f.beam is not None and f.beam < 1:
-    raise ValueError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
-  run = inference_io.load_inference_run(f.workdir, f.params)
+    raise TxfError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
+  run = inference.load_run(f.workdir, f.params)
   split = f.split or run.config.data.test_split
-  report = inference_io.evaluate_split(
+  report = inference.evaluate_split(
       run, split,
       beam=run.config.beam_size if f.beam is None else f.beam,
       alpha=run.config.alpha if f.alpha is None else f.alpha,

@@ -7,6 +7,9 @@ Samples continuations from a decoder_lm run and prints prompt + continuation (ea
 
 from absl import flags
 
+from txf import inference
+from txf.errors import TxfError
+
 flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run", required=True)
 flags.DEFINE_string("prompt", "", "text to continue (empty: sample from the start)")
 flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
@@ -22,12 +25,11 @@ flags.DEFINE_integer("num_samples", 1, "how many continuations to sample")
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}: quote the prompt, --prompt \"...\"")
-  from txf import inference_io
+    raise TxfError(f"unexpected arguments {argv[1:]}: quote the prompt, --prompt \"...\"")
   f = flags.FLAGS
-  run = inference_io.load_inference_run(f.workdir, f.params)
-  inference_io.require_family(run, "decoder_lm", "generate")
-  texts = inference_io.sample_texts(run, f.prompt, f.max_new_tokens, f.temperature, f.top_k, f.top_p,
+  run = inference.load_run(f.workdir, f.params)
+  inference.require_family(run, "decoder_lm", "generate")
+  texts = inference.sample_texts(run, f.prompt, f.max_new_tokens, f.temperature, f.top_k, f.top_p,
                                     f.seed, f.num_samples)
   for i, text in enumerate(texts):
     if len(texts) > 1:

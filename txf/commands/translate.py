@@ -11,6 +11,9 @@ import time
 
 from absl import flags
 
+from txf import inference
+from txf.errors import TxfError
+
 flags.DEFINE_string("workdir", None, "run directory of a trained encoder_decoder run", required=True)
 flags.DEFINE_string("input", None, "file to translate, one sentence per line (default: stdin)")
 flags.DEFINE_string("output", None, "where to write the translations (default: stdout)")
@@ -25,21 +28,20 @@ flags.DEFINE_integer("batch_size", 32, "sentences decoded together (a fixed batc
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}: give the text on stdin or with --input FILE")
-  from txf import inference_io
+    raise TxfError(f"unexpected arguments {argv[1:]}: give the text on stdin or with --input FILE")
   f = flags.FLAGS
   if f.beam is not None and f.beam < 1:  # before loading anything
-    raise ValueError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
-  run = inference_io.load_inference_run(f.workdir, f.params)
-  inference_io.require_family(run, "encoder_decoder", "translate")
+    raise TxfError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
+  run = inference.load_run(f.workdir, f.params)
+  inference.require_family(run, "encoder_decoder", "translate")
   beam = run.config.beam_size if f.beam is None else f.beam
   alpha = run.config.alpha if f.alpha is None else f.alpha
   max_extra = run.config.decode_max_extra if f.max_extra is None else f.max_extra
-  inference_io.check_decoding_flags(beam, max_extra, f.batch_size)
-  lines = inference_io.read_lines(f.input)
+  inference.check_decoding_flags(beam, max_extra, f.batch_size)
+  lines = inference.read_lines(f.input)
   started = time.time()
-  out = inference_io.translate_lines(run, lines, beam, alpha, max_extra, f.batch_size)
-  inference_io.write_lines(out, f.output)
+  out = inference.translate_lines(run, lines, beam, alpha, max_extra, f.batch_size)
+  inference.write_lines(out, f.output)
   seconds = time.time() - started
   empty = sum(1 for line in lines if not line.strip())
   print(f"txf translate: {len(lines)} lines ({empty} empty) in {seconds:.1f} s, beam {beam}, "

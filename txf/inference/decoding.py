@@ -1,0 +1,84 @@
+"""Decoding a trained model: translation ids (greedy or beam) and samples from a language model.
+
+Each joins a model (txf.models.inference: the KV cache and ``logits_fn``) with a model-agnostic
+algorithm (txf.decode) under one jit per (model config, batch size, lengths, decoding settings),
+so repeated calls (every in-loop evaluation, every ``txf translate`` batch) never recompile.
+"""
+
+import functools
+from typing import List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from txf import decode
+from txf.data.base import EOS_ID, Task, pad_batch
+from txf.models.inference import init_cache, make_logits_fn
+from txf.nn import TransformerConfig
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: int, beam_size: int,
+                      alpha: float):
+  """jit'd (params, inputs [B, S]) -> ids [B, max_len] (best beam when beam_size > 1)."""
+
+  def run(params, inputs):
+    cache = init_cache(model_cfg, params, batch_size, max_len, inputs)
+    logits_fn = make_logits_fn(model_cfg, params)
+    if beam_size == 1:
+      return decode.greedy_decode(logits_fn, cache, batch_size, max_len)
+    ids, _ = decode.beam_search(logits_fn, cache, batch_size, beam_size, max_len, alpha=alpha)
+    return ids[:, 0]
+
+  return jax.jit(run)
+
+
+def decode_buffer_len(model_cfg: TransformerConfig, task: Task, max_extra: int) -> int:
+  """The fixed decode length per batch: min(model.max_len, data.max_input_len + max_extra), >= 1."""
+  return max(1, min(model_cfg.max_len, task.max_input_len + max_extra))
+
+
+def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.ndarray], input_len: int,
+                  max_len: int, batch_size: int = 64, beam_size: int = 1, alpha: float = 0.6,
+                  max_extra: Optional[int] = None) -> List[np.ndarray]:
+  """Decode source id rows (each ending with EOS) -> generated id rows (EOS kept, padding dropped).
+
+  Sources are padded to [batch_size, input_len]; output length is at most ``max_len`` (the decode
+  buffer, fixed for every batch: one compile), and with ``max_extra`` at most each row's own source
+  length (EOS counted) + max_extra.
+  """
+  fn = _compiled_decoder(model_cfg, batch_size, max_len, beam_size, float(alpha))
+  out = []
+  for s in range(0, len(sources), batch_size):
+    chunk = list(sources[s:s + batch_size])
+    ids = np.asarray(fn(params, jnp.asarray(pad_batch(chunk, input_len, batch_size))))
+    for row, source in zip(ids[:len(chunk)], chunk):
+      if max_extra is not None:
+        row = row[:len(source) + max_extra]
+      end = np.nonzero(row == EOS_ID)[0]
+      out.append(row[: end[0] + 1] if len(end) else row)
+  return out
+
+
+def translate_texts(model_cfg: TransformerConfig, params, task: Task, sources: Sequence[np.ndarray],
+                    max_extra: int = 50, batch_size: int = 64, beam_size: int = 1,
+                    alpha: float = 0.6) -> List[str]:
+  """Detokenized translations of source id rows (each at most its source length + max_extra)."""
+  ids = translate_ids(model_cfg, params, sources, task.max_input_len,
+                      decode_buffer_len(model_cfg, task, max_extra), batch_size, beam_size, alpha,
+                      max_extra=max_extra)
+  return [task.decode_target(i) for i in ids]
+
+
+@functools.lru_cache(maxsize=8)
+def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len: int,
+                     max_new_tokens: int, temperature: float, top_k: int, top_p: float):
+  """jit'd (params, prompts int [num_samples, prompt_len], rng) -> int [num_samples, max_new_tokens]."""
+
+  def run_sampler(params, prompts, rng):
+    cache = init_cache(model_cfg, params, num_samples, prompt_len + max_new_tokens)
+    return decode.sample(make_logits_fn(model_cfg, params), cache, prompts, rng, max_new_tokens,
+                         temperature=temperature, top_k=top_k, top_p=top_p)
+
+  return jax.jit(run_sampler)

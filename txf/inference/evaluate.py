@@ -1,0 +1,185 @@
+"""The one evaluator: teacher-forced loss/accuracy/perplexity sums over a split, and held-out decoding
+with exact match and BLEU. The training loop evaluates with it in-loop, ``txf eval`` writes its
+report from it (``evaluate_split``), notebooks call it directly.
+"""
+
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sacrebleu
+
+from txf.data.base import PAD_ID, Batch, Example, truncate_keep_eos
+from txf.errors import TxfError
+from txf.inference.decoding import translate_texts
+from txf.inference.run import Warn, warn_stderr
+from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
+from txf.nn import TransformerConfig
+
+
+def make_eval_step(model_cfg: TransformerConfig, label_smoothing: float = 0.0,
+                   axis_name: Optional[str] = None, *, loss_fn: Optional[LossFn] = None,
+                   build: Optional[ModelBuilder] = None) -> Callable:
+  """``eval_step(params, batch) -> metric sums`` {loss_sum, nll_sum, correct, count} of the
+  deterministic model (sums, so batches add up; psum'd over ``axis_name`` if set)."""
+  model = (build or build_model)(model_cfg, deterministic=True)
+  loss = loss_fn or cross_entropy_loss(label_smoothing)
+
+  def eval_step(params, batch):
+    loss_sum, terms = loss(model, params, batch, None)
+    sums = {"loss_sum": loss_sum, "nll_sum": terms["nll_sum"], "correct": terms["correct"],
+            "count": terms["count"]}
+    if axis_name is not None:
+      sums = jax.lax.psum(sums, axis_name)
+    return sums
+
+  return eval_step
+
+
+def summarize(sums: Dict[str, float], family: str) -> Dict[str, float]:
+  """Metric sums over batches -> loss = loss_sum / count, accuracy = correct / count,
+  nll = nll_sum / count and (not for classification) perplexity = exp(nll)."""
+  count = max(float(sums["count"]), 1.0)
+  out = {"loss": float(sums["loss_sum"]) / count, "accuracy": float(sums["correct"]) / count}
+  nll = float(sums["nll_sum"]) / count
+  out["nll"] = nll
+  if family != "encoder_classifier":
+    out["perplexity"] = math.exp(min(nll, 50.0))
+  return out
+
+
+def exact_match(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+  """Fraction of hypotheses equal to their reference (after whitespace normalisation)."""
+  if not references:
+    return 0.0
+  same = sum(" ".join(h.split()) == " ".join(r.split()) for h, r in zip(hypotheses, references))
+  return same / len(references)
+
+
+class Evaluator:
+  """Evaluates parameters on fixed eval batches and (translation) held-out examples.
+
+  ``sums(sums_fn)``: the metric sums of ``sums_fn(batch)`` added over the batches (the loop passes
+  its runner's eval step, ``txf eval`` a jitted ``make_eval_step``). ``translate(params)``: the
+  detokenized hypotheses of the examples (greedy, or beam ``beam_size`` with length penalty
+  ``alpha``; each at most source length + ``max_extra`` tokens). ``__call__`` gives both as the
+  metrics the loop logs: loss, accuracy, nll, perplexity, exact_match, bleu.
+  """
+
+  def __init__(self, model_cfg: TransformerConfig, task, batches: Sequence[Batch],
+               examples: Sequence[Example] = (), beam_size: int = 1, alpha: float = 0.6,
+               max_extra: int = 50, decode_batch_size: int = 64):
+    self.model_cfg, self.task = model_cfg, task
+    self.batches, self.examples = list(batches), list(examples)
+    self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
+    self.decode_batch_size = decode_batch_size
+
+  @property
+  def references(self) -> List[str]:
+    return [e.reference for e in self.examples]
+
+  def sums(self, sums_fn: Callable[[Batch], Dict[str, Any]]) -> Optional[Dict[str, float]]:
+    """Metric sums over every eval batch (None when there are no batches)."""
+    total = None
+    for batch in self.batches:
+      s = sums_fn(batch)
+      total = s if total is None else jax.tree_util.tree_map(jnp.add, total, s)
+    return None if total is None else jax.device_get(total)
+
+  def translate(self, params) -> List[str]:
+    """Hypotheses for the held-out examples (sources longer than data.max_input_len truncated)."""
+    sources = [truncate_keep_eos(e.source_ids, self.task.max_input_len) for e in self.examples]
+    return translate_texts(self.model_cfg, params, self.task, sources, self.max_extra,
+                           self.decode_batch_size, self.beam_size, self.alpha)
+
+  def __call__(self, sums_fn: Callable[[Batch], Dict[str, Any]], params: Callable[[], Any]
+               ) -> Dict[str, Any]:
+    """The metrics dict; ``params()`` gives host parameters, called only if there is decoding.
+    The decoded hypotheses are kept in ``self.hypotheses``."""
+    sums = self.sums(sums_fn)
+    metrics = summarize(sums, self.model_cfg.family) if sums is not None else {}
+    self.hypotheses = []
+    if self.model_cfg.family == "encoder_decoder" and self.examples:
+      self.hypotheses = self.translate(params())
+      metrics["exact_match"] = exact_match(self.hypotheses, self.references)
+      metrics["bleu"] = float(sacrebleu.corpus_bleu(self.hypotheses, [self.references]).score)
+    return metrics
+
+
+def count_examples(batches: Sequence[Batch]) -> int:
+  """Real (not all-PAD filler) rows over fixed-shape eval batches."""
+  key = "inputs" if batches and "inputs" in batches[0] else "targets"
+  return int(sum(np.any(np.asarray(b[key]) != PAD_ID, axis=-1).sum() for b in batches))
+
+
+def check_decoding_flags(beam: int, max_extra: int, batch_size: int) -> None:
+  """TxfError for a beam, max_extra or batch size that cannot work."""
+  if beam < 1:
+    raise TxfError(f"--beam={beam}: the beam size must be >= 1 (1 = greedy)")
+  if max_extra < 0:
+    raise TxfError(f"--max_extra={max_extra} must be >= 0")
+  if batch_size < 1:
+    raise TxfError(f"--batch_size={batch_size} must be >= 1")
+
+
+def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra: int = 50,
+                   max_examples: int = 0, batch_size: int = 32, warn: Warn = warn_stderr
+                   ) -> Dict[str, Any]:
+  """The report of ``txf eval`` for one split of a loaded run (``txf.inference.load_run``).
+
+  Every family: ``loss`` (unsmoothed NLL, nats per token; per example for classification) and
+  ``accuracy`` (per token; per example = argmax == label for classification), teacher-forced over
+  the split's eval batches. Language models add ``perplexity`` = exp(loss). Translation adds
+  sacreBLEU ``bleu`` and ``chrf`` on detokenized text with their ``*_signature`` strings, and
+  ``exact_match``, from decoding the split's first ``num_examples`` sources (default: the whole
+  split as the task gives it; synthetic tasks: 1000) with greedy (beam 1) or beam search.
+  """
+  check_decoding_flags(beam, max_extra, batch_size)
+  if max_examples < 0:
+    raise TxfError(f"--max_examples={max_examples} must be >= 0 (0 = the whole split)")
+  started = time.time()
+  try:
+    batches = run.task.eval_batches(split, batch_size, max_examples or None)
+  except KeyError:
+    d = run.config.data
+    raise TxfError(f"split {split!r} is not in this run's data: use one of {d.train_split!r}, "
+                   f"{d.eval_split!r}, {d.test_split!r}") from None
+  n = count_examples(batches)
+  if n == 0:
+    raise TxfError(f"split {split!r} has no examples")
+  family = run.family
+  examples = run.task.examples(split, n) if family == "encoder_decoder" else []
+  evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size)
+  report: Dict[str, Any] = {"workdir": run.workdir, "params": os.path.abspath(run.params_path),
+                            "split": split, "family": family, "num_examples": n}
+  step = jax.jit(make_eval_step(run.model_cfg, 0.0))
+  sums = evaluator.sums(lambda b: step(run.params, b))
+  m = summarize(sums, family)
+  report.update({"loss": m["nll"], "accuracy": m["accuracy"]})
+  if "perplexity" in m:
+    report["perplexity"] = m["perplexity"]
+  if family != "encoder_classifier":
+    report["tokens"] = int(float(sums["count"]))
+  if examples:
+    limit = run.task.max_input_len
+    long = sum(len(e.source_ids) > limit for e in examples)
+    if long:
+      warn(f"{long} of {len(examples)} {split} sources are longer than data.max_input_len={limit} "
+           f"tokens: truncated")
+    hyps, refs = evaluator.translate(run.params), evaluator.references
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    bleu_score, chrf_score = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
+    report.update({"bleu": float(bleu_score.score), "bleu_signature": str(bleu.get_signature()),
+                   "bleu_verbose": str(bleu_score), "chrf": float(chrf_score.score),
+                   "chrf_signature": str(chrf.get_signature()),
+                   "exact_match": exact_match(hyps, refs),
+                   "decoding": {"beam": beam, "alpha": alpha, "max_extra": max_extra}})
+  report["seconds"] = round(time.time() - started, 3)
+  for k, v in report.items():  # JSON has no inf/nan
+    if isinstance(v, float) and not math.isfinite(v):
+      report[k] = None
+  return report

@@ -1,0 +1,186 @@
+"""Inference on lines of text: read and write UTF-8 lines, translate or classify them in fixed-shape
+batches, sample continuations from a language model. ``txf translate``, ``txf classify`` and
+``txf generate`` are thin wrappers of these; no absl flags here, so tests and notebooks call them.
+"""
+
+import functools
+import os
+import sys
+from typing import List, Optional, Sequence, TextIO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from txf.data.base import PAD_ID, UNK_ID, Task, truncate_keep_eos
+from txf.data.tokenizer import Codec
+from txf.errors import TxfError
+from txf.inference.decoding import compiled_sampler, decode_buffer_len, translate_ids
+from txf.inference.evaluate import check_decoding_flags
+from txf.inference.run import Run, Warn, require_family, warn_stderr
+from txf.models import build_model
+
+
+def read_lines(path: Optional[str] = None, stream=None) -> List[str]:
+  """Lines of a UTF-8 file (or of ``stream``/stdin when ``path`` is None or "-").
+
+  Split on LF only (a trailing CR is dropped); a final newline does not make an extra line.
+  Invalid UTF-8 raises TxfError naming the line.
+  """
+  if path and path != "-":
+    if not os.path.isfile(path):
+      raise TxfError(f"--input {path}: no such file")
+    with open(path, "rb") as f:
+      raw, name = f.read(), path
+  else:
+    stream = stream if stream is not None else sys.stdin
+    raw, name = getattr(stream, "buffer", stream).read(), "stdin"
+    if isinstance(raw, str):
+      raw = raw.encode("utf-8")
+  if not raw:
+    return []
+  pieces = raw.split(b"\n")
+  if pieces[-1] == b"":
+    pieces.pop()
+  lines = []
+  for lineno, piece in enumerate(pieces, 1):
+    try:
+      lines.append(piece.decode("utf-8").removesuffix("\r"))
+    except UnicodeDecodeError as e:
+      raise TxfError(f"{name}:{lineno}: not UTF-8 (byte {piece[e.start]:#04x} at column "
+                     f"{e.start + 1})") from None
+  return lines
+
+
+def write_lines(lines: Sequence[str], path: Optional[str] = None, stream: Optional[TextIO] = None) -> None:
+  """Write one line per item (UTF-8, LF) to ``path``, or to ``stream``/stdout."""
+  text = "".join(line + "\n" for line in lines)
+  if path and path != "-":
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+      f.write(text)
+    return
+  stream = stream if stream is not None else sys.stdout
+  if hasattr(stream, "buffer"):
+    stream.flush()
+    stream.buffer.write(text.encode("utf-8"))
+    stream.buffer.flush()
+  else:
+    stream.write(text)
+
+
+def _full_source_ids(task: Task, text: str) -> np.ndarray:
+  """Source ids of ``text`` ending with EOS, not truncated (so over-long lines can be reported).
+
+  Real-data tasks truncate in ``encode_source``; their codec encodes without a limit given max_len 0.
+  """
+  codec = getattr(task, "codec", None)
+  if isinstance(codec, Codec):
+    return np.asarray(codec.encode_source(text, 0), np.int32)
+  return np.asarray(task.encode_source(text), np.int32)
+
+
+def encode_lines(task: Task, lines: Sequence[str], warn: Warn = warn_stderr) -> List[Optional[np.ndarray]]:
+  """Source ids per line (None for an empty or blank line); lines with more tokens than the task's
+  ``max_input_len`` (EOS counted) are cut to its first max_input_len - 1 tokens + EOS, with a warning."""
+  limit = task.max_input_len
+  out: List[Optional[np.ndarray]] = []
+  for lineno, line in enumerate(lines, 1):
+    if not line.strip():
+      out.append(None)
+      continue
+    ids = _full_source_ids(task, line)
+    if len(ids) > limit:
+      warn(f"line {lineno}: {len(ids)} tokens (EOS included), more than the model's "
+           f"data.max_input_len={limit}: truncated to its first {limit - 1} tokens + EOS")
+    out.append(truncate_keep_eos(ids, limit))
+  return out
+
+
+def translate_lines(run: Run, lines: Sequence[str], beam: int = 1, alpha: float = 0.6,
+                    max_extra: int = 50, batch_size: int = 32, warn: Warn = warn_stderr) -> List[str]:
+  """One detokenized translation per line, in order; empty lines give empty outputs.
+
+  Non-empty lines are sorted by length and decoded in fixed [batch_size, data.max_input_len]
+  batches (one compile); each output is cut at its own source length (EOS counted) + max_extra.
+  """
+  check_decoding_flags(beam, max_extra, batch_size)
+  sources = encode_lines(run.task, lines, warn)
+  todo = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: -len(sources[i]))
+  ids = translate_ids(run.model_cfg, run.params, [sources[i] for i in todo], run.task.max_input_len,
+                      decode_buffer_len(run.model_cfg, run.task, max_extra), batch_size, beam, alpha,
+                      max_extra=max_extra)
+  out = [""] * len(lines)
+  for i, row in zip(todo, ids):
+    out[i] = " ".join(run.task.decode_target(row).split("\n"))  # one output line per input line
+  return out
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_classifier(model_cfg):
+  model = build_model(model_cfg, deterministic=True)
+  return jax.jit(lambda params, inputs: jax.nn.softmax(model.apply({"params": params}, inputs=inputs), -1))
+
+
+def classify_lines(run: Run, lines: Sequence[str], batch_size: int = 64,
+                   warn: Warn = warn_stderr) -> List[Optional[np.ndarray]]:
+  """Class probabilities per line: ``softmax(classifier(inputs))``, a float array [num_classes], or
+  None for an empty or blank line. Lines are encoded as in training (ids + EOS; over-long lines
+  truncated with a warning) and run in fixed [batch_size, data.max_input_len] batches (one compile).
+  """
+  if batch_size < 1:
+    raise TxfError(f"--batch_size={batch_size} must be >= 1")
+  sources = encode_lines(run.task, lines, warn)
+  todo = [i for i, s in enumerate(sources) if s is not None]
+  classify = _compiled_classifier(run.model_cfg)
+  out: List[Optional[np.ndarray]] = [None] * len(lines)
+  for start in range(0, len(todo), batch_size):
+    rows = todo[start:start + batch_size]
+    inputs = np.full((batch_size, run.task.max_input_len), PAD_ID, np.int32)
+    for r, i in enumerate(rows):
+      inputs[r, :len(sources[i])] = sources[i]
+    probs = np.asarray(classify(run.params, inputs), np.float64)
+    for r, i in enumerate(rows):
+      out[i] = probs[r]
+  return out
+
+
+def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
+                 top_k: int = 0, top_p: float = 0.95, seed: int = 0, num_samples: int = 1,
+                 warn: Warn = warn_stderr) -> List[str]:
+  """``num_samples`` continuations of ``prompt`` from a decoder_lm run, each as prompt + continuation.
+
+  Prompt and continuation share the context the model was trained on (BOS included): the
+  training window ``data.max_target_len``, or ``model.max_len`` if smaller. Positions past the
+  training window were never seen (samples turn to noise there), so ``max_new_tokens`` is
+  lowered, with a warning, to fit.
+  """
+  require_family(run, "decoder_lm", "generate")
+  if max_new_tokens < 1 or num_samples < 1:
+    raise TxfError(f"--max_new_tokens={max_new_tokens} and --num_samples={num_samples} must be >= 1")
+  if temperature < 0:
+    raise TxfError(f"--temperature={temperature} must be >= 0 (0 = greedy)")
+  if top_k < 0:
+    raise TxfError(f"--top_k={top_k} must be >= 0 (0 = off)")
+  if not 0.0 < top_p <= 1.0:
+    raise TxfError(f"--top_p={top_p} must be in (0, 1] (1 = off)")
+  prompt_ids = np.asarray(run.task.encode_source(prompt), np.int32) if prompt else np.zeros((0,), np.int32)
+  unknown = int(np.sum(prompt_ids == UNK_ID))
+  if unknown:
+    warn(f"the prompt has {unknown} token(s) outside the model's vocabulary (read as <unk>)")
+  trained = int(run.task.max_target_len or run.model_cfg.max_len)
+  context = min(run.model_cfg.max_len, trained)
+  where = (f"model.max_len={context}" if context < trained else
+           f"the training window data.max_target_len={context}")
+  room = context - 1 - len(prompt_ids)  # BOS + prompt + new tokens, minus the last one never fed
+  if room < 1:
+    raise TxfError(f"the prompt has {len(prompt_ids)} tokens; the model's context is {where} "
+                   f"tokens (BOS included): shorten the prompt")
+  if max_new_tokens > room + 1:
+    warn(f"--max_new_tokens={max_new_tokens} does not fit the model's context ({where} tokens) "
+         f"with a {len(prompt_ids)}-token prompt: generating at most {room + 1}")
+    max_new_tokens = room + 1
+  sampler = compiled_sampler(run.model_cfg, num_samples, len(prompt_ids), max_new_tokens,
+                             float(temperature), int(top_k), float(top_p))
+  prompts = jnp.tile(jnp.asarray(prompt_ids)[None, :], (num_samples, 1))
+  new = np.asarray(sampler(run.params, prompts, jax.random.key(seed)))
+  return [run.task.decode_target(np.concatenate([prompt_ids, row])) for row in new]
