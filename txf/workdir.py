@@ -10,9 +10,11 @@ import shutil
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+import jax
 import ml_collections
+from flax import serialization
 
-from txf.config import _flatten
+from txf.config import _flatten, base_config
 from txf.errors import TxfError
 
 # Fields that may change between a run and its resumption (length of the run, logging, decoding).
@@ -35,7 +37,6 @@ def config_to_dict(config: ml_collections.ConfigDict) -> Dict[str, Any]:
 
 def differing_fields(old: Dict[str, Any], new: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
   """(field, old value, new value) for every field that differs and is not in RESUMABLE_FIELDS."""
-  from txf.config import base_config
   defaults = _flatten(base_config())
   # a field missing on one side (added to txf after that run was written) counts as its default
   a = {**defaults, **_flatten(ml_collections.ConfigDict(old))}
@@ -85,8 +86,6 @@ def write_json(path: str, obj: Any) -> None:
 
 def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
   """Write parameters (flax msgpack) atomically; returns the path."""
-  from flax import serialization
-  import jax
   path = os.path.join(workdir, name)
   tmp = f"{path}.tmp-{os.getpid()}"
   with open(tmp, "wb") as f:
@@ -98,7 +97,7 @@ def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{workdir} holds no txf run (no config.json): train one with "
+    raise TxfError(f"{workdir} holds no txf run (no config.json): train one with "
                             f"`txf train --workdir {workdir}` first")
   with open(path) as f:
     return ml_collections.ConfigDict(json.load(f))
@@ -106,20 +105,11 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 def load_params(workdir: str, name: Optional[str] = None):
   """Final (or named, e.g. averaged) parameters of a run as a pytree of numpy arrays."""
-  from flax import serialization
   name = name or "params.msgpack"
   path = name if os.path.isabs(name) else os.path.join(workdir, name)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"no trained parameters at {path}: the run has not finished (train it "
+    raise TxfError(f"no trained parameters at {path}: the run has not finished (train it "
                             f"to the end, or average its checkpoints with `txf average-checkpoints`)")
   with open(path, "rb") as f:
     return serialization.msgpack_restore(f.read())
 
-
-def load_run(workdir: str, params_name: Optional[str] = None):
-  """(config, task, model_cfg, params) of a trained run, with the run's own tokenizer."""
-  from txf.data import make_task
-  from txf.train.steps import model_config_from
-  config = load_config(workdir)
-  task = make_task(config, workdir)
-  return config, task, model_config_from(config, task), load_params(workdir, params_name)

@@ -6,6 +6,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from txf.commands.common import default_config_path
+from txf.errors import TxfError
+from txf.parallel import distributed
+from txf.train import train
 
 config_flags.DEFINE_config_file("config", default_config_path(),
                                 "experiment config file (a get_config() file in experiments/)",
@@ -17,10 +20,8 @@ flags.DEFINE_bool("progress", True, "show a progress bar")
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}: flags look like --config.model.num_heads=2")
-  from txf.parallel import distributed
+    raise TxfError(f"unexpected arguments {argv[1:]}: flags look like --config.model.num_heads=2")
   distributed.maybe_initialize()
-  from txf.train.loop import train
   config = flags.FLAGS.config
   workdir = flags.FLAGS.workdir or os.path.join("runs", config.name)
   train(config, workdir, fresh=flags.FLAGS.fresh, progress=flags.FLAGS.progress)

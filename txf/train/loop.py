@@ -1,5 +1,9 @@
 """The training loop: the one place that joins data, step, parallelism, checkpoints and metrics.
 
+``train`` reads top to bottom as its phases: set up, restore, then per step (step, log, evaluate,
+stop?, checkpoint), then finish. Everything one run needs lives in a ``Setup``; what changes from
+step to step lives in a ``LoopState``.
+
 Checkpoints (txf/checkpoint.py) are written every ``config.checkpoint_every`` steps, at the end,
 at every evaluation when ``config.best_metric`` is set (so the best one can be kept), and when the
 run is stopped by SIGTERM/SIGINT; saving is asynchronous. A run restarted in the same workdir
@@ -7,149 +11,258 @@ resumes from the latest checkpoint (state, data position and the partial log win
 metrics.jsonl and final parameters equal those of an uninterrupted run. The dropout RNG of step n
 is ``fold_in(split(key(seed))[1], n)``: the step determines it.
 
-Signals: the first SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
-(``txf train`` exits 0); a second one exits at once with status 128 + signal number.
+Stopping early (signals, ``time_limit_minutes``, ``nan_policy``): see txf/train/stopping.py. On the
+time limit the step reached is treated as the last one (final evaluation, checkpoint,
+params.msgpack, plots); to train on, raise ``time_limit_minutes`` (it may change on resume).
 
-Time limit: ``config.time_limit_minutes > 0`` ends training once the run has trained that long in
-all (compilation and in-loop evaluations included): the step reached is treated as the last one
-(final evaluation, checkpoint, params.msgpack, plots). The time is counted across restarts: each
-checkpoint records the training seconds behind it, so a run stopped and resumed (preemption, a
-signal) gets what is left of its budget, not a new one; the time between the last checkpoint and a
-kill is not counted, as its steps are trained again. To train on after the limit, raise
-``time_limit_minutes`` (it may change on resume).
-
-Non-finite losses: ``train_step`` leaves the state unchanged on such a step; with
-``nan_policy='stop'`` the loop raises NonFiniteLossError naming the step before any later state
-is saved, with ``'skip'`` it carries on and counts the step in the ``skipped`` metric.
-Test hook: ``TXF_INJECT_NAN_AT_STEP=k`` feeds step k (the k-th optimizer step, 1-based as in
-metrics.jsonl) NaN parameters, so its loss and gradients are NaN, and then puts the good state
-back, as train_step itself does on a non-finite step (same compiled step, no other effect).
+A researcher's own loss or model: ``train(config, workdir, loss_fn=..., model=...)`` (see
+``txf.models.LossFn`` and ``txf.models.ModelBuilder``); both default to txf's own.
 """
 
+import dataclasses
 import os
-import signal
-import threading
-import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Optional
 
 import jax
-import jax.numpy as jnp
-import numpy as np
+from tqdm import tqdm
 
 from txf import config as config_lib
 from txf import workdir as workdir_lib
 from txf.checkpoint import Checkpointer
+from txf.config import ConfigError
 from txf.data import make_task
-from txf.errors import TxfError
+from txf.inference import Evaluator, make_eval_step
 from txf.metrics import MetricWriter
-from txf.models import count_params, init_params
+from txf.models import LossFn, ModelBuilder, count_params, init_params, model_config_from
 from txf.parallel import make_runner
-from txf.train import evaluate
+from txf.train.logs import LogWindow, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
-from txf.train.steps import create_train_state, make_eval_step, make_train_step, model_config_from
+from txf.train.steps import create_train_state, make_train_step
+from txf.train.stopping import NonFiniteGuard, Preemption, TimeLimit
 
 
-class NonFiniteLossError(TxfError, RuntimeError):
-  """A NaN or Inf loss with nan_policy='stop'."""
+@dataclasses.dataclass
+class Setup:
+  """What one run needs, fixed for the whole run."""
+  config: Any
+  workdir: str
+  task: Any
+  model_cfg: Any
+  runner: Any
+  train_it: Any
+  checkpointer: Checkpointer
+  writer: MetricWriter
+  evaluator: Evaluator
+  new_state: Callable[[], Any]      # a freshly initialised TrainState
+  abstract_state: Any               # its shapes (a resumed run never initialises)
+  dropout_rng: jax.Array
+  say: Callable[..., None]
+  is_main: bool
+  resumed: bool                     # the workdir already held this run
+  progress: bool                    # show a progress bar
+  bar: Optional[Any] = None
 
 
-def _mean_metrics(rows: List[Dict[str, np.ndarray]]) -> Dict[str, float]:
-  """Means over the finite steps of a log window (all NaN if none was finite); tokens summed."""
-  keys = [k for k in rows[0] if k not in ("finite", "tokens")]
-  good = [r for r in rows if float(r["finite"]) != 0.0]
-  out = {k: float(np.mean([r[k] for r in good])) if good else float("nan") for k in keys}
-  out["tokens"] = float(np.sum([r["tokens"] for r in rows]))
-  return out
+@dataclasses.dataclass
+class LoopState:
+  """What changes from step to step."""
+  state: Any                        # the TrainState on the runner's devices
+  step: int                         # steps done
+  start: int                        # the step this process started from
+  window: LogWindow                 # train metrics since the last log row
+  guard: NonFiniteGuard
+  clock: TimeLimit
+  final: Dict[str, float]           # the latest eval metrics
+  stopped_by: str = ""              # "signal" or "time" when training ended early
 
 
-def _pack_rows(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-  """Per-step metric rows -> JSON (value, dtype and shape kept, so unpacking is exact)."""
-  return [{k: [np.asarray(v).tolist(), str(np.asarray(v).dtype)] for k, v in r.items()}
-          for r in jax.device_get(rows)]
+def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
+          loss_fn: Optional[LossFn] = None, model: Optional[ModelBuilder] = None
+          ) -> Dict[str, float]:
+  """Train ``config`` in ``workdir``; returns the final evaluation metrics.
 
-
-def _unpack_rows(packed: List[Dict[str, Any]]) -> List[Dict[str, np.ndarray]]:
-  return [{k: np.asarray(v, dtype) for k, (v, dtype) in r.items()} for r in packed]
-
-
-class _Preemption:
-  """SIGTERM/SIGINT handling while training (main thread only; elsewhere a no-op).
-
-  The first signal sets ``requested``: the loop finishes its step, checkpoints and stops. A
-  second signal exits the process at once with status 128 + signum (no checkpoint; a save in
-  flight is left incomplete, which orbax never mistakes for a checkpoint).
+  Validates the config first; refuses a workdir that holds a different run (``fresh`` moves it
+  aside). Writes config.json, task.json, tokenizer/, metrics.jsonl, tensorboard/, params.msgpack.
+  ``loss_fn`` replaces the label-smoothed cross-entropy in training and evaluation;
+  ``model(cfg, deterministic=False, decode=False)`` replaces ``txf.models.build_model``.
   """
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-  def __init__(self):
-    self.signum, self._previous = None, {}
-
-  @property
-  def signal_name(self) -> str:
-    return signal.Signals(self.signum).name if self.signum else ""
-
-  def _handle(self, signum, frame):
-    if self.signum is not None:
-      os.write(2, f"\ntxf: second {signal.Signals(signum).name}: exiting now\n".encode())
-      os._exit(128 + signum)
-    self.signum = signum
-    os.write(2, f"\ntxf: {signal.Signals(signum).name} received: finishing this step and writing "
-                f"a checkpoint (send it again to exit at once)\n".encode())
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      for s in self.SIGNALS:
-        self._previous[s] = signal.signal(s, self._handle)
-    return self
-
-  def __exit__(self, *exc):
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
-    return False
-
-  def requested(self, done: int, log_every: int) -> bool:
-    """Whether to stop after step ``done``; all processes agree (checked at log steps if several)."""
-    return _any_process(lambda: self.signum is not None, done, log_every)
-
-
-def _any_process(flag: Callable[[], bool], done: int, log_every: int) -> bool:
-  """``flag()`` of this process alone, or with several processes, whether any process's flag is
-  set; they compare only at log steps (one allgather per ``log_every`` steps), so all agree."""
-  if jax.process_count() == 1:
-    return flag()
-  if done % log_every:
-    return False
-  from jax.experimental import multihost_utils
-  return bool(np.max(multihost_utils.process_allgather(np.int32(flag()))))
-
-
-def run_eval(runner, state, task, config, model_cfg, eval_batches, examples, writer, step,
-             is_main: bool, say=print) -> Dict[str, float]:
-  """Loss/accuracy on the eval split; for translation also decode held-out examples."""
-  sums = None
-  for batch in eval_batches:
-    s = runner.eval_step(state, batch)
-    sums = s if sums is None else jax.tree_util.tree_map(jnp.add, sums, s)
-  metrics = evaluate.summarize(jax.device_get(sums), model_cfg.family) if sums is not None else {}
-  if model_cfg.family == "encoder_decoder" and examples:
-    params = runner.host_params(state)
-    hyps = evaluate.decode_examples(model_cfg, params, task, examples, config.decode_max_extra,
-                                    beam_size=config.beam_size, alpha=config.alpha)
-    refs = [e.reference for e in examples]
-    metrics["exact_match"] = evaluate.exact_match(hyps, refs)
+  run = set_up(config, workdir, fresh, progress, loss_fn, model)
+  loop = restore(run)
+  with Preemption() as preemption:
     try:
-      import sacrebleu
-      metrics["bleu"] = float(sacrebleu.corpus_bleu(hyps, [refs]).score)
-    except Exception:  # pragma: no cover - sacrebleu is a dependency
-      pass
-    if is_main and config.num_samples:
-      say(f"  samples at step {step}:")
-      for e, h in list(zip(examples, hyps))[: config.num_samples]:
-        mark = "ok " if " ".join(h.split()) == " ".join(e.reference.split()) else "   "
-        say(f"  {mark}src: {e.source}\n     ref: {e.reference}\n     hyp: {h}")
-  if writer is not None:
-    writer.write(step, "eval", metrics)
+      while loop.step < config.num_train_steps and not loop.stopped_by:
+        take_step(run, loop)
+        is_last = loop.step == config.num_train_steps or loop.stopped_by == "time"
+        log(run, loop, is_last)
+        evaluated = evaluate(run, loop, is_last)
+        if not is_last and preemption.requested(loop.step, config.log_every):
+          loop.stopped_by = "signal"
+        checkpoint(run, loop, is_last, evaluated)
+      if loop.stopped_by != "signal":
+        loop.guard.check()
+    finally:
+      run.checkpointer.close()  # waits for the save in flight: it holds a state checked to be finite
+      if run.bar is not None:
+        run.bar.close()
+  return finish(run, loop, preemption)
+
+
+def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
+  """Validate, prepare the workdir, build the task, model, optimizer, runner, writer, evaluator."""
+  config_lib.validate(config)
+  is_main = jax.process_index() == 0
+  say = print if is_main else (lambda *a, **k: None)
+  resumed = workdir_lib.prepare(workdir, config, fresh) if is_main else True
+  task = make_task(config, workdir)
+  config_lib.validate(config, {"max_input_len": task.max_input_len,
+                               "max_target_len": task.max_target_len})
+  model_cfg = model_config_from(config, task)
+  decodes = config.decode_examples and model_cfg.family == "encoder_decoder"
+  if model is not None and decodes:
+    raise ConfigError("a custom model cannot be decoded in-loop (decoding uses txf's own model): "
+                      "set config.decode_examples=0")
+  if is_main:
+    task.save(os.path.join(workdir, "tokenizer"))
+    workdir_lib.write_json(os.path.join(workdir, "task.json"), task.describe())
+
+  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  example_batch = next(task.train_iterator(config.batch_size, config.seed))
+  schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
+  tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
+  new_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch, model), tx)
+  abstract_state = jax.eval_shape(new_state)
+  say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
+      f"data {config.data.source}, "
+      f"{config.num_train_steps} steps of {config.batch_size} on {jax.device_count()} "
+      f"{jax.devices()[0].platform} device(s) -> {workdir}")
+  smoothing = config.optimizer.label_smoothing
+  runner = make_runner(
+      config,
+      lambda axis: make_train_step(model_cfg, tx, smoothing, schedule, axis, config.grad_accum_steps,
+                                   loss_fn=loss_fn, build=model),
+      lambda axis: make_eval_step(model_cfg, smoothing, axis, loss_fn=loss_fn, build=model))
+  train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(),
+                                 jax.process_count())
+  eval_batches = task.eval_batches(config.data.eval_split, config.batch_size,
+                                   config.eval_batches * config.batch_size or None)
+  examples = task.examples(config.data.eval_split, config.decode_examples) if decodes else []
+  evaluator = Evaluator(model_cfg, task, eval_batches, examples, config.beam_size, config.alpha,
+                        config.decode_max_extra)
+  return Setup(config, workdir, task, model_cfg, runner, train_it,
+               Checkpointer(workdir, config), MetricWriter(workdir, enabled=is_main), evaluator,
+               new_state, abstract_state, dropout_rng, say, is_main, resumed, progress)
+
+
+def restore(run: Setup) -> LoopState:
+  """The loop's starting point: the latest checkpoint of this run (state, data position, log
+  window, eval metrics, training time), or a fresh state at step 0."""
+  config, checkpointer = run.config, run.checkpointer
+  restored = (checkpointer.restore_latest(_restore_target(run.runner, run.abstract_state))
+              if run.resumed and checkpointer.all_steps() else None)
+  if restored is not None:
+    state, step = restored.state, restored.step
+    run.train_it.set_state(restored.data_state)
+    rows = unpack_rows(restored.loop_state.get("pending", []))
+    used, final = float(restored.loop_state.get("train_seconds", 0.0)), restored.eval_metrics
+    run.say(f"resumed from the checkpoint at step {step}")
+  else:
+    state, step, rows, used, final = run.new_state(), 0, [], 0.0, {}
+  run.writer.truncate_after(step)
+  loop = LoopState(run.runner.place_state(state), step, step, LogWindow(rows),
+                   NonFiniteGuard(config.nan_policy, checkpointer.latest_step),
+                   TimeLimit(config.time_limit_minutes, used), final)
+  if loop.clock.spent() and step < config.num_train_steps:
+    run.say(f"txf: the run has already trained {used / 60:.1f} min, its whole time limit of "
+            f"{config.time_limit_minutes:g} min (step {step} of {config.num_train_steps}); raise "
+            f"time_limit_minutes to train on")
+    loop.stopped_by = "spent"
+  if run.is_main and run.progress:
+    run.bar = tqdm(total=config.num_train_steps, initial=step, dynamic_ncols=True, desc="train")
+  return loop
+
+
+def take_step(run: Setup, loop: LoopState) -> None:
+  """One optimizer step; the time limit is checked after it."""
+  batch = next(run.train_it)
+  loop.state, metrics = run.runner.train_step(loop.state, batch,
+                                              jax.random.fold_in(run.dropout_rng, loop.step))
+  loop.step += 1
+  loop.guard.push(loop.step, metrics)  # checks the step before: the host never waits on this one
+  loop.window.add(metrics)
+  if run.bar is not None:
+    run.bar.update(1)
+  if loop.step < run.config.num_train_steps and loop.clock.passed(loop.step, run.config.log_every):
+    loop.stopped_by = "time"
+
+
+def log(run: Setup, loop: LoopState, is_last: bool) -> None:
+  """A train row in metrics.jsonl every ``log_every`` steps and at the last step."""
+  if loop.step % run.config.log_every and not is_last:
+    return
+  m = loop.window.close()
+  run.writer.write(loop.step, "train", m)
+  if run.bar is not None:
+    run.bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['accuracy']:.3f}")
+
+
+def evaluate(run: Setup, loop: LoopState, is_last: bool) -> Optional[Dict[str, float]]:
+  """Evaluate every ``eval_every`` steps and at the last step; returns the metrics or None."""
+  every = run.config.eval_every
+  if not ((every and loop.step % every == 0) or is_last):
+    return None
+  if run.bar is not None:
+    run.bar.clear()
+  state = loop.state
+  metrics = run.evaluator(lambda batch: run.runner.eval_step(state, batch),
+                          lambda: run.runner.host_params(state))
+  if run.config.num_samples and run.evaluator.hypotheses:
+    run.say(f"  samples at step {loop.step}:")
+    pairs = list(zip(run.evaluator.examples, run.evaluator.hypotheses))[:run.config.num_samples]
+    for e, h in pairs:
+      mark = "ok " if " ".join(h.split()) == " ".join(e.reference.split()) else "   "
+      run.say(f"  {mark}src: {e.source}\n     ref: {e.reference}\n     hyp: {h}")
+  run.writer.write(loop.step, "eval", metrics)
+  run.say(f"eval at step {loop.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+  loop.window.restart_clock()
+  loop.final = metrics
   return metrics
+
+
+def checkpoint(run: Setup, loop: LoopState, is_last: bool, evaluated) -> None:
+  """Save every ``checkpoint_every`` steps, at the last step, on a stop, and at each evaluation
+  when ``best_metric`` is set; never a state that follows a non-finite step."""
+  config = run.config
+  due = (loop.stopped_by or is_last
+         or (config.checkpoint_every and loop.step % config.checkpoint_every == 0)
+         or (config.best_metric and evaluated is not None))
+  if not due:
+    return
+  loop.guard.check()
+  run.checkpointer.save(loop.step, run.runner.host_state(loop.state), run.train_it.get_state(),
+                        evaluated, {"pending": loop.window.packed(),
+                                    "train_seconds": loop.clock.trained_seconds()})
+
+
+def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, float]:
+  """Say how training ended; unless stopped by a signal, write params.msgpack and the plots."""
+  config, say = run.config, run.say
+  if loop.stopped_by == "signal":
+    run.writer.close()
+    say(f"txf: stopped by {preemption.signal_name} after step {loop.step}; checkpoint written to "
+        f"{run.checkpointer.step_dir(loop.step)}. Run the same command to resume.")
+    return loop.final
+  if loop.stopped_by == "time":
+    say(f"txf: time limit of {config.time_limit_minutes:g} min reached: training ended after step "
+        f"{loop.step} of {config.num_train_steps} (evaluated, checkpointed, params saved; raise "
+        f"time_limit_minutes and run again to go on)")
+  if loop.start >= config.num_train_steps:
+    say(f"the run in {run.workdir} is already complete ({config.num_train_steps} steps)")
+  params = run.runner.host_params(loop.state)  # every process: a mesh runner gathers shards
+  if run.is_main:
+    workdir_lib.save_params(run.workdir, params)
+    _write_plots(run.workdir, say)
+  run.writer.close()
+  return loop.final
 
 
 def _restore_target(runner, abstract_state):
@@ -163,198 +276,8 @@ def _restore_target(runner, abstract_state):
                                 abstract_state, shardings_of(abstract_state))
 
 
-def _out_of_time(deadline, done: int, log_every: int) -> bool:
-  """Whether the time limit has passed after step ``done``; all processes agree (checked at log
-  steps if several, like a signal)."""
-  if deadline is None:
-    return False
-  return _any_process(lambda: time.time() >= deadline, done, log_every)
-
-
-def _train_steps(config, runner, state, train_it, dropout_rng, start_step: int, pending: List,
-                 checkpointer: Checkpointer, writer: MetricWriter, bar, preemption: _Preemption,
-                 evaluate_at: Callable, deadline=None,
-                 trained_seconds: Callable[[], float] = lambda: 0.0) -> tuple:
-  """Steps ``start_step+1 .. num_train_steps`` with logging, evaluation and checkpoints.
-
-  ``pending``: metric rows of the current log window (restored on resume). ``deadline``: a
-  ``time.time()`` after which the step reached is treated as the last (None = no limit);
-  ``trained_seconds()``: the run's training time so far, saved with each checkpoint. Returns
-  ``(state, latest eval metrics, step it stopped at on a signal or None, step it ended at on the
-  time limit or None)``.
-  """
-  final, previous, last_log = {}, None, time.time()
-  nan_at = int(os.environ.get("TXF_INJECT_NAN_AT_STEP") or 0)  # test hook, see the module doc
-
-  def check(entry):  # entry: (1-based step, its metrics)
-    if entry is not None and config.nan_policy == "stop" and float(entry[1]["finite"]) == 0.0:
-      kept = checkpointer.latest_step()
-      raise NonFiniteLossError(
-          f"non-finite loss or gradient at step {entry[0]}: the run stopped; "
-          + (f"its last good checkpoint (step {kept}) is kept" if kept is not None else
-             "no checkpoint was written") +
-          "; lower the learning rate, check the data, or set nan_policy='skip' to skip such batches")
-
-  for step in range(start_step, config.num_train_steps):
-    done = step + 1
-    batch = next(train_it)
-    if done == nan_at:  # NaN parameters in, the good state back after (the step donates its input)
-      good = jax.tree_util.tree_map(jnp.copy, state)
-      state = state.replace(params=jax.tree_util.tree_map(lambda p: p * jnp.nan, state.params))
-    state, metrics = runner.train_step(state, batch, jax.random.fold_in(dropout_rng, step))
-    if done == nan_at:
-      state = state.replace(params=good.params, opt_state=good.opt_state)
-    check(previous)  # the step before: the host never waits on the current one
-    previous = (done, metrics)
-    pending.append(metrics)
-    if bar is not None:
-      bar.update(1)
-    timed_out = done < config.num_train_steps and _out_of_time(deadline, done, config.log_every)
-    is_last = done == config.num_train_steps or timed_out
-    if done % config.log_every == 0 or is_last:
-      rows = jax.device_get(pending)
-      m = _mean_metrics(rows)
-      now = time.time()
-      m["tokens_per_second"] = m.pop("tokens") / max(now - last_log, 1e-9)
-      m["skipped"] = float(sum(1.0 - r["finite"] for r in rows))
-      writer.write(done, "train", m)
-      if bar is not None:
-        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['accuracy']:.3f}")
-      pending, last_log = [], now
-    eval_metrics = None
-    if (config.eval_every and done % config.eval_every == 0) or is_last:
-      if bar is not None:
-        bar.clear()
-      eval_metrics = final = evaluate_at(state, done)
-      last_log = time.time()
-    stop = not is_last and preemption.requested(done, config.log_every)
-    if (stop or is_last or (config.checkpoint_every and done % config.checkpoint_every == 0)
-        or (config.best_metric and eval_metrics is not None)):
-      check(previous)  # never save a state that follows a non-finite step
-      checkpointer.save(done, runner.host_state(state), train_it.get_state(), eval_metrics,
-                        {"pending": _pack_rows(pending), "train_seconds": trained_seconds()})
-    if stop:
-      return state, final, done, None
-    if timed_out:
-      check(previous)
-      return state, final, None, done
-  check(previous)
-  return state, final, None, None
-
-
-def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> Dict[str, float]:
-  """Train ``config`` in ``workdir``; returns the final evaluation metrics.
-
-  Validates the config first; refuses a workdir that holds a different run (``fresh`` moves it
-  aside). Writes config.json, task.json, tokenizer/, metrics.jsonl, tensorboard/, params.msgpack.
-  """
-  config_lib.validate(config)
-  is_main = jax.process_index() == 0
-  say = print if is_main else (lambda *a, **k: None)
-  resumed = workdir_lib.prepare(workdir, config, fresh) if is_main else True
-
-  task = make_task(config, workdir)
-  config_lib.validate(config, {"max_input_len": task.max_input_len,
-                               "max_target_len": task.max_target_len})
-  model_cfg = model_config_from(config, task)
-  if is_main:
-    task.save(os.path.join(workdir, "tokenizer"))
-    workdir_lib.write_json(os.path.join(workdir, "task.json"), task.describe())
-
-  rng = jax.random.key(config.seed)
-  init_rng, dropout_rng = jax.random.split(rng)
-  example_batch = next(task.train_iterator(config.batch_size, config.seed))
-  schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
-  tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
-  new_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch), tx)
-  abstract_state = jax.eval_shape(new_state)  # shapes only: a resumed run never initialises
-  say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
-      f"data {config.data.source}, "
-      f"{config.num_train_steps} steps of {config.batch_size} on {jax.device_count()} "
-      f"{jax.devices()[0].platform} device(s) -> {workdir}")
-
-  runner = make_runner(
-      config,
-      lambda axis: make_train_step(model_cfg, tx, config.optimizer.label_smoothing, schedule, axis,
-                                   config.grad_accum_steps),
-      lambda axis: make_eval_step(model_cfg, config.optimizer.label_smoothing, axis))
-  train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(), jax.process_count())
-
-  checkpointer = Checkpointer(workdir, config)
-  start_step, pending = 0, []
-  restored = (checkpointer.restore_latest(_restore_target(runner, abstract_state))
-              if resumed and checkpointer.all_steps() else None)
-  if restored is not None:
-    state, start_step = restored.state, restored.step
-    train_it.set_state(restored.data_state)
-    pending = _unpack_rows(restored.loop_state.get("pending", []))
-    say(f"resumed from the checkpoint at step {start_step}")
-  else:
-    state = new_state()
-  state = runner.place_state(state)
-
-  writer = MetricWriter(workdir, enabled=is_main)
-  writer.truncate_after(start_step)
-  eval_batches = task.eval_batches(config.data.eval_split, config.batch_size,
-                                   config.eval_batches * config.batch_size or None)
-  examples = (task.examples(config.data.eval_split, config.decode_examples)
-              if config.decode_examples and model_cfg.family == "encoder_decoder" else [])
-
-  bar = None
-  if progress and is_main:
-    from tqdm import tqdm
-    bar = tqdm(total=config.num_train_steps, initial=start_step, dynamic_ncols=True, desc="train")
-  def evaluate_at(st, done):
-    metrics = run_eval(runner, st, task, config, model_cfg, eval_batches, examples, writer, done,
-                       is_main, say)
-    say(f"eval at step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    return metrics
-
-  final, stopped_at, timed_out_at = (restored.eval_metrics if restored else {}), None, None
-  limit = float(config.get("time_limit_minutes", 0.0))
-  used = float(restored.loop_state.get("train_seconds", 0.0)) if restored else 0.0
-  started = time.time()
-  trained_seconds = lambda: used + time.time() - started
-  deadline = started + 60.0 * limit - used if limit > 0 else None
-  spent = deadline is not None and used >= 60.0 * limit and start_step < config.num_train_steps
-  if spent:
-    say(f"txf: the run has already trained {used / 60:.1f} min, its whole time limit of {limit:g} "
-        f"min (step {start_step} of {config.num_train_steps}); raise time_limit_minutes to train on")
-  with _Preemption() as preemption:
-    try:
-      if not spent:
-        state, evaluated, stopped_at, timed_out_at = _train_steps(
-            config, runner, state, train_it, dropout_rng, start_step, pending, checkpointer, writer,
-            bar, preemption, evaluate_at, deadline, trained_seconds)
-        final = evaluated or final
-    finally:
-      checkpointer.close()  # waits for the save in flight: it holds a state checked to be finite
-      if bar is not None:
-        bar.close()
-  if stopped_at is not None:
-    writer.close()
-    say(f"txf: stopped by {preemption.signal_name} after step {stopped_at}; checkpoint written to "
-        f"{checkpointer.step_dir(stopped_at)}. Run the same command to resume.")
-    return final
-  if timed_out_at is not None:
-    say(f"txf: time limit of {limit:g} min reached: training ended after step {timed_out_at} of "
-        f"{config.num_train_steps} (evaluated, checkpointed, params saved; raise "
-        f"time_limit_minutes and run again to go on)")
-  if start_step >= config.num_train_steps:
-    say(f"the run in {workdir} is already complete ({config.num_train_steps} steps)")
-  params = runner.host_params(state)  # every process: a mesh runner gathers shards collectively
-  if is_main:
-    workdir_lib.save_params(workdir, params)
-    _write_plots(workdir, say)
-  writer.close()
-  return final
-
-
 def _write_plots(workdir: str, say) -> None:
-  try:
-    from txf import viz
-  except ImportError:
-    return
+  from txf import viz  # deferred: matplotlib takes a second to import
   try:
     paths = viz.write_run_plots(workdir)
     say("plots: " + ", ".join(paths))

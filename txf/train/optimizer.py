@@ -4,6 +4,7 @@ cooldown to zero over the run's last ``optimizer.cooldown_steps`` steps."""
 
 import jax.numpy as jnp
 import optax
+from txf.config import ConfigError
 
 
 def inverse_sqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
@@ -67,11 +68,11 @@ def make_schedule(opt_cfg, d_model: int, total_steps: int = 0) -> optax.Schedule
   elif kind == "constant":
     schedule = constant_schedule(opt_cfg.learning_rate, opt_cfg.warmup_steps)
   else:
-    raise ValueError(f"optimizer.schedule={kind!r} is not one of ('inverse_sqrt', 'constant')")
+    raise ConfigError(f"optimizer.schedule={kind!r} is not one of ('inverse_sqrt', 'constant')")
   cooldown = int(opt_cfg.get("cooldown_steps", 0))
   if cooldown > 0:
     if total_steps <= 0:
-      raise ValueError("optimizer.cooldown_steps > 0 needs the run's length: pass total_steps")
+      raise ConfigError("optimizer.cooldown_steps > 0 needs the run's length: pass total_steps")
     schedule = with_cooldown(schedule, total_steps, cooldown)
   return schedule
 

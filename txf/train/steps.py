@@ -1,11 +1,12 @@
-"""Pure train and eval steps, written once and wrapped by jit, pmap or a device mesh.
+"""Pure train steps, written once and wrapped by jit, pmap or a device mesh.
 
 ``train_step(state, batch, rng) -> (state, metrics)``. With ``axis_name`` set (pmap / shard_map),
 loss sums, token counts and gradients are summed over that axis before normalising, so the update
-equals the single-device update on the whole batch.
+equals the single-device update on the whole batch. The loss is a ``txf.models.LossFn`` (default:
+label-smoothed cross-entropy) and the model comes from a ``txf.models.ModelBuilder`` (default:
+``txf.models.build_model``), so a researcher's own loss or model trains in the same loop.
 """
 
-import dataclasses
 from typing import Any, Callable, Dict, Optional
 
 import flax
@@ -13,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from txf import ops
-from txf.models import build_model, forward
+from txf.inference.evaluate import make_eval_step  # noqa: F401  (the eval step, for callers of both)
+from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
 from txf.nn import TransformerConfig
 
 
@@ -30,27 +31,24 @@ def create_train_state(params, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def _loss_terms(model, params, batch, rng, label_smoothing):
-  logits, targets, weights = forward(model, params, batch, rng)
-  loss_sum, count = ops.label_smoothed_cross_entropy(logits, targets, weights, label_smoothing)
-  nll_sum, _ = ops.label_smoothed_cross_entropy(logits, targets, weights, 0.0)
-  correct, _ = ops.token_accuracy(logits, targets, weights)
-  return loss_sum, {"count": count, "nll_sum": nll_sum, "correct": correct}
-
-
 def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformation,
-                    label_smoothing: float, schedule: Optional[Callable] = None,
-                    axis_name: Optional[str] = None, grad_accum_steps: int = 1) -> Callable:
+                    label_smoothing: float = 0.0, schedule: Optional[Callable] = None,
+                    axis_name: Optional[str] = None, grad_accum_steps: int = 1, *,
+                    loss_fn: Optional[LossFn] = None,
+                    build: Optional[ModelBuilder] = None) -> Callable:
   """Returns the pure ``train_step(state, batch, rng) -> (state, metrics)``.
 
-  loss = sum_t w_t * LS-CE_t / sum_t w_t (mean over real tokens); gradients likewise normalised.
-  A non-finite loss or gradient leaves the state unchanged and reports ``finite = 0``; the loop
-  decides whether to stop or carry on (``nan_policy``).
+  loss = loss_sum / sum_t w_t (default: sum_t w_t * LS-CE_t, the mean over real tokens); the
+  gradients are normalised likewise. ``loss_fn`` replaces the default loss (then
+  ``label_smoothing`` is unused); ``build`` replaces ``build_model``. A non-finite loss or
+  gradient leaves the state unchanged and reports ``finite = 0``; the loop decides whether to
+  stop or carry on (``nan_policy``).
   """
-  model = build_model(model_cfg)
+  model = (build or build_model)(model_cfg)
+  loss = loss_fn or cross_entropy_loss(label_smoothing)
 
   def grads_and_terms(params, batch, rng):
-    grad_fn = jax.value_and_grad(lambda p, b, r: _loss_terms(model, p, b, r, label_smoothing), has_aux=True)
+    grad_fn = jax.value_and_grad(lambda p, b, r: loss(model, p, b, r), has_aux=True)
     if grad_accum_steps == 1:
       (loss_sum, terms), grads = grad_fn(params, batch, rng)
       return loss_sum, terms, grads
@@ -78,40 +76,16 @@ def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformati
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = optax.tree.norm(grads)
-    loss = loss_sum / count
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    mean_loss = loss_sum / count
+    finite = jnp.isfinite(mean_loss) & jnp.isfinite(grad_norm)
     keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
     new_state = TrainState(step=state.step + 1, params=keep(params, state.params),
                            opt_state=keep(opt_state, state.opt_state))
-    metrics = {"loss": loss, "nll": terms["nll_sum"] / count, "accuracy": terms["correct"] / count,
-               "tokens": terms["count"], "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
+    metrics = {"loss": mean_loss, "nll": terms["nll_sum"] / count,
+               "accuracy": terms["correct"] / count, "tokens": terms["count"],
+               "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
     if schedule is not None:
       metrics["learning_rate"] = schedule(state.step)
     return new_state, metrics
 
   return train_step
-
-
-def make_eval_step(model_cfg: TransformerConfig, label_smoothing: float,
-                   axis_name: Optional[str] = None) -> Callable:
-  """``eval_step(params, batch) -> metric sums`` (deterministic model; sums, so batches add up)."""
-  model = build_model(model_cfg, deterministic=True)
-
-  def eval_step(params, batch):
-    loss_sum, terms = _loss_terms(model, params, batch, None, label_smoothing)
-    sums = {"loss_sum": loss_sum, "nll_sum": terms["nll_sum"], "correct": terms["correct"],
-            "count": terms["count"]}
-    if axis_name is not None:
-      sums = jax.lax.psum(sums, axis_name)
-    return sums
-
-  return eval_step
-
-
-def model_config_from(config, task) -> TransformerConfig:
-  """The model's frozen config: ``config.model`` fields plus the sizes the data decides."""
-  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-  kwargs = {k: v for k, v in config.model.items() if k in fields}
-  kwargs.update(vocab_size=task.vocab_size, target_vocab_size=task.target_vocab_size,
-                num_classes=task.num_classes or 2)
-  return TransformerConfig(**kwargs)

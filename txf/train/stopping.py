@@ -1,0 +1,133 @@
+"""When training stops early: signals (SIGTERM/SIGINT), the time limit, and non-finite losses.
+
+Signals: the first SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
+(``txf train`` exits 0); a second one exits at once with status 128 + signal number.
+
+Time limit: ``config.time_limit_minutes > 0`` ends training once the run has trained that long in
+all (compilation and in-loop evaluations included), counted across restarts: each checkpoint
+records the training seconds behind it, so a resumed run gets what is left of its budget.
+
+Agreement: with several processes, a stop is decided by all of them at once (``any_process``:
+one allgather at each log step), so every process leaves the loop after the same step.
+
+Non-finite losses: ``train_step`` leaves the state unchanged on such a step; with
+``nan_policy='stop'`` the ``NonFiniteGuard`` raises NonFiniteLossError naming the step before any
+later state is saved, with ``'skip'`` training carries on (the ``skipped`` metric counts them).
+"""
+
+import os
+import signal
+import threading
+import time
+from typing import Callable, Optional, Tuple
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from txf.errors import TxfError
+
+
+class NonFiniteLossError(TxfError, RuntimeError):
+  """A NaN or Inf loss with nan_policy='stop'."""
+
+
+def any_process(flag: Callable[[], bool], done: int, log_every: int) -> bool:
+  """``flag()`` of this process alone, or with several processes, whether any process's flag is
+  set; they compare only at log steps (one allgather per ``log_every`` steps), so all agree."""
+  if jax.process_count() == 1:
+    return flag()
+  if done % log_every:
+    return False
+  return bool(np.max(multihost_utils.process_allgather(np.int32(flag()))))
+
+
+class Preemption:
+  """SIGTERM/SIGINT handling while training (main thread only; elsewhere a no-op).
+
+  The first signal sets ``signum``: the loop finishes its step, checkpoints and stops. A second
+  signal exits the process at once with status 128 + signum (no checkpoint; a save in flight is
+  left incomplete, which orbax never mistakes for a checkpoint).
+  """
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.signum, self._previous = None, {}
+
+  @property
+  def signal_name(self) -> str:
+    return signal.Signals(self.signum).name if self.signum else ""
+
+  def _handle(self, signum, frame):
+    if self.signum is not None:
+      os.write(2, f"\ntxf: second {signal.Signals(signum).name}: exiting now\n".encode())
+      os._exit(128 + signum)
+    self.signum = signum
+    os.write(2, f"\ntxf: {signal.Signals(signum).name} received: finishing this step and writing "
+                f"a checkpoint (send it again to exit at once)\n".encode())
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for s in self.SIGNALS:
+        self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    return False
+
+  def requested(self, done: int, log_every: int) -> bool:
+    """Whether to stop after step ``done``; all processes agree (checked at log steps if several)."""
+    return any_process(lambda: self.signum is not None, done, log_every)
+
+
+class TimeLimit:
+  """The run's training-time budget: ``minutes`` (<= 0: none), of which ``used`` seconds were
+  spent before this process started (restored from the checkpoint)."""
+
+  def __init__(self, minutes: float, used: float = 0.0):
+    self.minutes, self.used, self.started = float(minutes), float(used), time.time()
+    self.deadline = self.started + 60.0 * self.minutes - self.used if self.minutes > 0 else None
+
+  def trained_seconds(self) -> float:
+    """The run's training time so far (saved with each checkpoint)."""
+    return self.used + time.time() - self.started
+
+  def spent(self) -> bool:
+    """Whether the whole budget was used before this process started."""
+    return self.deadline is not None and self.used >= 60.0 * self.minutes
+
+  def passed(self, done: int, log_every: int) -> bool:
+    """Whether the limit has passed after step ``done``; all processes agree (like a signal)."""
+    if self.deadline is None:
+      return False
+    return any_process(lambda: time.time() >= self.deadline, done, log_every)
+
+
+class NonFiniteGuard:
+  """Checks each step's ``finite`` metric one step late (the host never waits on the current step).
+
+  ``push(step, metrics)`` checks the step before and remembers this one; ``check()`` checks the
+  remembered one now (before a checkpoint is saved and when training ends). With
+  ``policy='stop'`` a non-finite step raises NonFiniteLossError; ``latest_kept()`` names the last
+  good checkpoint in the message.
+  """
+
+  def __init__(self, policy: str, latest_kept: Callable[[], Optional[int]]):
+    self.policy, self.latest_kept = policy, latest_kept
+    self.previous: Optional[Tuple[int, dict]] = None
+
+  def push(self, step: int, metrics) -> None:
+    self.check()
+    self.previous = (step, metrics)
+
+  def check(self) -> None:
+    if self.previous is None or self.policy != "stop" or float(self.previous[1]["finite"]) != 0.0:
+      return
+    kept = self.latest_kept()
+    raise NonFiniteLossError(
+        f"non-finite loss or gradient at step {self.previous[0]}: the run stopped; "
+        + (f"its last good checkpoint (step {kept}) is kept" if kept is not None else
+           "no checkpoint was written") +
+        "; lower the learning rate, check the data, or set nan_policy='skip' to skip such batches")
