@@ -24,6 +24,7 @@ from txf import workdir as workdir_lib
 from txf.checkpoint import Checkpointer, CheckpointFallbackWarning, average_checkpoints
 from txf.config import base_config
 from txf.train.steps import TrainState, create_train_state
+from tests import faults
 
 
 def _state(offset: float, step: int) -> TrainState:
@@ -109,7 +110,7 @@ def test_keep_without_best_metric_keeps_last_n(tmp_path):
 
 def test_save_is_asynchronous(tmp_path, monkeypatch):
   """save() returns while the write is still going on; wait() finishes it."""
-  monkeypatch.setenv("TXF_TEST_SAVE_DELAY_S", "1.0")
+  faults.slow_saves(monkeypatch, 1.0)
   ck = Checkpointer(str(tmp_path), _config())
   ck.save(10, _state(1.0, 10), {"next_index": 10})
   names = os.listdir(tmp_path / "checkpoints")
@@ -280,11 +281,11 @@ def _wait_for(condition, timeout=5.0):
 @pytest.mark.parametrize("first, second", [(signal.SIGTERM, signal.SIGINT),
                                            (signal.SIGINT, signal.SIGINT)])
 def test_first_signal_requests_a_stop_second_exits_at_once(monkeypatch, first, second):
-  from txf.train.loop import _Preemption
+  from txf.train.stopping import Preemption
   before = signal.getsignal(first)
   exits = []
   monkeypatch.setattr(os, "_exit", exits.append)
-  with _Preemption() as preemption:
+  with Preemption() as preemption:
     assert not preemption.requested(1, 10)
     os.kill(os.getpid(), first)
     assert _wait_for(lambda: preemption.signum == first)

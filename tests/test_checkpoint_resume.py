@@ -1,4 +1,5 @@
-"""A killed job loses nothing: ``txf train`` subprocesses stopped by SIGTERM, killed with SIGKILL
+"""A killed job loses nothing: ``txf train`` subprocesses (run through tests/faults.py, which injects
+the NaN and the slow save from outside txf) stopped by SIGTERM, killed with SIGKILL
 mid-training and mid-save, broken by an injected NaN, resumed, extended, and compared with one
 uninterrupted run, step for step (metrics.jsonl without timing fields) and bit for bit (params).
 
@@ -42,8 +43,8 @@ def _env(**extra):
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  env.pop("TXF_TEST_SAVE_DELAY_S", None)
-  env.pop("TXF_INJECT_NAN_AT_STEP", None)
+  env.pop("FAULT_SAVE_DELAY_S", None)
+  env.pop("FAULT_NAN_AT_STEP", None)
   env.update(extra)
   return env
 
@@ -58,7 +59,7 @@ class Run:
     self.err_path = f"{self.workdir}.{n}.err"
     with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
       self.proc = subprocess.Popen(
-          [sys.executable, "-m", "txf.cli", "train", *ARGS, f"--config.num_train_steps={steps}",
+          [sys.executable, "-m", "tests.faults", "train", *ARGS, f"--config.num_train_steps={steps}",
            "--workdir", self.workdir, *extra], stdout=out, stderr=err, env=env or _env(), cwd=ROOT)
 
   @property
@@ -162,7 +163,7 @@ def test_stopped_and_killed_run_resumes_exactly(reference, tmp_path):
   next_save = (stopped // 20 + 1) * 20
 
   # 2. SIGKILL while the next checkpoint is being written (the save is slowed down).
-  run = Run(workdir, env=_env(TXF_TEST_SAVE_DELAY_S="60"))
+  run = Run(workdir, env=_env(FAULT_SAVE_DELAY_S="60"))
   run.until(lambda: f"{next_save}: slow save started" in run.err, f"the save at {next_save}")
   run.proc.kill()
   run.wait()
@@ -196,7 +197,7 @@ def test_corrupt_latest_falls_back_and_extended_run_skips_a_nan(reference, tmp_p
   for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "80", "state")):
     for name in files:
       open(os.path.join(root, name), "wb").close()  # truncate
-  run = Run(workdir, "--config.nan_policy=skip", env=_env(TXF_INJECT_NAN_AT_STEP="95"),
+  run = Run(workdir, "--config.nan_policy=skip", env=_env(FAULT_NAN_AT_STEP="95"),
             steps=STEPS + 20).finish()
   assert "the checkpoint at step 80 is unreadable" in run.err
   assert "resumed from the checkpoint at step 60" in run.out
@@ -231,7 +232,7 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(reference, tmp_pat
   the step; nothing is saved after it, checkpoint 80 is untouched."""
   workdir = str(tmp_path / "run")
   shutil.copytree(reference, workdir)
-  run = Run(workdir, env=_env(TXF_INJECT_NAN_AT_STEP="90"), steps=STEPS + 20)
+  run = Run(workdir, env=_env(FAULT_NAN_AT_STEP="90"), steps=STEPS + 20)
   assert run.wait() == 2, run.err[-3000:]
   errors = [line for line in run.err.splitlines() if line.startswith("txf: error:")]
   assert len(errors) == 1 and "non-finite loss or gradient at step 90" in errors[0], run.err[-2000:]

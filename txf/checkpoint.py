@@ -30,13 +30,8 @@ the previous one is tried; one that reads but does not fit the target is an erro
 
 ``average_checkpoints(workdir, n)`` (``txf average-checkpoints``) writes the mean parameters of
 the last n checkpoints to ``<workdir>/params_avg<n>.msgpack``.
-
-Test hook: ``TXF_TEST_SAVE_DELAY_S=<seconds>`` makes every save wait that long inside orbax's
-background write (after writing ``<step>: slow save started`` to stderr), so a test can kill
-the process in the middle of a save.
 """
 
-import asyncio
 import json
 import os
 import time
@@ -46,6 +41,10 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from txf import workdir as workdir_lib
+from txf.errors import TxfError
 
 FORMAT_VERSION = 1
 STATE, META = "state", "meta"
@@ -65,17 +64,8 @@ class Restored(NamedTuple):
   eval_metrics: Dict[str, float]
 
 
-class _SlowJsonHandler(ocp.handlers.JsonCheckpointHandler):
-  """Test-only: the ``meta`` item's background write sleeps first (TXF_TEST_SAVE_DELAY_S)."""
-
-  def __init__(self, delay_s: float):
-    super().__init__()
-    self._delay_s = delay_s
-
-  async def _save_fn(self, x, directory):
-    os.write(2, f"{x.get('step')}: slow save started\n".encode())
-    await asyncio.sleep(self._delay_s)
-    await super()._save_fn(x, directory)
+class CheckpointError(TxfError, ValueError):
+  """A checkpoint that does not fit this run, or a checkpoint asked for that is not there."""
 
 
 def _abstract(leaf):
@@ -92,7 +82,6 @@ def _gather_json(obj: Any) -> List[Any]:
   """``[obj of process 0, obj of process 1, ...]`` (every process calls this)."""
   if jax.process_count() == 1:
     return [obj]
-  from jax.experimental import multihost_utils
   data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
   sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
   buf = np.zeros(int(sizes.max()), np.uint8)
@@ -129,8 +118,7 @@ class Checkpointer:
     registry.add(STATE, ocp.args.StandardSave)
     registry.add(STATE, ocp.args.StandardRestore)
     registry.add(STATE, ocp.args.PyTreeRestore)
-    delay = float(os.environ.get("TXF_TEST_SAVE_DELAY_S", "0") or 0)
-    meta_handler = _SlowJsonHandler(delay) if delay > 0 else ocp.handlers.JsonCheckpointHandler()
+    meta_handler = ocp.handlers.JsonCheckpointHandler()
     registry.add(META, ocp.args.JsonSave, meta_handler)
     registry.add(META, ocp.args.JsonRestore, meta_handler)
     options = ocp.CheckpointManagerOptions(
@@ -140,7 +128,7 @@ class Checkpointer:
         cleanup_tmp_directories=not self.read_only, read_only=self.read_only,
         enable_async_checkpointing=async_save, save_interval_steps=0 if self.read_only else 1)
     if self.read_only and not os.path.isdir(self.directory):
-      raise FileNotFoundError(f"no checkpoints in {self.directory}: train a run there first")
+      raise CheckpointError(f"no checkpoints in {self.directory}: train a run there first")
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           handler_registry=registry)
 
@@ -222,7 +210,7 @@ class Checkpointer:
     An unreadable checkpoint (truncated or missing files) is moved aside to
     ``<workdir>/checkpoints-unreadable/`` with a CheckpointFallbackWarning, and the previous
     one is tried. A readable checkpoint that does not fit ``target`` (other shapes, or
-    shardings that do not divide them) raises ValueError and is left where it is.
+    shardings that do not divide them) raises CheckpointError and is left where it is.
     """
     for step in reversed(self.all_steps()):
       try:
@@ -230,7 +218,7 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         if self._readable(step):
-          raise ValueError(f"the checkpoint at step {step} in {self.directory} is readable but does "
+          raise CheckpointError(f"the checkpoint at step {step} in {self.directory} is readable but does "
                            f"not fit this run's state ({reason})") from e
         aside = self._move_aside(step)
         warnings.warn(CheckpointFallbackWarning(
@@ -268,7 +256,7 @@ class Checkpointer:
       return states[jax.process_index()]
     if all(s == states[0] for s in states):
       return states[0]
-    raise ValueError(f"the checkpoint holds the data positions of {len(states)} processes, and "
+    raise CheckpointError(f"the checkpoint holds the data positions of {len(states)} processes, and "
                      f"this run has {jax.process_count()}: resume with {len(states)} processes")
 
   def _move_aside(self, step: int) -> str:
@@ -278,7 +266,6 @@ class Checkpointer:
       os.makedirs(os.path.dirname(aside), exist_ok=True)
       os.replace(self.step_dir(step), aside)
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices(f"txf_checkpoint_move_aside_{step}")
     self._manager.reload()
     return aside
@@ -290,17 +277,16 @@ def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
   'best': among the saved steps, the one whose evaluation in ``metrics.jsonl`` is best by the
   run's ``best_metric`` / ``best_mode`` (config.json).
   """
-  from txf import workdir as workdir_lib
   steps = checkpointer.all_steps()
   if not steps:
-    raise ValueError(f"{checkpointer.directory} holds no checkpoint")
+    raise CheckpointError(f"{checkpointer.directory} holds no checkpoint")
   if which == "latest":
     return steps[-1]
   if which == "best":
     config = workdir_lib.load_config(checkpointer.workdir)
-    name, mode = config.get("best_metric", ""), config.get("best_mode", "max")
+    name, mode = config.best_metric, config.best_mode
     if not name:
-      raise ValueError(f"{checkpointer.workdir} was trained without best_metric, so no best "
+      raise CheckpointError(f"{checkpointer.workdir} was trained without best_metric, so no best "
                        f"checkpoint was kept: pass --step=latest or one of {steps}")
     scores = {}
     with open(os.path.join(checkpointer.workdir, "metrics.jsonl")) as f:
@@ -309,12 +295,12 @@ def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
         if row.get("split") == "eval" and row.get("step") in steps and name in row:
           scores[row["step"]] = float(row[name])
     if not scores:
-      raise ValueError(f"no evaluation of '{name}' in {checkpointer.workdir}/metrics.jsonl matches "
+      raise CheckpointError(f"no evaluation of '{name}' in {checkpointer.workdir}/metrics.jsonl matches "
                        f"a saved step {steps}: pass --step=latest or a step")
     sign = -1.0 if mode == "max" else 1.0  # ties: the earliest step
     return min(scores, key=lambda k: (sign * scores[k], k))
   if not str(which).isdigit() or int(which) not in steps:
-    raise ValueError(f"--step={which!r}: use 'best', 'latest' or one of the saved steps {steps}")
+    raise CheckpointError(f"--step={which!r}: use 'best', 'latest' or one of the saved steps {steps}")
   return int(which)
 
 
@@ -325,9 +311,8 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
   Means are taken in float64 and cast back to each leaf's dtype. ``step`` ('best', 'latest' or a
   step number) exports that one checkpoint's params instead (default name params_<step>.msgpack).
   """
-  from txf import workdir as workdir_lib
   if last < 1:
-    raise ValueError(f"--last={last} must be at least 1")
+    raise CheckpointError(f"--last={last} must be at least 1")
   checkpointer = Checkpointer(workdir)  # read-only
   try:
     if step:
@@ -337,7 +322,7 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
       return path, [chosen]
     steps = checkpointer.all_steps()
     if len(steps) < last:
-      raise ValueError(f"{checkpointer.directory} holds {len(steps)} checkpoint(s) {steps}, fewer "
+      raise CheckpointError(f"{checkpointer.directory} holds {len(steps)} checkpoint(s) {steps}, fewer "
                        f"than --last={last}: use --last={len(steps)}, or train with "
                        f"--config.keep_checkpoints={last} (or more) to keep enough")
     steps = steps[-last:]
