@@ -20,6 +20,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from txf.bench import train as train_bench
+from txf.config import ConfigError
 
 
 def uptime() -> str:
@@ -146,7 +147,7 @@ def run_and_report(configs: Sequence[str], output: Optional[str], steps: int,
   """Run, print the report, write JSON to ``output`` (if given); returns the results."""
   unknown = [c for c in configs if c not in train_bench.BENCH_CONFIGS]
   if unknown:
-    raise ValueError(f"unknown bench config(s) {unknown}; choose from {sorted(train_bench.BENCH_CONFIGS)}")
+    raise ConfigError(f"unknown bench config(s) {unknown}; choose from {sorted(train_bench.BENCH_CONFIGS)}")
   results = run_benchmarks(configs, steps, dtypes, attention_impls, decode, decode_batch,
                            decode_length, beam_size)
   print()

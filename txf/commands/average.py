@@ -12,6 +12,10 @@ import os
 
 from absl import flags
 
+from txf.checkpoint import average_checkpoints
+from txf.errors import TxfError
+from txf.parallel import distributed
+
 flags.DEFINE_string("workdir", None, "run directory holding checkpoints/", required=True)
 flags.DEFINE_integer("last", 5, "average the parameters of this many most recent checkpoints")
 flags.DEFINE_string("output", None, "output file name (relative to --workdir, or absolute); "
@@ -22,13 +26,11 @@ flags.DEFINE_string("step", None, "export one checkpoint instead of averaging: b
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}")
-  from txf.parallel import distributed
+    raise TxfError(f"unexpected arguments {argv[1:]}")
   distributed.maybe_initialize()
   f = flags.FLAGS
   if not os.path.isdir(f.workdir):
-    raise FileNotFoundError(f"no run directory {f.workdir}")
-  from txf.checkpoint import average_checkpoints
+    raise TxfError(f"no run directory {f.workdir}")
   path, steps = average_checkpoints(f.workdir, f.last, f.output, f.step)
   shown = f.output or os.path.basename(path)
   what = "exported the parameters of the checkpoint at step" if f.step else \

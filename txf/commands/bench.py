@@ -7,6 +7,9 @@ as JSON. The work is in txf/bench/run.py; figures and how to read them are in BE
 
 from absl import flags
 
+from txf.bench.run import run_and_report
+from txf.errors import TxfError
+
 flags.DEFINE_list("configs", ["small", "base"], "bench configs to run (txf/bench/train.py BENCH_CONFIGS)")
 flags.DEFINE_string("output", "runs/bench.json", "JSON results file ('' = do not write)")
 flags.DEFINE_integer("steps", 5, "timed train steps per row (after 2 warm-up steps)")
@@ -20,10 +23,9 @@ flags.DEFINE_integer("beam", 4, "beam size of the beam-search row")
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}: see txf bench --help")
-  from txf.bench.run import run_and_report
+    raise TxfError(f"unexpected arguments {argv[1:]}: see txf bench --help")
   f = flags.FLAGS
   if f.steps < 1:
-    raise ValueError(f"--steps={f.steps} must be >= 1")
+    raise TxfError(f"--steps={f.steps} must be >= 1")
   run_and_report(f.configs, f.output or None, f.steps, f.dtypes, f.attention_impls, f.decode,
                  f.decode_batch, f.decode_length, f.beam)

@@ -7,23 +7,20 @@ import traceback
 
 from absl import flags
 
+from txf.errors import TxfError
+
 flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user errors")
 
 
 def guarded(fn):
-  """Run a command's main; user-fixable errors become one message on stderr and exit status 2."""
+  """Run a command's main; a ``txf.errors.TxfError`` (bad input) becomes one ``txf: error:`` line
+  on stderr and exit status 2. Every other exception is a bug and keeps its traceback."""
 
   @functools.wraps(fn)
   def wrapper(argv):
-    from txf.config import ConfigError
-    from txf.workdir import RunConflictError
-    user_errors = (ConfigError, RunConflictError, FileNotFoundError, NotADirectoryError, ValueError)
     try:
       return fn(argv)
-    except Exception as e:  # pylint: disable=broad-except
-      loop = sys.modules.get("txf.train.loop")  # NonFiniteLossError, if training ran at all
-      if not isinstance(e, user_errors + ((loop.NonFiniteLossError,) if loop else ())):
-        raise
+    except TxfError as e:
       if flags.FLAGS.verbose_errors:
         traceback.print_exc()
       print(f"txf: error: {e}", file=sys.stderr)

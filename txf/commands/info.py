@@ -3,12 +3,15 @@
 One ``key: value`` line each; useful in bug reports and to check that tcmalloc is in use.
 """
 
+import jax
+
+from txf.bench.train import machine_info
+from txf.errors import TxfError
+
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}")
-  import jax
-  from txf.bench.train import machine_info
+    raise TxfError(f"unexpected arguments {argv[1:]}")
   info = machine_info()
   info["devices"] = ", ".join(str(d) for d in jax.devices())
   info["process"] = f"{jax.process_index()} of {jax.process_count()}"

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from txf.config import ConfigError
 from txf.data.base import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Batch, CheckpointableIterator, Example,
                            Task, pad_batch)
 
@@ -131,11 +132,11 @@ class SyntheticTask(Task):
   def __init__(self, kind: str, family: str = "encoder_decoder", min_len: int = 4, max_len: int = 12,
                num_symbols: int = 16, max_input_len: int = 32, max_target_len: int = 32):
     if kind not in self.KINDS:
-      raise ValueError(f"unknown synthetic task {kind!r}; choose one of {self.KINDS}")
+      raise ConfigError(f"unknown synthetic task {kind!r}; choose one of {self.KINDS}")
     if family not in ("encoder_decoder", "decoder_lm"):
-      raise ValueError(f"synthetic:{kind} feeds encoder_decoder or decoder_lm models, not {family!r}")
+      raise ConfigError(f"synthetic:{kind} feeds encoder_decoder or decoder_lm models, not {family!r}")
     if not 1 <= min_len <= max_len:
-      raise ValueError(f"data.synthetic_min_len={min_len} and data.synthetic_max_len={max_len} need 1 <= min <= max")
+      raise ConfigError(f"data.synthetic_min_len={min_len} and data.synthetic_max_len={max_len} need 1 <= min <= max")
     self.kind, self.family = kind, family
     self.min_len, self.max_len = min_len, max_len
     if kind == "translate":
@@ -147,7 +148,7 @@ class SyntheticTask(Task):
     self.max_input_len = max_input_len if family == "encoder_decoder" else 0
     self.max_target_len = max_target_len
     if longest > max_target_len or (family == "encoder_decoder" and longest > max_input_len):
-      raise ValueError(f"synthetic:{kind} makes sequences of up to {longest} tokens (with EOS) but "
+      raise ConfigError(f"synthetic:{kind} makes sequences of up to {longest} tokens (with EOS) but "
                        f"data.max_input_len={max_input_len}, data.max_target_len={max_target_len}: raise them")
 
   # -- examples ---------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ class SyntheticTask(Task):
   def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
                      process_count: int = 1) -> CheckpointableIterator:
     if batch_size % process_count:
-      raise ValueError(f"batch_size={batch_size} is not divisible by the {process_count} processes")
+      raise ConfigError(f"batch_size={batch_size} is not divisible by the {process_count} processes")
     self.seed = seed
     local = batch_size // process_count
     return _StepIterator(lambda n: self._batch("train", n * batch_size + process_index * local, local))

@@ -26,6 +26,7 @@ Options (all processes must agree):
 
 import os
 from typing import Any, Dict, Mapping, Optional
+from txf.config import ConfigError
 
 
 def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, Any]]:
@@ -40,7 +41,7 @@ def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, 
   if env.get("TXF_COORDINATOR"):
     missing = [k for k in ("TXF_NUM_PROCESSES", "TXF_PROCESS_ID") if not env.get(k)]
     if missing:
-      raise ValueError(f"TXF_COORDINATOR={env['TXF_COORDINATOR']} is set but {', '.join(missing)} "
+      raise ConfigError(f"TXF_COORDINATOR={env['TXF_COORDINATOR']} is set but {', '.join(missing)} "
                        f"is not: set all three (launch/local.py does)")
     args.update(coordinator_address=env["TXF_COORDINATOR"],
                 num_processes=int(env["TXF_NUM_PROCESSES"]), process_id=int(env["TXF_PROCESS_ID"]))

@@ -14,6 +14,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from txf.parallel import sharding as sharding_lib
+from txf.config import ConfigError
 
 
 class MeshRunner:
@@ -98,7 +99,7 @@ class MeshRunner:
     axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
     ways = int(np.prod([self.axis_sizes[a] for a in axes]))
     if global_shape[0] % ways:
-      raise ValueError(f"parallelism='mesh': a batch of {global_shape[0]} rows cannot be split over "
+      raise ConfigError(f"parallelism='mesh': a batch of {global_shape[0]} rows cannot be split over "
                        f"{ways} batch shards (mesh {self.axis_sizes}, batch over "
                        f"{self.batch_sharding.spec}); make batch_size a multiple of {ways}")
     if local_rows is not None:
@@ -107,7 +108,7 @@ class MeshRunner:
               for idx in index_map.values()}
       needed = sum(stop - start for start, stop in rows)
       if needed != local_rows:
-        raise ValueError(
+        raise ConfigError(
             f"parallelism='mesh': this process's devices hold {needed} rows of the global batch but the "
             f"data gives it {local_rows} (batch_size / process_count); the batch axes (data x fsdp = "
             f"{ways}) must be a multiple of the process count {jax.process_count()} and the tensor "

@@ -10,6 +10,7 @@ from typing import Callable
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from txf.config import ConfigError
 
 
 class PmapRunner:
@@ -44,7 +45,7 @@ class PmapRunner:
     def one(x):
       x = np.asarray(x)
       if x.shape[0] % self.num_local:
-        raise ValueError(
+        raise ConfigError(
             f"parallelism='pmap': the {what} has {x.shape[0]} rows on this process, not divisible by "
             f"its {self.num_local} devices; make batch_size a multiple of "
             f"{self.num_local * jax.process_count()} (devices x processes)")
@@ -57,7 +58,7 @@ class PmapRunner:
     def one(x):
       x = np.asarray(x)
       if x.shape[0] % count:
-        raise ValueError(f"parallelism='pmap': an eval batch of {x.shape[0]} rows cannot be split "
+        raise ConfigError(f"parallelism='pmap': an eval batch of {x.shape[0]} rows cannot be split "
                          f"over {count} processes; make batch_size a multiple of {count}")
       rows = x.shape[0] // count
       return x[index * rows:(index + 1) * rows]

@@ -21,6 +21,7 @@ import jax
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
 from txf.parallel.pmap_runner import PmapRunner
+from txf.config import ConfigError
 
 
 class SingleDeviceRunner:
@@ -62,7 +63,7 @@ def make_runner(config, make_train_step: Callable, make_eval_step: Callable):
   processes, accum = jax.process_count(), config.get("grad_accum_steps", 1)
   if kind == "single":
     if processes > 1:
-      raise ValueError(f"parallelism='single' uses one device, but this is one of {processes} "
+      raise ConfigError(f"parallelism='single' uses one device, but this is one of {processes} "
                        f"processes: set parallelism='pmap' or 'mesh'")
     return SingleDeviceRunner(make_train_step(None), make_eval_step(None))
   if kind == "pmap":
@@ -82,13 +83,13 @@ def make_runner(config, make_train_step: Callable, make_eval_step: Callable):
     _check_batch(config.batch_size, max(shards, processes), accum,
                  f"mesh {dict(mesh.shape)}: batch over {axes or 'nothing'}, {processes} process(es)")
     return MeshRunner(make_train_step(None), make_eval_step(None), mesh, rules)
-  raise ValueError(f"parallelism={kind!r} is not one of 'single', 'pmap', 'mesh'")
+  raise ConfigError(f"parallelism={kind!r} is not one of 'single', 'pmap', 'mesh'")
 
 
 def _check_batch(batch_size: int, shards: int, accum: int, where: str) -> None:
   if batch_size % shards:
-    raise ValueError(f"batch_size={batch_size} does not split over {where}: make it a multiple of {shards}")
+    raise ConfigError(f"batch_size={batch_size} does not split over {where}: make it a multiple of {shards}")
   if accum > 1 and (batch_size // shards) % accum:
-    raise ValueError(f"batch_size={batch_size} gives {batch_size // shards} rows per shard over {where}, "
+    raise ConfigError(f"batch_size={batch_size} gives {batch_size // shards} rows per shard over {where}, "
                      f"not divisible into grad_accum_steps={accum} micro-batches: make batch_size a "
                      f"multiple of {shards * accum}")

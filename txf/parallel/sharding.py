@@ -20,6 +20,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from txf.config import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -85,7 +86,7 @@ def parse_rules(rules: Optional[Mapping[str, Any]]) -> Dict[str, Tuple[str, ...]
       mesh_axes = [a.strip() for a in mesh_axes.split(",") if a.strip()]
     for a in mesh_axes:
       if a not in MESH_AXES:
-        raise ValueError(f"sharding_rules.{logical}={merged[logical]!r} names mesh axis {a!r}; "
+        raise ConfigError(f"sharding_rules.{logical}={merged[logical]!r} names mesh axis {a!r}; "
                          f"the mesh axes are {MESH_AXES}")
     out[logical] = tuple(mesh_axes)
   return out
@@ -124,17 +125,17 @@ def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> Tuple[int
   """(data, fsdp, tensor) with at most one -1 filled so that the product is ``num_devices``."""
   shape = [int(s) for s in mesh_shape]
   if len(shape) != len(MESH_AXES):
-    raise ValueError(f"mesh_shape={tuple(mesh_shape)} needs {len(MESH_AXES)} entries {MESH_AXES}")
+    raise ConfigError(f"mesh_shape={tuple(mesh_shape)} needs {len(MESH_AXES)} entries {MESH_AXES}")
   if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-    raise ValueError(f"mesh_shape={tuple(mesh_shape)}: entries must be positive, with at most one -1")
+    raise ConfigError(f"mesh_shape={tuple(mesh_shape)}: entries must be positive, with at most one -1")
   known = int(np.prod([s for s in shape if s != -1]))
   if -1 in shape:
     if num_devices % known:
-      raise ValueError(f"mesh_shape={tuple(mesh_shape)}: {num_devices} devices are not divisible by "
+      raise ConfigError(f"mesh_shape={tuple(mesh_shape)}: {num_devices} devices are not divisible by "
                        f"{known}; change mesh_shape")
     shape[shape.index(-1)] = num_devices // known
   if int(np.prod(shape)) != num_devices:
-    raise ValueError(f"mesh_shape={tuple(mesh_shape)} has {int(np.prod(shape))} devices but there are "
+    raise ConfigError(f"mesh_shape={tuple(mesh_shape)} has {int(np.prod(shape))} devices but there are "
                      f"{num_devices}; use -1 for one axis to take the rest")
   return tuple(shape)
 
