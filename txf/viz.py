@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 Rows = Union[str, os.PathLike, Iterable[Dict]]
 
 
-def _new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
   """A Figure attached to an Agg canvas (no pyplot state)."""
   fig = Figure(figsize=(width, height), dpi=100)
   FigureCanvasAgg(fig)
@@ -79,7 +79,7 @@ def plot_attention_heads(weights, query_tokens: Sequence[str], key_tokens: Seque
   if len(query_tokens) != lq or len(key_tokens) != lk:
     raise ValueError(f"got {len(query_tokens)} query / {len(key_tokens)} key labels for maps of {lq}x{lk}")
   cell = max(1.6, 0.28 * max(lq, lk))
-  fig = _new_figure(cell * num_heads + 1.0, cell * num_layers + 0.8)
+  fig = new_figure(cell * num_heads + 1.0, cell * num_layers + 0.8)
   axes = fig.subplots(num_layers, num_heads, squeeze=False)
   image = None
   for layer, w in enumerate(layers):
@@ -117,7 +117,7 @@ def plot_positional_encoding(pe, path: Union[str, os.PathLike] = "positional_enc
   pe = np.asarray(pe, dtype=np.float32)
   if pe.ndim != 2:
     raise ValueError(f"pe must be [L, d], got shape {pe.shape}")
-  fig = _new_figure(8, 5)
+  fig = new_figure(8, 5)
   ax = fig.subplots()
   image = ax.imshow(pe, cmap="RdBu", vmin=-1.0, vmax=1.0, aspect="auto", interpolation="nearest")
   ax.set_xlabel("dimension i")
@@ -153,7 +153,7 @@ def plot_learning_rate(schedule: Union[Callable, Tuple[Sequence[int], Sequence[f
       raise ValueError(f"{steps.size} steps but {values.size} values")
   if steps.size == 0:
     raise ValueError("no learning-rate points to plot")
-  fig = _new_figure(7, 4)
+  fig = new_figure(7, 4)
   ax = fig.subplots()
   ax.plot(steps, values, color="tab:blue")
   finite = values[np.isfinite(values)]
@@ -186,7 +186,7 @@ def plot_loss_curves(metrics: Rows, path: Union[str, os.PathLike] = "loss_curves
   splits = sorted({r.get("split") for r in rows if "loss" in r}, key=lambda s: (s != "train", str(s)))
   if not splits:
     raise ValueError("no row with a 'loss' to plot")
-  fig = _new_figure(7, 4)
+  fig = new_figure(7, 4)
   ax = fig.subplots()
   for split in splits:
     steps, values = _series(rows, "loss", split)

@@ -98,11 +98,10 @@ def pad_batch(rows: Sequence[np.ndarray], length: int, batch_size: Optional[int]
   return out
 
 
-def step_iterator_state(step: int) -> Dict[str, Any]:
-  """The state of iterators whose batch n is a pure function of (seed, n)."""
-  return {"next_index": int(step)}
-
-
-def iterate(it: Iterator[Batch], n: int) -> List[Batch]:
-  """The next ``n`` batches of an iterator."""
-  return [next(it) for _ in range(n)]
+def truncate_keep_eos(ids: Sequence[int], max_len: int) -> np.ndarray:
+  """Ids ending with EOS cut to at most ``max_len`` (> 0) tokens, EOS still last:
+  ``ids[:max_len - 1] + [EOS]`` when too long, else ``ids`` unchanged (int32)."""
+  ids = np.asarray(ids, np.int32)
+  if len(ids) <= max_len:
+    return ids
+  return np.append(ids[:max_len - 1], np.int32(EOS_ID))

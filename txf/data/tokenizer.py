@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, truncate_keep_eos
 from txf.data.text import DataError
 
 NUM_SPECIALS = 4
@@ -164,8 +164,8 @@ class Codec:
     """text -> int32 [<= max_len] ids (+ EOS), truncated so that EOS stays last."""
     ids = self.source.encode(text)
     if eos:
-      ids = ids[:max_len - 1] + [EOS_ID] if max_len else ids + [EOS_ID]
-    elif max_len:
+      return truncate_keep_eos(ids + [EOS_ID], max_len) if max_len else np.asarray(ids + [EOS_ID], np.int32)
+    if max_len:
       ids = ids[:max_len]
     return np.asarray(ids, np.int32)
 

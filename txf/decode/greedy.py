@@ -13,7 +13,7 @@ from typing import Any, Callable, Tuple
 import jax
 import jax.numpy as jnp
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+from txf.data.base import BOS_ID, EOS_ID, PAD_ID
 
 LogitsFn = Callable[[jnp.ndarray, Any], Tuple[jnp.ndarray, Any]]
 
