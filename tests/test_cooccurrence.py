@@ -1,4 +1,4 @@
-"""Seed 003's PCA embeddings: counts, standardisation, power iteration + deflation, projection."""
+"""Word embeddings from co-occurrence counts by PCA (txf.ops.cooccurrence): counts, standardisation, power iteration + deflation, projection."""
 
 import jax
 import jax.numpy as jnp

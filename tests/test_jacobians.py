@@ -1,4 +1,4 @@
-"""Seed 003's analytic normalisation and softmax Jacobians against jax.jacobian in float64."""
+"""The analytic normalisation and softmax Jacobians against jax.jacobian in float64."""
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +16,8 @@ def reference_normalise(x, eps):
   return (x - mu) / jnp.sqrt(var + eps)
 
 
-def article_formula_bare_sigma(x):
-  """The article's J = (N I - 1)/(N sigma) - (x-mu)(x-mu)^T/(N sigma^3), sigma the population std, in numpy."""
+def formula_bare_sigma(x):
+  """J = (N I - 1)/(N sigma) - (x-mu)(x-mu)^T/(N sigma^3), sigma the population std, in numpy."""
   x = np.asarray(x, np.float64)
   n = x.shape[0]
   c = x - x.mean()
@@ -44,7 +44,7 @@ def test_normalisation_jacobian_matches_autodiff(n, eps):
                                atol=1e-12)
 
 
-def test_article_formula_is_exact_without_eps_and_off_with_eps():
+def test_formula_is_exact_without_eps_and_off_with_eps():
   rng = np.random.default_rng(0)
   eps = 0.05
   with jax.enable_x64(True):
@@ -52,11 +52,11 @@ def test_article_formula_is_exact_without_eps_and_off_with_eps():
     autodiff = jax.jit(jax.jacobian(reference_normalise))  # d/dx at a traced eps
     true_0, true_eps = np.asarray(autodiff(x, 0.0)), np.asarray(autodiff(x, eps))
     analytic_eps = np.asarray(jax.jit(jac.normalisation_jacobian)(x, eps))
-  article = article_formula_bare_sigma(x)
-  # eps = 0: the article's formula, computed independently in numpy, is the true Jacobian.
-  np.testing.assert_allclose(article, true_0, rtol=1e-10, atol=1e-12)
+  closed_form = formula_bare_sigma(x)
+  # eps = 0: the closed-form formula, computed independently in numpy, is the true Jacobian.
+  np.testing.assert_allclose(closed_form, true_0, rtol=1e-10, atol=1e-12)
   # eps > 0 with the bare sigma kept: not the Jacobian of (x - mu)/sqrt(var + eps) ...
-  err = np.abs(article - true_eps).max() / np.abs(true_eps).max()
+  err = np.abs(closed_form - true_eps).max() / np.abs(true_eps).max()
   assert err > 0.5 * eps / (2 * np.asarray(x).var())  # about eps / (2 sigma^2) or more
   # ... but it is once both sigma's become sqrt(var + eps), which is what normalisation_jacobian does.
   np.testing.assert_allclose(analytic_eps, true_eps, rtol=1e-10, atol=1e-12)

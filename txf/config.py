@@ -17,7 +17,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.name = "experiment"          # a label for logs; the workdir defaults to runs/<name>
   c.seed = 0                     # one seed for parameters, dropout and data order
   c.num_train_steps = 1000       # optimizer steps
-  c.time_limit_minutes = 0.0     # > 0: end training after this many minutes of this process (final eval, checkpoint, params); 0 = off
+  c.time_limit_minutes = 0.0     # > 0: end training after this many minutes of training in all, counted across resumes (final eval, checkpoint, params); 0 = off
   c.batch_size = 64              # examples per step, over all devices and processes
   c.log_every = 50               # steps between train-metric lines in metrics.jsonl
   c.eval_every = 500             # steps between evaluations (and at the end); 0 = only at the end

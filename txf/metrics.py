@@ -5,7 +5,7 @@ TensorBoard files are written with tensorboardX (no TensorFlow). Only process 0 
 
 import json
 import os
-from typing import Dict, Optional
+from typing import Dict
 
 import numpy as np
 
@@ -63,12 +63,3 @@ class MetricWriter:
     if self._tb is not None:
       self._tb.close()
 
-
-def read_metrics(workdir: str, split: Optional[str] = None):
-  """All rows of workdir/metrics.jsonl (optionally one split)."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  return [r for r in rows if split is None or r["split"] == split]
