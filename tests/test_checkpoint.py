@@ -297,15 +297,14 @@ def test_first_signal_requests_a_stop_second_exits_at_once(monkeypatch, first, s
 
 
 def test_export_best_latest_and_numbered_checkpoint(tmp_path):
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=4))
-  for step in (10, 20, 30, 40):
-    ck.save(step, _state(step / 7, step), {"next_index": step})
+  """'best' is the checkpoint orbax keeps as best (the eval metric saved with it), 'latest' the
+  newest, a number that step."""
+  config = _config(keep_checkpoints=2, best_metric="accuracy")
+  ck = Checkpointer(str(tmp_path), config)
+  for step, accuracy in ((10, 0.5), (20, 0.8), (30, 0.7), (40, 0.6)):
+    ck.save(step, _state(step / 7, step), {"next_index": step}, {"accuracy": accuracy})
   ck.close()
-  (tmp_path / "config.json").write_text(json.dumps(_config(best_metric="accuracy").to_dict()))
-  rows = [{"step": 10, "split": "eval", "accuracy": 0.5}, {"step": 20, "split": "train", "accuracy": 0.99},
-          {"step": 20, "split": "eval", "accuracy": 0.8}, {"step": 30, "split": "eval", "accuracy": 0.7},
-          {"step": 40, "split": "eval", "accuracy": 0.8}]  # 0.8 twice: the earlier step wins
-  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
   for which, expected in (("best", 20), ("latest", 40), ("30", 30)):
     path, steps = average_checkpoints(str(tmp_path), 1, step=which)
     assert steps == [expected] and path == str(tmp_path / f"params_{which}.msgpack")

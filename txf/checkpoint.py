@@ -97,15 +97,15 @@ class Checkpointer:
   the checkpoints read-only (e.g. to average them).
   """
 
-  def __init__(self, workdir: str, config=None, async_save: bool = True):
+  def __init__(self, workdir: str, config=None, async_save: bool = True, read_only: bool = False):
     self.workdir = os.path.abspath(workdir)
     self.directory = os.path.join(self.workdir, "checkpoints")
-    self.read_only = config is None
+    self.read_only = config is None or read_only
     self.seed = None if config is None else int(config.seed)
     self.best_metric = "" if config is None else config.best_metric
     best_mode = "max" if config is None else config.best_mode
     self._warned_missing_metric = False
-    keep = None if config is None or config.keep_checkpoints <= 0 else int(config.keep_checkpoints)
+    keep = None if self.read_only or config.keep_checkpoints <= 0 else int(config.keep_checkpoints)
     policies = [ocp.checkpoint_managers.LatestN(n=keep)]
     best_fn = None
     if self.best_metric:
@@ -226,6 +226,11 @@ class Checkpointer:
             f"falling back to the previous checkpoint"))
     return None
 
+  def eval_metrics(self, step: int) -> Dict[str, float]:
+    """The eval metrics saved with checkpoint ``step`` ({} if it was not evaluated)."""
+    meta = self._manager.restore(int(step), args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+    return meta[META].get("eval", {})
+
   def restore_params(self, step: int):
     """Only the parameters of checkpoint ``step``, as numpy arrays (nested dicts)."""
     return self._restore_numpy(step, "params")
@@ -274,8 +279,8 @@ class Checkpointer:
 def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
   """'best', 'latest', or a step number -> a saved step.
 
-  'best': among the saved steps, the one whose evaluation in ``metrics.jsonl`` is best by the
-  run's ``best_metric`` / ``best_mode`` (config.json).
+  'best': the checkpoint orbax keeps as the best by the run's ``best_metric`` / ``best_mode``
+  (config.json), from the eval metrics saved with each checkpoint.
   """
   steps = checkpointer.all_steps()
   if not steps:
@@ -284,21 +289,19 @@ def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
     return steps[-1]
   if which == "best":
     config = workdir_lib.load_config(checkpointer.workdir)
-    name, mode = config.best_metric, config.best_mode
+    name = config.best_metric
     if not name:
       raise CheckpointError(f"{checkpointer.workdir} was trained without best_metric, so no best "
-                       f"checkpoint was kept: pass --step=latest or one of {steps}")
-    scores = {}
-    with open(os.path.join(checkpointer.workdir, "metrics.jsonl")) as f:
-      for line in f:
-        row = json.loads(line)
-        if row.get("split") == "eval" and row.get("step") in steps and name in row:
-          scores[row["step"]] = float(row[name])
-    if not scores:
-      raise CheckpointError(f"no evaluation of '{name}' in {checkpointer.workdir}/metrics.jsonl matches "
-                       f"a saved step {steps}: pass --step=latest or a step")
-    sign = -1.0 if mode == "max" else 1.0  # ties: the earliest step
-    return min(scores, key=lambda k: (sign * scores[k], k))
+                            f"checkpoint was kept: pass --step=latest or one of {steps}")
+    ranked = Checkpointer(checkpointer.workdir, config, read_only=True)
+    try:
+      best = ranked.best_step()
+    finally:
+      ranked.close()
+    if best is None or name not in checkpointer.eval_metrics(best):
+      raise CheckpointError(f"no saved checkpoint {steps} was evaluated on '{name}': pass "
+                            f"--step=latest or a step")
+    return best
   if not str(which).isdigit() or int(which) not in steps:
     raise CheckpointError(f"--step={which!r}: use 'best', 'latest' or one of the saved steps {steps}")
   return int(which)
