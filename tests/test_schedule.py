@@ -27,7 +27,8 @@ def test_schedule_scale():
 
 def _opt_cfg(**kw):
   c = ml_collections.ConfigDict(dict(warmup_steps=10, learning_rate_scale=1.0, b1=0.9, b2=0.98, eps=1e-9,
-                                     weight_decay=0.0, grad_clip_norm=0.0))
+                                     weight_decay=0.0, grad_clip_norm=0.0, schedule="inverse_sqrt",
+                                     learning_rate=1e-3, cooldown_steps=0))
   c.update(kw)
   return c
 

@@ -1,5 +1,7 @@
 """optimizer.schedule = "constant": lr = learning_rate * min(1, step / warmup), and its dispatch/validation."""
 
+import json
+
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -7,13 +9,14 @@ import optax
 import pytest
 
 from txf import config as config_lib
+from txf import workdir as workdir_lib
 from txf.train.optimizer import constant_schedule, inverse_sqrt_schedule, make_optimizer, make_schedule
 
 
 def _opt_cfg(**kw):
   c = ml_collections.ConfigDict(dict(warmup_steps=10, learning_rate_scale=1.0, b1=0.9, b2=0.98, eps=1e-9,
                                      weight_decay=0.0, grad_clip_norm=0.0, schedule="constant",
-                                     learning_rate=1e-3))
+                                     learning_rate=1e-3, cooldown_steps=0))
   c.update(kw)
   return c
 
@@ -41,10 +44,6 @@ def test_make_schedule_dispatch():
   np.testing.assert_allclose(float(make_schedule(_opt_cfg(warmup_steps=1), 64)(100)), 1e-3, rtol=1e-6)
   paper = make_schedule(_opt_cfg(schedule="inverse_sqrt"), 64)
   np.testing.assert_allclose(float(paper(99)), float(inverse_sqrt_schedule(64, 10)(99)), rtol=1e-6)
-  legacy = _opt_cfg()
-  del legacy["schedule"]  # a config saved before the field existed means the paper's schedule
-  np.testing.assert_allclose(float(make_schedule(legacy, 64)(3)), float(inverse_sqrt_schedule(64, 10)(3)),
-                             rtol=1e-6)
   with pytest.raises(ValueError, match="schedule"):
     make_schedule(_opt_cfg(schedule="cosine"), 64)
 
@@ -71,3 +70,16 @@ def test_config_validation_names_the_schedule_fields():
     config_lib.validate(c)
   c.optimizer.learning_rate = 1e-3
   config_lib.validate(c)
+
+
+def test_a_run_saved_before_the_schedule_field_loads_with_the_papers_schedule(tmp_path):
+  """config.json of an older run lacks optimizer.schedule and cooldown_steps: load_config fills
+  them from base_config (inverse_sqrt, 0), and its schedule is the paper's."""
+  stored = json.loads(config_lib.base_config().to_json())
+  del stored["optimizer"]["schedule"], stored["optimizer"]["cooldown_steps"]
+  (tmp_path / "config.json").write_text(json.dumps(stored))
+  loaded = workdir_lib.load_config(str(tmp_path))
+  assert (loaded.optimizer.schedule, loaded.optimizer.cooldown_steps) == ("inverse_sqrt", 0)
+  d, warmup = loaded.model.d_model, loaded.optimizer.warmup_steps
+  np.testing.assert_allclose(float(make_schedule(loaded.optimizer, d)(3)),
+                             d ** -0.5 * min(4 ** -0.5, 4 * warmup ** -1.5), rtol=1e-6)

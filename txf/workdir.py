@@ -95,12 +95,17 @@ def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's config.json over ``base_config()``: a field missing from an older run's file (added
+  to txf since) has its base_config default, so base_config is the one source of defaults."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise TxfError(f"{workdir} holds no txf run (no config.json): train one with "
                             f"`txf train --workdir {workdir}` first")
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    stored = json.load(f)
+  config = base_config()
+  config.update(stored)
+  return config
 
 
 def load_params(workdir: str, name: Optional[str] = None):

@@ -58,18 +58,17 @@ def with_cooldown(schedule: optax.Schedule, total_steps: int, cooldown_steps: in
 
 
 def make_schedule(opt_cfg, d_model: int, total_steps: int = 0) -> optax.Schedule:
-  """The schedule ``opt_cfg.schedule`` names: "inverse_sqrt" (default; also when the field is absent,
-  as in configs saved before it existed) or "constant" (``opt_cfg.learning_rate``), followed by
+  """The schedule ``opt_cfg.schedule`` names: "inverse_sqrt" (the paper's) or "constant" (``opt_cfg.learning_rate``), followed by
   ``with_cooldown`` when ``opt_cfg.cooldown_steps > 0`` (``total_steps``: the run's
   ``num_train_steps``)."""
-  kind = opt_cfg.get("schedule", "inverse_sqrt")
+  kind = opt_cfg.schedule
   if kind == "inverse_sqrt":
     schedule = inverse_sqrt_schedule(d_model, opt_cfg.warmup_steps, opt_cfg.learning_rate_scale)
   elif kind == "constant":
     schedule = constant_schedule(opt_cfg.learning_rate, opt_cfg.warmup_steps)
   else:
     raise ConfigError(f"optimizer.schedule={kind!r} is not one of ('inverse_sqrt', 'constant')")
-  cooldown = int(opt_cfg.get("cooldown_steps", 0))
+  cooldown = int(opt_cfg.cooldown_steps)
   if cooldown > 0:
     if total_steps <= 0:
       raise ConfigError("optimizer.cooldown_steps > 0 needs the run's length: pass total_steps")
