@@ -5,6 +5,7 @@ that is not defined here is an error (catches typos such as ``model.num_head``).
 """
 
 import difflib
+import os
 from typing import Iterable, List, Optional
 
 import ml_collections
@@ -112,6 +113,51 @@ def base_config() -> ml_collections.ConfigDict:
   d.packing_bins = 0             # packing: rows filled at once by first-fit (0 = the rows of one batch; more is slower)
   d.read_threads = 2             # grain threads that read and tokenize examples
   return c
+
+
+def field_names() -> List[str]:
+  """Every field of ``base_config()`` as a dotted path ('batch_size', 'model.num_heads', ...)."""
+  return sorted(_flatten(base_config()))
+
+
+def experiment_dirs() -> List[str]:
+  """Where experiments shipped with txf live: experiments/ of a source checkout (or an editable
+  install), then the copy packaged inside an installed txf (txf/experiments)."""
+  package = os.path.dirname(os.path.abspath(__file__))
+  return [os.path.join(os.path.dirname(package), "experiments"), os.path.join(package, "experiments")]
+
+
+def experiment_names() -> List[str]:
+  """Names of the experiments shipped with txf ('default', 'sst2', ...)."""
+  names = set()
+  for d in experiment_dirs():
+    if os.path.isdir(d):
+      names.update(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_"))
+  return sorted(names)
+
+
+def experiment_path(spec: str) -> str:
+  """The experiment file that ``--config SPEC`` means.
+
+  An existing file is used as given. Otherwise ``SPEC`` may name an experiment shipped with txf:
+  a bare name (``default``, ``sst2``) or its repository path (``experiments/sst2.py``, as the README
+  writes it), found in ``experiment_dirs()``, so a non-editable install runs them from anywhere.
+  Raises ConfigError naming the available experiments otherwise.
+  """
+  if os.path.isfile(spec) or (":" in spec and os.path.isfile(spec.split(":", 1)[0])):
+    return spec
+  name = None
+  if os.sep not in spec and "/" not in spec:
+    name = spec[:-3] if spec.endswith(".py") else spec
+  elif os.path.dirname(os.path.normpath(spec)) == "experiments" and spec.endswith(".py"):
+    name = os.path.basename(spec)[:-3]
+  if name:
+    for d in experiment_dirs():
+      path = os.path.join(d, name + ".py")
+      if os.path.isfile(path):
+        return path
+  raise ConfigError(f"no config file {spec}: give the path of an experiment file, or the name of an "
+                    f"experiment shipped with txf ({', '.join(experiment_names())})")
 
 
 def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
