@@ -10,6 +10,7 @@ status 2; ``--verbose_errors`` shows their traceback too.
 
 import difflib
 import importlib
+import importlib.util
 import os
 import sys
 import traceback
@@ -177,12 +178,35 @@ def parse_flags(argv: List[str], name: str, verbose_errors: bool) -> List[str]:
   return rest
 
 
-def _quiet(fn):
-  """Wrap a command's main: library logging below ERROR is off unless -v (after flags parse)."""
+def fit_config(name: str) -> None:
+  """A run shortened below its experiment's cooldown gets the cooldown scaled down, with a note
+  (txf.config.fit_cooldown); an explicit ``--config.optimizer.cooldown_steps`` is left alone."""
+  from absl import flags
+  from ml_collections import config_flags
+  from txf import config as config_lib
+  flag = next((f for f in flags.FLAGS.get_flags_for_module(COMMANDS[name][0]) if f.name == "config"),
+              None)
+  if flag is None or "optimizer.cooldown_steps" in config_flags.get_override_values(flag):
+    return
+  path = flag.config_filename
+  if not os.path.isfile(path):
+    return  # path:arguments form; nothing to compare with
+  spec = importlib.util.spec_from_file_location("_txf_experiment", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  note = config_lib.fit_cooldown(flags.FLAGS.config, module.get_config().num_train_steps)
+  if note:
+    print(f"txf: note: {note}", flush=True)
+
+
+def _prepare(fn, name: str):
+  """Wrap a command's main: library logging below ERROR is off unless -v (after flags parse);
+  the config's cooldown fits a shortened run."""
 
   def run(argv):
     from txf import runtime
     runtime.quiet_logging()
+    fit_config(name)
     return fn(argv)
 
   return run
@@ -234,7 +258,7 @@ def main(argv=None) -> None:
     sys.exit(0)
   from absl import app
   from txf.commands import common
-  app.run(_quiet(common.guarded(module.main)), argv=sys.argv,
+  app.run(_prepare(common.guarded(module.main), name), argv=sys.argv,
           flags_parser=lambda a: parse_flags(a, name, verbose_errors))
 
 
