@@ -125,3 +125,20 @@ def test_info_is_quiet_by_default_and_logs_with_v():
   loud = run_txf("info", "-v", env=UNSET)
   assert loud.returncode == 0
   assert "xla_bridge" in loud.stderr  # jax's own INFO lines are back when asked for
+
+
+def test_average_checkpoints_has_no_orbax_read_only_warning(tmp_path):
+  from tests.test_checkpoint import _config, _state
+  from txf.checkpoint import Checkpointer
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  for step in (10, 20):
+    ck.save(step, _state(step / 7, step), {"next_index": step})
+  ck.close()
+  quiet = run_txf("average-checkpoints", "--workdir", str(tmp_path), "--last", "2",
+                  "--output", "avg.msgpack")
+  assert quiet.returncode == 0, quiet.stderr
+  assert "averaged the parameters of the checkpoints at steps [10, 20]" in quiet.stdout
+  assert quiet.stderr.strip() == "", quiet.stderr
+  loud = run_txf("average-checkpoints", "--workdir", str(tmp_path), "--last", "2",
+                 "--output", "avg.msgpack", "-v")
+  assert loud.returncode == 0 and "read only" in loud.stderr  # orbax says it when asked to
