@@ -2,6 +2,7 @@
 packaged default experiment from a directory outside the repository."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,8 @@ def test_wheel_install_trains_the_packaged_default_from_anywhere(tmp_path):
   assert (site / "txf" / "experiments" / "default.py").is_file()
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
-  env = {**os.environ, "PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu"}
+  # JAX picks its platform itself (no JAX_PLATFORMS), so its TPU probe would run and log
+  env = {**{k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}, "PYTHONPATH": str(site)}
   where = subprocess.run([sys.executable, "-c", "import txf; print(txf.__file__)"], env=env,
                          cwd=elsewhere, capture_output=True, text=True, timeout=60)
   assert where.stdout.strip() == str(site / "txf" / "__init__.py")  # the wheel, not the checkout
@@ -52,6 +54,9 @@ def test_wheel_install_trains_the_packaged_default_from_anywhere(tmp_path):
                      env=env, cwd=elsewhere, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stdout + r.stderr
   assert "2 steps of 64" in r.stdout
+  # quiet: no absl-format library lines (I1123 12:00:00.0 ... file.py:12] ...), no TPU probe
+  assert not re.search(r"^[IWE]\d{4} ", r.stdout + r.stderr, re.M), r.stderr
+  assert "Unable to initialize backend" not in r.stderr
   assert (elsewhere / "run" / "params.msgpack").is_file()
   # the README's form of the path also resolves to the packaged copy
   r = subprocess.run([str(site / "bin" / "txf"), "train", "--config", "experiments/nosuch.py"],
