@@ -1,13 +1,20 @@
 """The ``txf`` command: ``txf <command> [flags]``. Each command lives in txf/commands/<name>.py.
 
 Commands define their own absl flags at import, so only the chosen command's module is imported.
-Errors a user can fix (bad config, occupied workdir, missing file, bad data) print one clear
-message and exit with status 2; nothing deeper than that is shown unless --verbose_errors.
+Before that, this module settles what absl would otherwise turn into tracebacks or library noise:
+``--help``/``--version``, ``-v`` (library logging back on), the experiment named by ``--config``
+(a path, or the name of an experiment shipped with txf), unknown ``--config.FIELD`` overrides and
+flags that do not parse. Errors a user can fix print one ``txf: error: ...`` line and exit with
+status 2; ``--verbose_errors`` shows their traceback too.
 """
 
+import difflib
 import importlib
+import importlib.util
 import os
 import sys
+import traceback
+from typing import List, Optional
 
 COMMANDS = {
     "train": ("txf.commands.train", "train a model from an experiment config"),
@@ -19,40 +26,240 @@ COMMANDS = {
     "bench": ("txf.commands.bench", "benchmark train-step and decode speed"),
     "info": ("txf.commands.info", "print jax, devices, CPU features and the malloc in use"),
 }
+HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull")
+
+
+class UsageError(Exception):
+  """A command line that cannot run: printed as one ``txf: error:`` line, exit status 2."""
+
+
+def version() -> str:
+  """The installed distribution's version (the package's own when run from a source tree)."""
+  from importlib import metadata
+  try:
+    return metadata.version("txf")
+  except metadata.PackageNotFoundError:
+    import txf
+    return txf.__version__
 
 
 def usage() -> str:
-  lines = ["usage: txf <command> [flags]   (txf <command> --help for its flags)", "", "commands:"]
+  lines = ["usage: txf <command> [flags]   (txf <command> --help for its flags)",
+           "       txf --version", "", "commands:"]
   lines += [f"  {name:<20} {help_}" for name, (_, help_) in COMMANDS.items()]
+  lines += ["", "every command: -v shows library logging; --verbose_errors shows "
+            "the traceback of a txf: error"]
   return "\n".join(lines)
 
 
-def main(argv=None) -> None:
-  if argv is None:  # the console script / python -m txf.cli (not an in-process call)
+def fail(message: str, verbose_errors: bool = False) -> None:
+  """Print one ``txf: error:`` line (after the traceback when asked for) and exit with status 2."""
+  if verbose_errors:
+    traceback.print_exc()
+  print(f"txf: error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _config_arg(args: List[str]) -> Optional[tuple]:
+  """(index, value, form) of the ``--config`` flag in args, or None; form '=' or ' '."""
+  for i, a in enumerate(args):
+    if a.startswith("--config="):
+      return i, a[len("--config="):], "="
+    if a == "--config" and i + 1 < len(args):
+      return i, args[i + 1], " "
+  return None
+
+
+def resolve_config_args(args: List[str]) -> List[str]:
+  """Replace ``--config NAME`` by the experiment file it names (txf.config.experiment_path) and
+  check every ``--config.FIELD=VALUE`` override names a field txf knows; raise UsageError."""
+  from txf import config as config_lib
+  args = list(args)
+  found = _config_arg(args)
+  if found:
+    i, value, form = found
+    try:
+      path = config_lib.experiment_path(value)
+    except config_lib.ConfigError as e:
+      raise UsageError(str(e)) from e
+    if form == "=":
+      args[i] = f"--config={path}"
+    else:
+      args[i + 1] = path
+  known = config_lib.field_names()
+  for a in args:
+    if a.startswith("--config.") or a.startswith("--noconfig."):
+      field = a.split("=", 1)[0].split(".", 1)[1]
+      if field not in known:
+        close = difflib.get_close_matches(field, known, n=1)
+        hint = f"did you mean --config.{close[0]}?" if close else "see txf/config.py for the fields"
+        raise UsageError(f"unknown config field '{field}' in {a}: {hint}")
+  return args
+
+
+def command_help(name: str, module) -> str:
+  """The command's purpose, its usage line (the module docstring) and its own flags."""
+  from absl import flags
+  doc = (module.__doc__ or "").strip()
+  lines = [f"txf {name}: {COMMANDS[name][1]}", ""]
+  if doc:
+    lines += [doc, ""]
+  own = [f for f in flags.FLAGS.get_flags_for_module(module.__name__) if "." not in f.name]
+  if own:
+    lines.append("flags:")
+    for f in sorted(own, key=lambda f: f.name):
+      if f.name == "config":
+        note = " (default: experiments/default.py)"
+      elif f.default is None:
+        note = " (required)" if _required(f) else ""
+      elif isinstance(f.default, bool):
+        note = f" (default: {str(f.default).lower()})"
+      else:
+        note = f" (default: {f.default!r})" if isinstance(f.default, str) else \
+            f" (default: {f.default_as_str.strip(chr(39))})"
+      lines.append(f"  --{f.name}: {f.help}{note}")
+    if any(f.name == "config" for f in own):
+      lines.append("  --config.FIELD=VALUE: override one field of the config, e.g. "
+                   "--config.model.num_heads=2 (the fields: txf/config.py)")
+  lines += ["", "every command:", "  -v (= --verbosity=0): show library logging (absl, orbax, jax); --verbosity=1: debug",
+            "  --verbose_errors: show the traceback of a txf: error"]
+  return "\n".join(lines)
+
+
+def _required(flag) -> bool:
+  """Whether absl marks ``flag`` required (``required=True`` registers a validator)."""
+  return any("other than None" in str(getattr(v, "message", "")) for v in flag.validators)
+
+
+def _flag_error(e: Exception, name: str) -> str:
+  """One line for a flag-parsing error, naming the flag and what to do."""
+  from absl import flags
+  text = str(e).splitlines()[0] if str(e) else type(e).__name__
+  if isinstance(e, flags.UnrecognizedFlagError):
+    return f"unknown flag --{e.flagname} for txf {name}: see txf {name} --help"
+  if "must have a value other than None" in text:
+    flag = text.split("=", 1)[0].split()[-1]
+    return f"{flag} is required (txf {name} --help)"
+  if isinstance(e, flags.IllegalFlagValueError):
+    return f"{text}: give a value of the flag's type (txf {name} --help)"
+  return f"{text} (txf {name} --help)"
+
+
+def _config_load_error(e: BaseException, path: str = "") -> Optional[str]:
+  """One line for an experiment file that does not load, or None if ``e`` is something else."""
+  if isinstance(e, SyntaxError):
+    return (f"the config file {e.filename} does not parse: {e.msg} at line {e.lineno}: "
+            f"fix the file")
+  if isinstance(e, AttributeError) and "get_config" in str(e):
+    return (f"the config file {path or '(--config)'} has no get_config(): define get_config() returning the "
+            "ml_collections.ConfigDict of the experiment (see experiments/default.py)")
+  return None
+
+
+def parse_flags(argv: List[str], name: str, verbose_errors: bool) -> List[str]:
+  """absl flag parsing with one-line errors; also loads ``--config`` so its errors show here."""
+  from absl import flags
+  try:
+    rest = flags.FLAGS(argv)
+    for f in flags.FLAGS.get_flags_for_module(COMMANDS[name][0]):
+      if f.name == "config":
+        f.value  # pylint: disable=pointless-statement  # ml_collections loads the file lazily
+  except flags.Error as e:
+    fail(_flag_error(e, name), verbose_errors)
+  except (SyntaxError, AttributeError, OSError) as e:
+    found = _config_arg(argv)
+    path = found[1] if found else ""
+    message = _config_load_error(e, path) or _config_load_error(e.__cause__ or e.__context__, path)
+    if message is None and isinstance(e, OSError):
+      message = str(e).splitlines()[0]
+    if message is None:
+      raise
+    fail(message, verbose_errors)
+  return rest
+
+
+def fit_config(name: str) -> None:
+  """A run shortened below its experiment's cooldown gets the cooldown scaled down, with a note
+  (txf.config.fit_cooldown); an explicit ``--config.optimizer.cooldown_steps`` is left alone."""
+  from absl import flags
+  from ml_collections import config_flags
+  from txf import config as config_lib
+  flag = next((f for f in flags.FLAGS.get_flags_for_module(COMMANDS[name][0]) if f.name == "config"),
+              None)
+  if flag is None or "optimizer.cooldown_steps" in config_flags.get_override_values(flag):
+    return
+  path = flag.config_filename
+  if not os.path.isfile(path):
+    return  # path:arguments form; nothing to compare with
+  spec = importlib.util.spec_from_file_location("_txf_experiment", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  note = config_lib.fit_cooldown(flags.FLAGS.config, module.get_config().num_train_steps)
+  if note:
+    print(f"txf: note: {note}", flush=True)
+
+
+def _prepare(fn, name: str):
+  """Wrap a command's main: library logging below ERROR is off unless -v (after flags parse);
+  the config's cooldown fits a shortened run."""
+
+  def run(argv):
     from txf import runtime
+    runtime.quiet_logging()
+    fit_config(name)
+    return fn(argv)
+
+  return run
+
+
+def main(argv=None) -> None:
+  from txf import runtime
+  if argv is None:  # the console script / python -m txf.cli (not an in-process call)
     try:
       runtime.maybe_reexec_with_tcmalloc(list(sys.argv))
     except ValueError as e:
-      print(f"txf: {e}", file=sys.stderr)
-      sys.exit(2)
+      fail(str(e))
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
-    print(usage())
+    print(usage(), file=sys.stdout if len(argv) >= 2 else sys.stderr)
     sys.exit(0 if len(argv) >= 2 else 2)
+  if argv[1] == "--version":
+    print(f"txf {version()}")
+    sys.exit(0)
   name = argv[1]
   if name not in COMMANDS:
-    print(f"txf: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
-    sys.exit(2)
+    close = difflib.get_close_matches(name, COMMANDS, n=1)
+    fail(f"unknown command {name!r}: " + (f"did you mean {close[0]!r}? " if close else "") +
+         "txf --help lists the commands")
+  args = argv[2:]
+  verbose_errors = "--verbose_errors" in args
+  verbose, args = runtime.split_verbosity(args)
+  runtime.quiet_environment(verbose)
+  try:
+    args = resolve_config_args(args)
+  except UsageError as e:
+    fail(str(e), verbose_errors)
+  # ml_collections reads --config.* overrides from sys.argv while the command module is imported
+  sys.argv = [f"txf {name}"] + args
   try:
     module = importlib.import_module(COMMANDS[name][0])
   except ModuleNotFoundError as e:
     if e.name and e.name.startswith("txf.commands"):
-      print(f"txf: the {name!r} command is not available in this build", file=sys.stderr)
-      sys.exit(2)
+      fail(f"the {name!r} command is not available in this build")
     raise
+  except (SyntaxError, AttributeError) as e:
+    found = _config_arg(args)
+    message = _config_load_error(e, found[1] if found else "")
+    if message is None:
+      raise
+    fail(message, verbose_errors)
+  if any(a in HELP_FLAGS for a in args):
+    print(command_help(name, module))
+    sys.exit(0)
   from absl import app
   from txf.commands import common
-  app.run(common.guarded(module.main), argv=[f"txf {name}"] + argv[2:])
+  app.run(_prepare(common.guarded(module.main), name), argv=sys.argv,
+          flags_parser=lambda a: parse_flags(a, name, verbose_errors))
 
 
 if __name__ == "__main__":

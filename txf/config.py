@@ -5,7 +5,8 @@ that is not defined here is an error (catches typos such as ``model.num_head``).
 """
 
 import difflib
-from typing import Iterable, List, Optional
+import os
+from typing import Iterable, List, Optional, Tuple
 
 import ml_collections
 from txf.errors import TxfError
@@ -114,6 +115,51 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def field_names() -> List[str]:
+  """Every field of ``base_config()`` as a dotted path ('batch_size', 'model.num_heads', ...)."""
+  return sorted(_flatten(base_config()))
+
+
+def experiment_dirs() -> List[str]:
+  """Where experiments shipped with txf live: experiments/ of a source checkout (or an editable
+  install), then the copy packaged inside an installed txf (txf/experiments)."""
+  package = os.path.dirname(os.path.abspath(__file__))
+  return [os.path.join(os.path.dirname(package), "experiments"), os.path.join(package, "experiments")]
+
+
+def experiment_names() -> List[str]:
+  """Names of the experiments shipped with txf ('default', 'sst2', ...)."""
+  names = set()
+  for d in experiment_dirs():
+    if os.path.isdir(d):
+      names.update(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_"))
+  return sorted(names)
+
+
+def experiment_path(spec: str) -> str:
+  """The experiment file that ``--config SPEC`` means.
+
+  An existing file is used as given. Otherwise ``SPEC`` may name an experiment shipped with txf:
+  a bare name (``default``, ``sst2``) or its repository path (``experiments/sst2.py``, as the README
+  writes it), found in ``experiment_dirs()``, so a non-editable install runs them from anywhere.
+  Raises ConfigError naming the available experiments otherwise.
+  """
+  if os.path.isfile(spec) or (":" in spec and os.path.isfile(spec.split(":", 1)[0])):
+    return spec
+  name = None
+  if os.sep not in spec and "/" not in spec:
+    name = spec[:-3] if spec.endswith(".py") else spec
+  elif os.path.dirname(os.path.normpath(spec)) == "experiments" and spec.endswith(".py"):
+    name = os.path.basename(spec)[:-3]
+  if name:
+    for d in experiment_dirs():
+      path = os.path.join(d, name + ".py")
+      if os.path.isfile(path):
+        return path
+  raise ConfigError(f"no config file {spec}: give the path of an experiment file, or the name of an "
+                    f"experiment shipped with txf ({', '.join(experiment_names())})")
+
+
 def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
   out = {}
   for k, v in cfg.items():
@@ -127,6 +173,41 @@ def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
 
 class ConfigError(TxfError, ValueError):
   """A config that cannot work; the message names the field and the fix."""
+
+
+# What an evaluation during training logs, per model family (the keys best_metric may name);
+# translation's exact_match and bleu need decoded examples (decode_examples > 0).
+EVAL_METRICS = {"encoder_decoder": ("loss", "nll", "accuracy", "perplexity"),
+                "encoder_classifier": ("loss", "nll", "accuracy"),
+                "decoder_lm": ("loss", "nll", "accuracy", "perplexity")}
+DECODED_METRICS = ("exact_match", "bleu")
+
+
+def eval_metrics(cfg: ml_collections.ConfigDict) -> Tuple[str, ...]:
+  """The metric names an evaluation of this config's run logs (see EVAL_METRICS)."""
+  family = cfg.model.family
+  names = EVAL_METRICS[family]
+  if family == "encoder_decoder" and cfg.get("decode_examples", 0) > 0:
+    names = names + DECODED_METRICS
+  return names
+
+
+def fit_cooldown(cfg: ml_collections.ConfigDict, original_steps: int) -> Optional[str]:
+  """Scale ``optimizer.cooldown_steps`` down when the run was shortened below it; return a note.
+
+  A run whose ``num_train_steps`` was lowered from the experiment's ``original_steps`` to less
+  than its cooldown keeps the cooldown's share of the run:
+  ``cooldown' = max(1, round(cooldown * num_train_steps / original_steps))``, at most
+  num_train_steps. Changes ``cfg`` in place; returns None when nothing had to change.
+  """
+  steps, cooldown = cfg.num_train_steps, cfg.optimizer.cooldown_steps
+  if not (isinstance(steps, int) and 0 < steps < cooldown and original_steps >= cooldown):
+    return None
+  scaled = min(steps, max(1, round(cooldown * steps / original_steps)))
+  cfg.optimizer.cooldown_steps = scaled
+  return (f"num_train_steps={steps} is shorter than the experiment's cooldown_steps={cooldown} "
+          f"(of {original_steps} steps): the cooldown is scaled to {scaled} steps, the same share "
+          f"of the run")
 
 
 def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
@@ -152,6 +233,27 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   positive("", ["num_train_steps", "batch_size", "log_every", "grad_accum_steps"])
   positive("model", ["d_model", "num_heads", "d_ff", "max_len"])
   positive("optimizer", ["warmup_steps", "learning_rate"])
+  if o.get("learning_rate_scale", 1.0) <= 0:
+    errors.append(f"optimizer.learning_rate_scale={o.get('learning_rate_scale')} must be > 0 "
+                  f"(<= 0 trains by gradient ascent or not at all): the paper's is 1.0")
+  for n in ["b1", "b2"]:
+    if n in o and not 0.0 <= o[n] < 1.0:
+      errors.append(f"optimizer.{n}={o[n]} must be in [0, 1) (Adam's moment decay; the paper "
+                    f"uses b1=0.9, b2=0.98)")
+  if o.get("eps", 1.0) <= 0:
+    errors.append(f"optimizer.eps={o.get('eps')} must be > 0 (Adam divides by sqrt(v) + eps; "
+                  f"the paper's is 1e-9)")
+  accum, batch = cfg.get("grad_accum_steps", 1), cfg.get("batch_size", 1)
+  if (isinstance(accum, int) and isinstance(batch, int) and accum > 0 and batch > 0
+      and not d.get("tokens_per_batch", 0) and batch % accum):
+    errors.append(f"batch_size={batch} is not divisible by grad_accum_steps={accum}: each "
+                  f"micro-batch must have the same rows; make batch_size a multiple of {accum}")
+  best = cfg.get("best_metric", "")
+  if best and m.get("family") in EVAL_METRICS:
+    logged = eval_metrics(cfg)
+    if best not in logged:
+      errors.append(f"best_metric={best!r} is never logged by a {m['family']} run with this config "
+                    f"(its evaluations log {', '.join(logged)}): pick one of those, or '' for none")
   cooldown = o.get("cooldown_steps", 0)
   if cooldown < 0 or (cooldown > cfg.get("num_train_steps", cooldown) > 0):
     errors.append(f"optimizer.cooldown_steps={cooldown} must be in [0, num_train_steps="

@@ -1,4 +1,9 @@
-"""Process-level settings applied before JAX starts: tcmalloc under XLA:CPU.
+"""Process-level settings applied before JAX starts: quiet logging, tcmalloc under XLA:CPU.
+
+Quiet by default: a ``txf`` command prints txf's own lines. Library logging (absl INFO from orbax
+and jax, such as jax's ``Unable to initialize backend 'tpu'`` probe on machines without a TPU,
+orbax's per-save lines and its read-only warning) is off unless ``-v``/``--verbosity=N`` asks
+for it; txf's own warnings and every library error still show.
 
 glibc's malloc returns XLA:CPU's large temporary buffers to the kernel after every step and
 faults fresh zeroed pages back in on the next one: ~174k minor page faults and ~18% of the CPU
@@ -17,6 +22,62 @@ TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                "/usr/local/lib")
 _GUARD = "_TXF_MALLOC_REEXEC"
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def split_verbosity(args: List[str]) -> Tuple[bool, List[str]]:
+  """(verbose, args) with a bare ``-v`` turned into absl's ``--verbosity=0`` (INFO); verbose is True when
+  the user asked for library logging (``-v``, ``--verbosity=N``/``-v=N`` with N >= 0)."""
+  out, verbose = [], False
+  for i, a in enumerate(args):
+    if a == "-v":
+      a = "--verbosity=0"
+    if a.startswith("--verbosity=") or a.startswith("-v="):
+      try:
+        verbose = int(a.split("=", 1)[1]) >= 0
+      except ValueError:
+        pass  # absl rejects it with its own message
+    elif a in ("--verbosity",) and i + 1 < len(args):
+      verbose = args[i + 1].lstrip("-").isdigit() and not args[i + 1].startswith("-")
+    out.append(a)
+  return verbose, out
+
+
+def quiet_environment(verbose: bool, environ=os.environ) -> None:
+  """Before JAX is imported: without ``verbose``, XLA's C++ INFO/WARNING lines are off unless the
+  user set ``TF_CPP_MIN_LOG_LEVEL`` himself."""
+  if not verbose:
+    environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+class LibraryFilter:
+  """A logging filter that passes txf's own records (WARNING and up) and libraries' ERRORs."""
+
+  def __init__(self, package_dir: str = PACKAGE_DIR):
+    self.package_dir = package_dir + os.sep
+
+  def filter(self, record) -> bool:
+    import logging
+    if record.levelno >= logging.ERROR:
+      return True
+    return record.levelno >= logging.WARNING and record.pathname.startswith(self.package_dir)
+
+
+def quiet_logging() -> None:
+  """After absl parsed the flags: unless ``--verbosity`` was given, log at WARNING (absl's app
+  raises it to INFO) and drop libraries' records below ERROR."""
+  import logging
+  from absl import flags
+  from absl import logging as absl_logging
+  if flags.FLAGS["verbosity"].present:
+    return
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  handler = absl_logging.get_absl_handler()
+  if not any(isinstance(f, LibraryFilter) for f in handler.filters):
+    handler.addFilter(LibraryFilter())
+  for h in logging.getLogger().handlers:  # handlers other than absl's (set up by a library)
+    if h is not handler and not any(isinstance(f, LibraryFilter) for f in h.filters):
+      h.addFilter(LibraryFilter())
 
 
 def allocator() -> str:

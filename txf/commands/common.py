@@ -36,4 +36,6 @@ def repo_experiments_dir() -> str:
 
 
 def default_config_path() -> str:
-  return os.path.join(repo_experiments_dir(), "default.py")
+  """experiments/default.py of the checkout, or the copy packaged with an installed txf."""
+  from txf.config import experiment_path
+  return experiment_path("default")

@@ -70,9 +70,16 @@ class _LocalTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
   def _split_generators(self, dl_manager):
     del dl_manager  # local files only
     spec = self.builder_config.spec
-    generators, skipped, extra = {}, {}, {}
+    generators, skipped, extra, read = {}, {}, {}, {}
     for split in spec["splits"]:
-      records, skipped[split] = self._read_split(split, spec)
+      read[split], skipped[split] = self._read_split(split, spec)
+      if not read[split]:
+        files = " / ".join(f for f in spec["splits"][split][:2] if isinstance(f, str))
+        raise text.DataError(f"{files}: the {split} split has no usable lines (the file is empty, all "
+                        f"blank, or every line was skipped: {skipped[split]}): fill it, or point "
+                        f"data.source at the right folder")
+    self._check(read, spec)
+    for split, records in read.items():
       extra.update(self._split_metadata(split, records))
       generators[split] = self._generate_examples(records)
     self.info.metadata.update({"skipped": skipped, "spec": spec, **extra})
@@ -81,6 +88,10 @@ class _LocalTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
   def _split_metadata(self, split: str, records: List[Any]) -> Dict[str, Any]:
     del split, records
     return {}
+
+  def _check(self, records: Dict[str, List[Any]], spec: Dict[str, Any]) -> None:
+    """Raise DataError on records no run can use (all splits read); nothing by default."""
+    del records, spec
 
   def _generate_examples(self, records):
     for i, record in enumerate(records):
@@ -111,6 +122,27 @@ class TxfLabelledText(_LocalTextBuilder):
     rows, stats = text.read_tsv(spec["splits"][split][0], spec["max_line_chars"])
     return [{"text": s, "label": y} for s, y in rows], stats.as_dict()
 
+  def _check(self, records, spec):
+    """Class ids are 0..K-1 from the training split: a dev/test label the training data lacks
+    (its loss would be NaN) or one far beyond the others (a huge output layer) is refused."""
+    train_split = spec["train_split"]
+    train = {r["label"] for r in records[train_split]}
+    path = spec["splits"][train_split][0]
+    top = max(train)
+    if top + 1 > max(2 * len(train), len(train) + 8):
+      lineno = text.find_label_line(path, top)
+      raise text.DataError(f"{path}:{lineno}: label {top} would make a {top + 1:,}-class model, but the "
+                      f"training data has {len(train)} distinct labels ({_few(train)}): class ids "
+                      f"must be 0..K-1; fix that line")
+    for split, rows in records.items():
+      unseen = {r["label"] for r in rows} - train
+      if split != train_split and unseen:
+        other = spec["splits"][split][0]
+        lineno = text.find_label_line(other, min(unseen))
+        raise text.DataError(f"{other}:{lineno}: label {min(unseen)} of the {split} split never occurs in "
+                        f"the training data {path} (labels {_few(train)}): the model could not "
+                        f"predict it; fix the labels or add training rows with it")
+
   def _split_metadata(self, split, records):
     if split != self.builder_config.spec["train_split"]:
       return {}
@@ -130,6 +162,11 @@ class TxfPlainText(_LocalTextBuilder):
       content = text.split_plain(content, spec["fraction"])[part]
     chunks = text.chunk_text(content, _CHUNK_CHARS)
     return [{"text": c} for c in chunks], {"total": len(content)}
+
+
+def _few(labels) -> str:
+  shown = sorted(labels)
+  return ", ".join(map(str, shown[:8])) + (", ..." if len(shown) > 8 else "")
 
 
 BUILDERS = {"parallel": TxfParallelText, "tsv": TxfLabelledText, "plain": TxfPlainText}

@@ -316,7 +316,20 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
     logging.info("training the %s tokenizer on the training split (%s)", d.tokenizer, wanted)
     codec = _train_codec(d, kind, train, adapt)
     codec.save(cache)
+  _report_vocab_size(d, codec)
   return codec
+
+
+def _report_vocab_size(d, codec: tokenizer.Codec) -> None:
+  """Say when sentencepiece made fewer pieces than data.vocab_size asks for (too little text)."""
+  if d.tokenizer != "sentencepiece":
+    return
+  sizes = {codec.source.vocab_size, codec.target.vocab_size}
+  if max(sizes) < d.vocab_size:
+    used = " / ".join(f"{n:,}" for n in sorted(sizes))
+    logging.warning("data.vocab_size=%s is more than the training data supports: the vocabulary "
+                    "has %s pieces, and the model uses that size (lower data.vocab_size to silence "
+                    "this)", f"{d.vocab_size:,}", used)
 
 
 def _open_source(config, data_dir: str):

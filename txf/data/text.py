@@ -197,6 +197,15 @@ def read_tsv(path: str, max_line_chars: int) -> Tuple[List[Tuple[str, int]], Ski
   return rows, stats
 
 
+def find_label_line(path: str, label: int) -> int:
+  """The number of the first line of a ``sentence<TAB>label`` file whose label is ``label`` (0: none)."""
+  for lineno, line in iter_lines(path):
+    value = line.rpartition("\t")[2].strip()
+    if value.isdigit() and int(value) == label:
+      return lineno
+  return 0
+
+
 def read_plain(path: str) -> str:
   """The whole UTF-8 text of a file (DataError naming file:line on non-UTF-8 bytes)."""
   with open(require_file(path, "plain text"), "rb") as f:

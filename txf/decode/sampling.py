@@ -4,6 +4,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from txf.decode.greedy import BOS_ID, EOS_ID, PAD_ID, LogitsFn, check_length
 
@@ -40,31 +41,49 @@ def filter_logits(logits: jnp.ndarray, top_k: int = 0, top_p: float = 1.0) -> jn
   return logits
 
 
+def row_keys(rng: jax.Array, batch: int) -> jax.Array:
+  """One PRNG key per row: ``rng`` itself when it already holds B keys ([B] typed or [B, 2] raw),
+  else ``fold_in(rng, b)`` for row b. A row's draws depend only on its own key."""
+  rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
+  typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  single = rng.ndim == (0 if typed else 1)
+  if single:
+    return jax.vmap(lambda b: jax.random.fold_in(rng, b))(jnp.arange(batch))
+  if rng.shape[0] != batch:
+    raise ValueError(f"rng holds {rng.shape[0]} keys for {batch} prompts: give one key or one per row")
+  return rng
+
+
 def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array,
            max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           eos_id: int = EOS_ID, bos_id: int = BOS_ID) -> jnp.ndarray:
-  """Sample continuations y_t ~ softmax(filter(logits_t / T)) of a prompt, until EOS or a length.
+           eos_id: int = EOS_ID, bos_id: int = BOS_ID, prompt_lengths=None) -> jnp.ndarray:
+  """Sample continuations y_t ~ softmax(filter(logits_t / T)) of prompts, until EOS or a length.
 
-  The prompt is fed once as [BOS, prompt_1 .. prompt_P] (logits_fn must accept several positions
-  in one call and return the last one's logits: a prefill), then each sampled token is fed back
-  one at a time: 1 + (max_new_tokens - 1) calls, so a cache must hold P + max_new_tokens
-  positions. Step t draws with ``jax.random.fold_in(rng, t)``.
+  Row b's prompt is ``prompt[b, :prompt_lengths[b]]`` (the rest is padding, never read); rows
+  may have different lengths. All rows move one position per step; a row whose prompt has not
+  ended yet is fed its next prompt token (forced) instead of a draw, so every cache position of
+  every row holds a real token: [BOS, prompt_b, y_b1, y_b2, ...], and no padding mask is needed.
+  The shortest prompt's tokens go in one call with BOS (a prefill: logits_fn must accept several
+  positions in one call and return the last one's logits), then one token per call: at most
+  1 + (P - P_min) + (max_new_tokens - 1) calls, so a cache must hold P + max_new_tokens positions.
 
-  Prompts of different lengths are NOT supported: all B prompts are P real tokens (no PAD);
-  a padded prompt would be read as PAD tokens, and the continuation would follow them. Decode
-  prompts of different lengths in separate calls (or batches grouped by length).
+  Randomness is per row: row b draws its t-th new token with ``fold_in(key_b, t)``, where key_b is
+  ``rng[b]`` when ``rng`` holds B keys, else ``fold_in(rng, b)`` (``row_keys``). So a row gives the
+  same tokens in any batch as alone with its own key (up to the float rounding of batched logits).
 
   Args:
     logits_fn: ``(ids int32 [B, L], cache) -> (logits float32 [B, V] at position L-1, cache)``.
     cache: empty cache for B rows (e.g. ``txf.models.inference.init_cache`` of the LM).
-    prompt: int [B, P], P >= 0, equal-length prompts (without BOS).
-    rng: PRNG key.
+    prompt: int [B, P], P >= 0, prompts (without BOS), padded on the right to P.
+    rng: one PRNG key, or B keys (typed [B] or raw [B, 2]).
     max_new_tokens: static int >= 1.
     temperature: static float >= 0; 0 means greedy (argmax, no randomness).
     top_k: static int >= 0 (0 = off); top_p: static float in (0, 1] (1 = off).
     eos_id, bos_id: special ids.
+    prompt_lengths: int [B] with 0 <= length <= P, or None (every prompt is P tokens). When it is a
+      concrete array the shortest prompt is prefilled in one call; under tracing only BOS is.
   Returns:
-    int32 [B, max_new_tokens]: sampled tokens, EOS included, PAD (0) after it.
+    int32 [B, max_new_tokens]: each row's new tokens, EOS included, PAD (0) after it.
   """
   check_length("max_new_tokens", max_new_tokens)
   if temperature < 0:
@@ -76,31 +95,54 @@ def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array,
   prompt = jnp.asarray(prompt, jnp.int32)
   if prompt.ndim != 2:
     raise ValueError(f"prompt must be int [B, P], got shape {prompt.shape}")
-  batch = prompt.shape[0]
+  batch, width = prompt.shape
+  if prompt_lengths is None:
+    lengths, prefill = jnp.full((batch,), width, jnp.int32), width
+  else:
+    try:
+      concrete = np.asarray(prompt_lengths)
+    except jax.errors.TracerArrayConversionError:  # traced: checked by the caller, BOS prefill
+      concrete = None
+    if concrete is None:
+      lengths, prefill = jnp.asarray(prompt_lengths, jnp.int32), 0
+    elif concrete.shape != (batch,) or concrete.min(initial=0) < 0 or concrete.max(initial=0) > width:
+      raise ValueError(f"prompt_lengths must be int [{batch}] in [0, {width}], got {concrete!r}")
+    else:
+      lengths, prefill = jnp.asarray(concrete, jnp.int32), int(concrete.min(initial=width))
+  keys = row_keys(rng, batch) if temperature > 0 else None
+  last = width - prefill + max_new_tokens  # steps until the longest prompt's row is full
 
-  def draw(logits, step):
+  def draw(logits, index):
     if temperature == 0:
       return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     filtered = filter_logits(logits.astype(jnp.float32) / temperature, top_k, top_p)
-    key = jax.random.fold_in(rng, step)
-    return jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+    step_keys = jax.vmap(jax.random.fold_in)(keys, index)
+    return jax.vmap(jax.random.categorical)(step_keys, filtered).astype(jnp.int32)
 
   def cond(state):
     step, _, done, _, _ = state
-    return (step < max_new_tokens) & ~jnp.all(done)
+    return (step < last) & ~jnp.all(done)
 
   def body(state):
     # one draw site (threefry compiles slowly on CPU); feed the token back only if it is needed
     step, out, done, logits, cache = state
-    token = jnp.where(done, PAD_ID, draw(logits, step))
-    out = jax.lax.dynamic_update_slice(out, token[:, None], (0, step))
-    done = done | (token == eos_id)
-    more = (step + 1 < max_new_tokens) & ~jnp.all(done)
+    position = prefill + step                   # index of this token after BOS in every row
+    forced = position < lengths
+    new_index = position - lengths              # which new token a row draws (< 0 while forced)
+    prompt_token = prompt[:, jnp.minimum(position, width - 1)] if width else jnp.zeros_like(lengths)
+    drawn = draw(logits, jnp.maximum(new_index, 0))
+    token = jnp.where(forced, prompt_token, jnp.where(done, PAD_ID, drawn))
+    write = ~forced & ~done
+    column = jnp.clip(new_index, 0, max_new_tokens - 1)
+    rows = jnp.arange(batch)
+    out = out.at[rows, column].set(jnp.where(write, token, out[rows, column]))
+    done = done | (write & ((token == eos_id) | (new_index + 1 >= max_new_tokens)))
+    more = (step + 1 < last) & ~jnp.all(done)
     logits, cache = jax.lax.cond(more, lambda: logits_fn(token[:, None], cache),
                                  lambda: (logits, cache))
     return step + 1, out, done, logits, cache
 
-  prefix = jnp.concatenate([jnp.full((batch, 1), bos_id, jnp.int32), prompt], axis=1)
+  prefix = jnp.concatenate([jnp.full((batch, 1), bos_id, jnp.int32), prompt[:, :prefill]], axis=1)
   logits, cache = logits_fn(prefix, cache)
   state = (jnp.array(0, jnp.int32), jnp.zeros((batch, max_new_tokens), jnp.int32),
            jnp.zeros((batch,), bool), logits.astype(jnp.float32), cache)

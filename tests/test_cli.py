@@ -1,0 +1,144 @@
+"""The txf command line: help, version, one-line errors for what a user typed, quiet logging.
+
+Every test runs the real CLI in a subprocess and checks its exit status and what it printed.
+"""
+
+import os
+
+import pytest
+
+from tests.conftest import ROOT, run_txf
+from txf import cli
+from txf import runtime
+
+
+def error_line(result):
+  """The single stderr line of a refused command (and no traceback)."""
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert "Traceback" not in result.stderr, result.stderr
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith("txf: error: "), result.stderr
+  return lines[0]
+
+
+def test_top_level_help_lists_every_command_and_exits_0():
+  r = run_txf("--help")
+  assert r.returncode == 0, r.stderr
+  for name in cli.COMMANDS:
+    assert f"  {name} " in r.stdout
+  assert run_txf().returncode == 2  # no command at all is a usage error
+
+
+def test_version_prints_the_package_version():
+  import txf
+  r = run_txf("--version")
+  assert r.returncode == 0 and r.stdout.strip() == f"txf {txf.__version__}"
+
+
+@pytest.mark.parametrize("name", ["train", "eval", "translate", "generate", "average-checkpoints"])
+def test_command_help_prints_its_purpose_and_own_flags(name):
+  r = run_txf(name, "--help")
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.startswith(f"txf {name}: {cli.COMMANDS[name][1]}")
+  assert "--workdir" in r.stdout  # every one of these has its own --workdir
+  assert "--helpfull" not in r.stdout and "absl" not in r.stdout.split("every command:")[0]
+  assert "--xla_" not in r.stdout and "--jax_" not in r.stdout  # no global library flags
+
+
+def test_train_help_names_the_config_flag_and_required_flags_are_marked():
+  assert "--config.FIELD=VALUE" in run_txf("train", "-h").stdout
+  assert "--workdir: run directory of a trained run (required)" in run_txf("eval", "--help").stdout
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["trian"], "unknown command 'trian': did you mean 'train'?"),
+    (["train", "--bogus=1"], "unknown flag --bogus for txf train"),
+    (["train", "--config.model.num_head=2"],
+     "unknown config field 'model.num_head' in --config.model.num_head=2: did you mean "
+     "--config.model.num_heads?"),
+    (["train", "--config=/nonexistent/x.py"], "no config file /nonexistent/x.py"),
+    (["train", "--config", "nosuchexperiment"], "no config file nosuchexperiment"),
+    (["train", "--config.batch_size=abc"], "flag --config.batch_size=abc: invalid literal for int()"),
+    (["eval"], "--workdir is required"),
+])
+def test_usage_errors_are_one_line_and_exit_2(args, expected, tmp_path):
+  r = run_txf(*args, "--workdir", str(tmp_path / "w")) if args[0] == "train" else run_txf(*args)
+  assert r.returncode == 2, r.stderr
+  assert expected in error_line(r)
+  assert not (tmp_path / "w").exists()  # refused before a workdir exists
+
+
+def test_config_file_with_a_syntax_error_or_without_get_config(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("def get_config(:\n  pass\n")
+  r = run_txf("train", f"--config={bad}", "--workdir", str(tmp_path / "w"))
+  assert r.returncode == 2
+  assert f"the config file {bad} does not parse: invalid syntax at line 1" in error_line(r)
+  empty = tmp_path / "empty.py"
+  empty.write_text("X = 1\n")
+  r = run_txf("train", "--config", str(empty), "--workdir", str(tmp_path / "w"))
+  assert r.returncode == 2
+  assert f"the config file {empty} has no get_config()" in error_line(r)
+  r = run_txf("train", "--config", str(empty), "--workdir", str(tmp_path / "w"), "--verbose_errors")
+  assert r.returncode == 2 and "Traceback" in r.stderr  # asked for
+
+
+def test_config_names_resolve_to_the_shipped_experiments(tmp_path):
+  from txf import config as config_lib
+  assert config_lib.experiment_path("sst2") == os.path.join(ROOT, "experiments", "sst2.py")
+  # the README's relative path works from any directory
+  assert config_lib.experiment_path("experiments/default.py").endswith(
+      os.path.join("experiments", "default.py"))
+  elsewhere = tmp_path / "mine.py"
+  elsewhere.write_text("")
+  assert config_lib.experiment_path(str(elsewhere)) == str(elsewhere)  # a real file wins
+  with pytest.raises(config_lib.ConfigError, match="sst2"):  # the message lists the names
+    config_lib.experiment_path("somewhere/sst2.py")  # another directory is never substituted
+
+
+def test_split_verbosity():
+  assert runtime.split_verbosity(["--workdir", "w"]) == (False, ["--workdir", "w"])
+  assert runtime.split_verbosity(["-v", "--workdir", "w"]) == (True, ["--verbosity=0", "--workdir", "w"])
+  assert runtime.split_verbosity(["--verbosity=1"]) == (True, ["--verbosity=1"])
+  assert runtime.split_verbosity(["--verbosity=-1"]) == (False, ["--verbosity=-1"])
+
+
+def test_library_filter_passes_txf_warnings_and_library_errors_only():
+  import logging
+  f = runtime.LibraryFilter("/pkg/txf")
+
+  def record(level, path):
+    return logging.LogRecord("absl", level, path, 1, "m", None, None)
+  assert f.filter(record(logging.WARNING, "/pkg/txf/data/text.py"))
+  assert not f.filter(record(logging.INFO, "/pkg/txf/data/text.py"))
+  assert not f.filter(record(logging.WARNING, "/site/orbax/checkpoint_manager.py"))
+  assert f.filter(record(logging.ERROR, "/site/orbax/checkpoint_manager.py"))
+
+
+def test_info_is_quiet_by_default_and_logs_with_v():
+  # JAX chooses its platform itself here: without a TPU it probes for one and logs that at INFO
+  UNSET = {"JAX_PLATFORMS": None, "TF_CPP_MIN_LOG_LEVEL": None}
+  quiet = run_txf("info", env=UNSET)
+  assert quiet.returncode == 0, quiet.stderr
+  assert quiet.stderr.strip() == "", quiet.stderr  # no "Unable to initialize backend 'tpu'" line
+  assert quiet.stdout.startswith("jax: ")
+  loud = run_txf("info", "-v", env=UNSET)
+  assert loud.returncode == 0
+  assert "xla_bridge" in loud.stderr  # jax's own INFO lines are back when asked for
+
+
+def test_average_checkpoints_has_no_orbax_read_only_warning(tmp_path):
+  from tests.test_checkpoint import _config, _state
+  from txf.checkpoint import Checkpointer
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  for step in (10, 20):
+    ck.save(step, _state(step / 7, step), {"next_index": step})
+  ck.close()
+  quiet = run_txf("average-checkpoints", "--workdir", str(tmp_path), "--last", "2",
+                  "--output", "avg.msgpack")
+  assert quiet.returncode == 0, quiet.stderr
+  assert "averaged the parameters of the checkpoints at steps [10, 20]" in quiet.stdout
+  assert quiet.stderr.strip() == "", quiet.stderr
+  loud = run_txf("average-checkpoints", "--workdir", str(tmp_path), "--last", "2",
+                 "--output", "avg.msgpack", "-v")
+  assert loud.returncode == 0 and "read only" in loud.stderr  # orbax says it when asked to
