@@ -41,7 +41,12 @@ def base_config() -> ml_collections.ConfigDict:
       "heads": "tensor",         # attention heads: tensor parallel
       "kv": "",                  # d_k within a head: never split
       "mlp": "tensor",           # d_ff of the FFN: tensor parallel
-      "vocab": "tensor"})        # embedding rows / output columns: tensor parallel
+      "vocab": "tensor",         # embedding rows / output columns: tensor parallel
+      "length": "",              # sequence positions (activations, learned position table): not split
+      "act_embed": "",           # d_model of activations [B, L, d]: not split (FSDP gathers weights)
+      "norm": "",                # LayerNorm gain/bias and FFN b_2 [d]: replicated
+      "classes": ""})            # classifier outputs: replicated
+  c.dcn_mesh_shape = ()          # mesh: () = one slice; else (data, fsdp, tensor) across slices/processes, mesh_shape within one
 
   c.model = ml_collections.ConfigDict()
   m = c.model

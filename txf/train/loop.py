@@ -42,7 +42,7 @@ from txf.checkpoint import Checkpointer
 from txf.data import make_task
 from txf.errors import TxfError
 from txf.metrics import MetricWriter
-from txf.models import count_params, init_params
+from txf.models import count_params, init_params, param_axes
 from txf.parallel import make_runner
 from txf.train import evaluate
 from txf.train.optimizer import make_optimizer, make_schedule
@@ -277,7 +277,8 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True) -> D
       config,
       lambda axis: make_train_step(model_cfg, tx, config.optimizer.label_smoothing, schedule, axis,
                                    config.grad_accum_steps),
-      lambda axis: make_eval_step(model_cfg, config.optimizer.label_smoothing, axis))
+      lambda axis: make_eval_step(model_cfg, config.optimizer.label_smoothing, axis),
+      param_axes(model_cfg, example_batch))
   train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(), jax.process_count())
 
   checkpointer = Checkpointer(workdir, config)
