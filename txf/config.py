@@ -190,6 +190,16 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
       errors.append(f"{key}={given.get(key)} must be >= 0")
   if given.get("beam_size", 1) < 1:
     errors.append("beam_size must be >= 1")
+  mesh_axes = ("data", "fsdp", "tensor")
+  for logical, value in dict(cfg.get("sharding_rules", {}) or {}).items():
+    for axis in [a.strip() for a in str(value or "").split(",") if a.strip()]:
+      if axis not in mesh_axes:
+        errors.append(f"sharding_rules.{logical}={value!r} names mesh axis {axis!r}, which does not "
+                      f"exist: use some of {mesh_axes} ('' = replicated)")
+  dcn = tuple(cfg.get("dcn_mesh_shape", ()) or ())
+  if dcn and (len(dcn) != 3 or any(s == 0 or s < -1 for s in dcn) or list(dcn).count(-1) > 1):
+    errors.append(f"dcn_mesh_shape={dcn} must be () or 3 positive sizes (data, fsdp, tensor) across "
+                  f"slices (or processes), at most one -1; e.g. (2, 1, 1) for data parallel over 2 slices")
   if data_lengths and m.get("max_len"):
     for name, length in data_lengths.items():
       if length and length > m["max_len"]:
