@@ -36,6 +36,7 @@ def _train_flops(b, s, t, d=512, f=2048, v=32000, n=6):
   return 6.0 * b * (weights + attention)
 
 
+@pytest.mark.slow
 def test_plan_base_with_fsdp_8_splits_the_state_eight_ways(tmp_path):
   out = tmp_path / "plan.json"
   proc = _plan("--config", "experiments/wmt14_en_de_base.py", "--devices", "8",
