@@ -1,4 +1,4 @@
-"""Parallelism: the parameter placement table, mesh set-up, distributed env parsing, and -- with 8
+"""Parallelism: the logical axes every parameter declares, mesh set-up, born-sharded init, distributed env parsing, and -- with 8
 fake CPU devices in one subprocess -- pmap and mesh layouts (data=8; data=4 x tensor=2; fsdp=8;
 data=2 x fsdp=2 x tensor=2 with gradient accumulation) reproducing the single-device step's
 losses, parameters and eval sums over several steps, gradient accumulation equal to the large
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.config import base_config
-from txf.models import init_params
+from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
 from txf.parallel import distributed, make_runner, sharding
 from txf.train.optimizer import make_optimizer
@@ -67,7 +67,7 @@ def _train(model_cfg, parallelism="single", mesh_shape=(-1, 1, 1), accum=1, batc
   if params is None:
     params = jax.device_get(init_params(model_cfg, jax.random.key(0), batches[0]))
   runner = make_runner(config, lambda ax: make_train_step(model_cfg, tx, 0.1, None, ax, accum),
-                       lambda ax: make_eval_step(model_cfg, 0.1, ax))
+                       lambda ax: make_eval_step(model_cfg, 0.1, ax), param_axes(model_cfg, batches[0]))
   state = runner.place_state(create_train_state(params, tx))
   losses = []
   for i, batch in enumerate(batches):
@@ -109,7 +109,52 @@ def _worker() -> dict:
   losses, params, _, _, _ = _train(cfg, "single", accum=2)
   out["accum"] = {"losses": losses, "param_diff": _max_diff(params, ref_params)}
   out["bf16"] = _bf16()
+  out["born_sharded"] = _born_sharded()
+  out["constraints"] = _constraints(cfg)
   return out
+
+
+def _born_sharded() -> dict:
+  """The train state made in its shardings on (data=2, fsdp=2, tensor=2) vs the one-device init."""
+  from txf.parallel import sharding as sh
+  cfg = _model(family="encoder_decoder", share_embeddings=False, tie_output=False, target_vocab_size=48)
+  batch = _batches(n=1)[0]
+  config = base_config()
+  tx = make_optimizer(config.optimizer, cfg.d_model)
+  init = lambda rng: create_train_state(init_params(cfg, rng, batch), tx)
+  mesh = sh.make_mesh((2, 2, 2))
+  state = sh.init_sharded(init, mesh, None, param_axes(cfg, batch), jax.random.key(3))
+  reference = jax.device_get(init(jax.random.key(3)))
+  gathered = jax.device_get(state)
+  spec = lambda x: [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
+  specs = {"/".join(sh.path_parts(p)): spec(x) for p, x in jax.tree_util.tree_leaves_with_path(state)}
+  shard_shapes = {"/".join(sh.path_parts(p)): list(x.addressable_shards[0].data.shape)
+                  for p, x in jax.tree_util.tree_leaves_with_path(state)}
+  equal = all(np.array_equal(np.asarray(a), np.asarray(b)) and np.asarray(a).dtype == np.asarray(b).dtype
+              for a, b in zip(jax.tree_util.tree_leaves(gathered), jax.tree_util.tree_leaves(reference)))
+  shapes = {"/".join(sh.path_parts(p)): list(np.shape(x))
+            for p, x in jax.tree_util.tree_leaves_with_path(reference)}
+  target = sh.abstract_sharded(jax.eval_shape(init, jax.random.key(0)), mesh, None, param_axes(cfg, batch))
+  target_specs = {"/".join(sh.path_parts(p)): spec(x) for p, x in jax.tree_util.tree_leaves_with_path(target)}
+  return {"specs": specs, "shard_shapes": shard_shapes, "shapes": shapes, "equal": bool(equal),
+          "same_structure": jax.tree_util.tree_structure(gathered) == jax.tree_util.tree_structure(reference),
+          "target_specs": target_specs}
+
+
+def _constraints(cfg) -> dict:
+  """Whether the traced step carries sharding constraints: on a mesh yes, on one device none."""
+  config = base_config()
+  config.batch_size, config.parallelism, config.mesh_shape = BATCH, "mesh", (2, 2, 2)
+  tx = make_optimizer(config.optimizer, cfg.d_model)
+  batch = _batches(n=1)[0]
+  params = init_params(cfg, jax.random.key(0), batch)
+  steps = (lambda ax: make_train_step(cfg, tx, 0.1, None, ax), lambda ax: make_eval_step(cfg, 0.1, ax))
+  runner = make_runner(config, *steps, param_axes(cfg, batch))
+  state = runner.place_state(create_train_state(params, tx))
+  mesh_text = runner._train.lower(state, runner.local_batch(batch),
+                                  runner._key_data(jax.random.key(0))).as_text()
+  single = jax.jit(steps[0](None)).lower(create_train_state(params, tx), batch, jax.random.key(0)).as_text()
+  return {"mesh": mesh_text.count("sharding_constraint"), "single": single.count("sharding_constraint")}
 
 
 def _bf16() -> dict:
@@ -168,56 +213,145 @@ def test_mesh_layouts_shard_params_and_optimizer_state_by_the_rules():
   assert tp["specs"]["step"] == []
 
 
+def test_state_is_born_sharded_and_equals_the_one_device_init():
+  r = _worker_result()["born_sharded"]
+  assert r["same_structure"] and r["equal"]  # gathered, bit for bit
+  expected = {"query": ["fsdp", "tensor"], "out": ["tensor", None, "fsdp"], "wi": ["fsdp", "tensor"],
+              "wo": ["tensor", "fsdp"], "bi": ["tensor"], "scale": [], "embedding": ["tensor", "fsdp"],
+              "logits_kernel": ["fsdp", "tensor"]}
+  checked = 0
+  for path, spec in r["specs"].items():
+    name = path.split("/")[-1]
+    if path == "step" or path.endswith("count"):
+      assert spec == [], path
+    elif name in expected:
+      assert spec == expected[name], (path, spec)
+      checked += 1
+    # each device holds its slice: every sharded dimension divided by 2
+    shard, full = r["shard_shapes"][path], r["shapes"][path]
+    ways = [1 if a is None else 2 ** (len(a) if isinstance(a, list) else 1) for a in spec]
+    ways += [1] * (len(full) - len(ways))
+    assert shard == [n // w for n, w in zip(full, ways)], (path, shard, full)
+  assert checked > 30  # params, mu and nu of every weight
+  assert r["target_specs"] == r["specs"]  # the restore target has the init's shardings
+
+
+def test_mesh_step_constrains_activations_and_the_one_device_step_does_not():
+  r = _worker_result()["constraints"]
+  assert r["single"] == 0 and r["mesh"] >= 5, r
+
+
 # -- in-process tests (one device) -----------------------------------------------------------------
+
+VARIANTS = [dict(family="encoder_decoder"), dict(family="decoder_lm", positional="learned"),
+            dict(family="encoder_classifier", pre_ln=True, positional="learned"),
+            dict(family="decoder_lm", tie_output=False, pre_ln=True),
+            dict(family="encoder_decoder", share_embeddings=False, tie_output=False, pre_ln=True,
+                 target_vocab_size=48)]
+EXAMPLE = {"inputs": np.ones((2, 8), np.int32), "targets": np.ones((2, 8), np.int32)}
+
 
 def _abstract_params(**kw):
   cfg = _model(**kw)
-  batch = {"inputs": np.ones((2, 8), np.int32), "targets": np.ones((2, 8), np.int32)}
-  return jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), batch))
+  return jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), EXAMPLE)), param_axes(cfg, EXAMPLE)
 
 
-def test_every_weight_matrix_of_every_family_has_a_placement_rule():
-  variants = [dict(family="encoder_decoder"), dict(family="decoder_lm", positional="learned"),
-              dict(family="encoder_classifier", pre_ln=True),
-              dict(family="encoder_decoder", share_embeddings=False, tie_output=False, pre_ln=True,
-                   target_vocab_size=48)]
-  for kw in variants:
-    params = _abstract_params(**kw)
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-      name = sharding.path_str(path)
-      axes = sharding.leaf_axes(name, leaf.ndim)
-      assert len(axes) == leaf.ndim
-      if leaf.ndim >= 2:  # every matrix is placed by a rule (vectors may stay replicated)
-        assert any(a is not None for a in axes), (kw, name)
+def _undeclared(params, axes):
+  """Paths of parameters with no logical axes, or with a number of names other than their rank."""
+  named = {sharding.path_parts(p): spec for p, spec in jax.tree_util.tree_leaves_with_path(
+      axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))}
+  bad = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    spec = named.get(sharding.path_parts(path))
+    if spec is None or len(spec) != leaf.ndim or not all(isinstance(a, str) for a in spec):
+      bad.append("/".join(sharding.path_parts(path)))
+  return bad
 
 
-def test_partition_specs_follow_the_rules_and_fall_back_to_replication():
-  params = _abstract_params(family="encoder_decoder", vocab_size=37)  # 37: not divisible by 2
-  sizes = {"data": 2, "fsdp": 2, "tensor": 2}
-  specs = sharding.partition_specs(params, None, sizes)
+def test_every_parameter_of_every_family_declares_its_logical_axes(monkeypatch):
+  for kw in VARIANTS:
+    params, axes = _abstract_params(**kw)
+    assert len(jax.tree_util.tree_leaves(params)) > 10
+    assert _undeclared(params, axes) == [], kw
   P = jax.sharding.PartitionSpec
-  attn = specs["encoder"]["layer_0"]["self_attention"]
+  params, axes = _abstract_params(family="encoder_decoder", tie_output=False)
+  layer = axes["encoder"]["layer_0"]
+  assert layer["self_attention"]["query"] == P("embed", "heads", "kv")
+  assert layer["self_attention"]["out"] == P("heads", "kv", "embed")
+  assert layer["ffn"]["wi"] == P("embed", "mlp") and layer["ffn"]["wo"] == P("mlp", "embed")
+  assert axes["embed"]["embedding"] == P("vocab", "embed")
+  assert axes["decoder"]["logits_kernel"] == P("embed", "vocab")
+  # a parameter declared without axes is caught (W^O made with the bare initializer)
+  from txf.nn import attention
+  monkeypatch.setattr(attention, "OUT_INIT", attention.xavier)
+  params, axes = _abstract_params(family="decoder_lm")
+  assert _undeclared(params, axes) == ["decoder/layer_0/self_attention/out"]
+
+
+def test_init_params_returns_plain_arrays_equal_to_the_boxed_values():
+  from txf.models import init_boxed_params
+  import flax.linen as nn
+  cfg = _model(family="encoder_classifier")
+  params = init_params(cfg, jax.random.key(1), EXAMPLE)
+  boxed = init_boxed_params(cfg, jax.random.key(1), EXAMPLE)
+  assert all(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(params))
+  assert all(isinstance(x, nn.LogicallyPartitioned)
+             for x in jax.tree_util.tree_leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)))
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(nn.unbox(boxed))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)  # jit vs op-by-op rounding
+
+
+def test_partition_specs_follow_the_declared_axes_and_the_rules():
+  from txf.config import ConfigError
+  from txf.train.optimizer import make_optimizer as opt
+  cfg = _model(family="encoder_decoder")
+  params, axes = _abstract_params(family="encoder_decoder")
+  state = jax.eval_shape(lambda: create_train_state(params, opt(base_config().optimizer, 32)))
+  sizes = {"data": 2, "fsdp": 2, "tensor": 2}
+  specs = sharding.partition_specs(state, axes, None, sizes)
+  P = jax.sharding.PartitionSpec
+  attn = specs.params["encoder"]["layer_0"]["self_attention"]
   assert attn["query"] == P("fsdp", "tensor") and attn["out"] == P("tensor", None, "fsdp")
-  assert specs["encoder"]["layer_0"]["ffn"]["wi"] == P("fsdp", "tensor")
-  assert specs["encoder"]["layer_0"]["ffn"]["bi"] == P("tensor")
-  assert specs["encoder"]["layer_0"]["norm_1"]["scale"] == P()
-  assert specs["embed"]["embedding"] == P(None, "fsdp")  # vocab 37 % 2 != 0: that axis replicated
+  assert specs.params["encoder"]["layer_0"]["ffn"]["wi"] == P("fsdp", "tensor")
+  assert specs.params["encoder"]["layer_0"]["ffn"]["bi"] == P("tensor")
+  assert specs.params["encoder"]["layer_0"]["norm_1"]["scale"] == P()
+  assert specs.params["embed"]["embedding"] == P("tensor", "fsdp")
+  # Adam's moments follow their parameters; the step and Adam's count are replicated
+  assert specs.opt_state[0].mu["encoder"]["layer_0"]["ffn"]["wi"] == P("fsdp", "tensor")
+  assert specs.opt_state[0].nu["embed"]["embedding"] == P("tensor", "fsdp")
+  assert specs.step == P() and specs.opt_state[0].count == P()
   # rules from the config: replicate the embed axis, heads over fsdp x tensor
   rules, sizes4 = {"embed": "", "heads": "fsdp,tensor"}, {"data": 1, "fsdp": 2, "tensor": 2}
-  specs = sharding.partition_specs(params, rules, sizes4)
+  specs = sharding.partition_specs(params, axes, rules, sizes4)
   assert specs["encoder"]["layer_0"]["self_attention"]["query"] == P(None, ("fsdp", "tensor"))
-  specs = sharding.partition_specs(_abstract_params(num_heads=2), rules, sizes4)
-  assert specs["decoder"]["layer_0"]["self_attention"]["query"] == P()  # 2 heads over 4: replicated
   # a mesh axis is used once per array: vocab and embed both on tensor -> embed replicated
-  specs = sharding.partition_specs(params, {"vocab": "tensor", "embed": "tensor"}, sizes)
+  specs = sharding.partition_specs(params, axes, {"vocab": "tensor", "embed": "tensor"}, sizes)
   assert specs["decoder"]["layer_0"]["ffn"]["wi"] == P("tensor")
+  # a leaf that follows no parameter is an error, not silently replicated
+  try:
+    sharding.partition_specs({"stray": np.zeros((4, 4))}, axes, None, sizes)
+    raise AssertionError("a leaf without axes must raise")
+  except ValueError as e:
+    assert "stray" in str(e)
+  # sharded axes that do not divide: vocab 37 over tensor=2, 2 heads over 4, d_ff 64 over 3
+  for kw, rules, sizes_, words in [
+      (dict(vocab_size=37), None, sizes, "'vocab' axis"),
+      (dict(num_heads=2), {"heads": "fsdp,tensor"}, sizes4, "'heads' axis"),
+      (dict(d_ff=64), None, {"data": 1, "fsdp": 1, "tensor": 3}, "'mlp' axis")]:
+    p, a = _abstract_params(**kw)
+    try:
+      sharding.partition_specs(p, a, rules, sizes_)
+      raise AssertionError(f"{kw} must raise")
+    except ConfigError as e:
+      assert words in str(e) and "mesh_shape" in str(e) and "sharding_rules." in str(e), str(e)
   try:
     sharding.parse_rules({"embed": "fdsp"})
     raise AssertionError("a misspelt mesh axis must raise")
-  except ValueError as e:
+  except ConfigError as e:
     assert "fdsp" in str(e) and "fsdp" in str(e)
   assert sharding.batch_spec(None, sizes) == P(("data", "fsdp"))
   assert sharding.batch_spec(None, {"data": 4, "fsdp": 1, "tensor": 2}) == P("data")
+  del cfg
 
 
 def test_mesh_shape_fills_one_axis_and_names_the_problem():
@@ -233,11 +367,14 @@ def test_mesh_shape_fills_one_axis_and_names_the_problem():
       assert words in str(e), (bad, str(e))
   mesh = sharding.make_mesh((-1, 1, 1))
   assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh.shape["data"] == jax.device_count()
-
-
-def test_config_rules_are_the_sharding_defaults():
-  assert dict(base_config().sharding_rules.items()) == sharding.DEFAULT_RULES
-  assert tuple(base_config().mesh_shape) == (-1, 1, 1)
+  # one process: a dcn mesh of one slice is the plain mesh; two slices cannot be
+  assert dict(sharding.make_mesh((-1, 1, 1), dcn_mesh_shape=(1, 1, 1)).shape)["data"] == jax.device_count()
+  from txf.config import ConfigError
+  try:
+    sharding.make_mesh((-1, 1, 1), dcn_mesh_shape=(2, 1, 1))
+    raise AssertionError("a dcn_mesh_shape over 2 processes must raise on 1")
+  except ConfigError as e:
+    assert "dcn_mesh_shape=(2, 1, 1)" in str(e) and "has 1" in str(e), str(e)
 
 
 def test_memory_benchmark_divides_state_by_the_sharded_ways():

@@ -25,6 +25,7 @@ COMMANDS = {
     "average-checkpoints": ("txf.commands.average", "average the parameters of the last N checkpoints"),
     "bench": ("txf.commands.bench", "benchmark train-step and decode speed"),
     "info": ("txf.commands.info", "print jax, devices, CPU features and the malloc in use"),
+    "plan": ("txf.commands.plan", "size a job before launch: per-device memory and step time on N devices"),
 }
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull")
 

@@ -42,7 +42,12 @@ def base_config() -> ml_collections.ConfigDict:
       "heads": "tensor",         # attention heads: tensor parallel
       "kv": "",                  # d_k within a head: never split
       "mlp": "tensor",           # d_ff of the FFN: tensor parallel
-      "vocab": "tensor"})        # embedding rows / output columns: tensor parallel
+      "vocab": "tensor",         # embedding rows / output columns: tensor parallel
+      "length": "",              # sequence positions (activations, learned position table): not split
+      "act_embed": "",           # d_model of activations [B, L, d]: not split (FSDP gathers weights)
+      "norm": "",                # LayerNorm gain/bias and FFN b_2 [d]: replicated
+      "classes": ""})            # classifier outputs: replicated
+  c.dcn_mesh_shape = ()          # mesh: () = one slice; else (data, fsdp, tensor) across slices/processes, mesh_shape within one
 
   c.model = ml_collections.ConfigDict()
   m = c.model
@@ -287,6 +292,16 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
       errors.append(f"{key}={given.get(key)} must be >= 0")
   if given.get("beam_size", 1) < 1:
     errors.append("beam_size must be >= 1")
+  mesh_axes = ("data", "fsdp", "tensor")
+  for logical, value in dict(cfg.get("sharding_rules", {}) or {}).items():
+    for axis in [a.strip() for a in str(value or "").split(",") if a.strip()]:
+      if axis not in mesh_axes:
+        errors.append(f"sharding_rules.{logical}={value!r} names mesh axis {axis!r}, which does not "
+                      f"exist: use some of {mesh_axes} ('' = replicated)")
+  dcn = tuple(cfg.get("dcn_mesh_shape", ()) or ())
+  if dcn and (len(dcn) != 3 or any(s == 0 or s < -1 for s in dcn) or list(dcn).count(-1) > 1):
+    errors.append(f"dcn_mesh_shape={dcn} must be () or 3 positive sizes (data, fsdp, tensor) across "
+                  f"slices (or processes), at most one -1; e.g. (2, 1, 1) for data parallel over 2 slices")
   if data_lengths and m.get("max_len"):
     for name, length in data_lengths.items():
       if length and length > m["max_len"]:

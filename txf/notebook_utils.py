@@ -212,7 +212,8 @@ def fit(model_cfg, optimizer_cfg, train_batches: Iterator[Dict[str, np.ndarray]]
   ``init_params(params) -> params`` may replace initial parameters (e.g. an embedding table).
   The dropout key of step n is fold_in(split(key(seed))[1], n), as in txf.train.loop.
   """
-  from txf.models import build_model, model_inputs
+  from flax.linen import unbox
+  from txf.models import init_boxed_params
   from txf.train.optimizer import make_optimizer, make_schedule
   from txf.train.steps import create_train_state, make_train_step
   start = time.time()
@@ -222,9 +223,7 @@ def fit(model_cfg, optimizer_cfg, train_batches: Iterator[Dict[str, np.ndarray]]
   # One compile per configuration, shared by its seeds; init and eval also by the configurations
   # that differ only in optimizer settings.
   if ("init", model_cfg) not in _COMPILED:
-    model = build_model(model_cfg, deterministic=True)
-    _COMPILED["init", model_cfg] = jax.jit(
-        lambda rng, b: model.init(rng, **model_inputs(model_cfg.family, b))["params"])
+    _COMPILED["init", model_cfg] = jax.jit(lambda rng, b: unbox(init_boxed_params(model_cfg, rng, b)))
   if ("eval", model_cfg, ls) not in _COMPILED:
     _COMPILED["eval", model_cfg, ls] = make_evaluator(model_cfg, ls)
   key = ("train", model_cfg, tuple(sorted(optimizer_cfg.items())))

@@ -23,7 +23,7 @@ RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_
                     "beam_size", "alpha", "decode_max_extra", "name", "best_metric", "best_mode",
                     "nan_policy", "data.path", "data.data_dir", "data.prefetch",
                     # the layout may change on resume: checkpoints restore onto any device count
-                    "parallelism", "mesh_shape"}
+                    "parallelism", "mesh_shape", "dcn_mesh_shape"}
 RESUMABLE_PREFIXES = ("sharding_rules.",)
 
 

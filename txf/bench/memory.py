@@ -5,7 +5,7 @@
 
 Nothing is allocated: the train state's shapes come from ``jax.eval_shape`` (model init + Adam),
 and each layout's per-device shard shapes from the same code the mesh runner uses
-(``txf.parallel.sharding.named_shardings`` with ``config.sharding_rules``) on an ``AbstractMesh``,
+(``txf.parallel.sharding.named_shardings``: the model's declared axes with ``config.sharding_rules``) on an ``AbstractMesh``,
 so the figures are exactly what ``parallelism='mesh'`` would place. ``pmap`` keeps a full replica
 on every device. Activations, gradients and XLA temporaries are not included (see
 ``txf bench`` for a compiled step's memory).
@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
 from txf.config import base_config
-from txf.models import init_params
+from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
 from txf.parallel import sharding as sharding_lib
 from txf.train.optimizer import make_optimizer
@@ -46,22 +46,23 @@ def layouts(devices: int) -> List[Tuple[str, str, Tuple[int, int, int]]]:
 
 
 def abstract_state(model: Dict, family: str = "encoder_decoder"):
-  """ShapeDtypeStructs of the TrainState (params + Adam moments) of one model size."""
+  """(ShapeDtypeStructs of the TrainState (params + Adam moments), the parameters' logical axes)."""
   config = base_config()
   cfg = TransformerConfig(family=family, max_len=256, **model)
   batch = {"inputs": np.zeros((1, 8), np.int32), "targets": np.zeros((1, 8), np.int32)}
   tx = make_optimizer(config.optimizer, cfg.d_model)
-  return jax.eval_shape(lambda: create_train_state(init_params(cfg, jax.random.key(0), batch), tx))
+  state = jax.eval_shape(lambda: create_train_state(init_params(cfg, jax.random.key(0), batch), tx))
+  return state, param_axes(cfg, batch)
 
 
-def per_device_bytes(tree, shape: Sequence[int], parallelism: str, rules=None) -> int:
+def per_device_bytes(tree, shape: Sequence[int], parallelism: str, rules=None, axes=None) -> int:
   """Bytes of ``tree`` on one device: shard shapes of the mesh layout, whole arrays otherwise."""
   leaves = jax.tree_util.tree_leaves(tree)
   if parallelism != "mesh":
     return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in leaves))
   mesh = AbstractMesh(tuple(shape), sharding_lib.MESH_AXES,
                       axis_types=(AxisType.Auto,) * len(sharding_lib.MESH_AXES))
-  shardings = jax.tree_util.tree_leaves(sharding_lib.named_shardings(tree, mesh, rules))
+  shardings = jax.tree_util.tree_leaves(sharding_lib.named_shardings(tree, mesh, rules, axes))
   return int(sum(np.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
                  for x, s in zip(leaves, shardings)))
 
@@ -70,11 +71,11 @@ def memory_table(models: Sequence[str], devices: int, rules=None) -> List[Dict]:
   """One row per (model, layout): parameter count, per-device MB of params, Adam state, total."""
   rows = []
   for name in models:
-    state = abstract_state(MODELS[name])
+    state, axes = abstract_state(MODELS[name])
     count = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
     for layout, parallelism, shape in layouts(devices):
-      p = per_device_bytes(state.params, shape, parallelism, rules)
-      o = per_device_bytes(state.opt_state, shape, parallelism, rules)
+      p = per_device_bytes(state.params, shape, parallelism, rules, axes)
+      o = per_device_bytes(state.opt_state, shape, parallelism, rules, axes)
       rows.append({"model": name, "params": count, "layout": layout, "mesh": shape,
                    "params_mb": p / 2**20, "opt_mb": o / 2**20, "total_mb": (p + o) / 2**20})
   return rows

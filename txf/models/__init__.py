@@ -40,14 +40,31 @@ def model_inputs(family: str, batch: Dict[str, jnp.ndarray]) -> Dict[str, jnp.nd
 ModelBuilder = Callable[..., nn.Module]
 
 
+def init_boxed_params(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, jnp.ndarray],
+                      build: Optional[ModelBuilder] = None):
+  """Parameters as flax makes them: every leaf an ``nn.LogicallyPartitioned`` box holding the
+  array and its logical axis names (one per dimension). Traceable; ``init_params`` unboxes.
+  ``build`` makes the module (default ``build_model``)."""
+  model = (build or build_model)(cfg, deterministic=True)
+  return model.init(rng, **model_inputs(cfg.family, batch))["params"]
+
+
 def init_params(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, jnp.ndarray],
                 build: Optional[ModelBuilder] = None):
-  """Initialise parameters from one example batch (only its shapes matter); ``build`` makes the
-  module (default ``build_model``)."""
-  model = (build or build_model)(cfg, deterministic=True)
-  inputs = model_inputs(cfg.family, batch)
+  """Initialise parameters (plain arrays) from one example batch (only its shapes matter)."""
   # one compiled init instead of ~80 op-by-op dispatches
-  return jax.jit(lambda r, x: model.init(r, **x)["params"])(rng, inputs)
+  return jax.jit(lambda r, x: nn.unbox(init_boxed_params(cfg, r, x, build)))(rng, batch)
+
+
+def param_axes(cfg: TransformerConfig, batch: Dict[str, jnp.ndarray],
+               build: Optional[ModelBuilder] = None):
+  """The logical axes every parameter is declared with: a tree like the parameters whose leaves are
+  ``PartitionSpec``s of logical names, e.g. ``PartitionSpec('embed', 'mlp')`` for ``ffn/wi``.
+
+  Nothing is computed (``jax.eval_shape``); ``batch`` may hold ShapeDtypeStructs.
+  """
+  boxed = jax.eval_shape(lambda b: init_boxed_params(cfg, jax.random.key(0), b, build), batch)
+  return nn.get_partition_spec(boxed)
 
 
 def forward(model: nn.Module, params, batch: Dict[str, jnp.ndarray], dropout_rng=None

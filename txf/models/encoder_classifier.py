@@ -22,4 +22,8 @@ class EncoderClassifier(nn.Module):
       w = valid.astype(encoded.dtype)[..., None]
       pooled = (encoded * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
     pooled = nn.Dropout(cfg.dropout_rate)(pooled, deterministic=cfg.deterministic)
-    return nn.Dense(cfg.num_classes, name="classifier")(pooled).astype(jnp.float32)
+    classifier = nn.Dense(
+        cfg.num_classes, name="classifier",
+        kernel_init=nn.with_logical_partitioning(nn.linear.default_kernel_init, ("embed", "classes")),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("classes",)))
+    return classifier(pooled).astype(jnp.float32)

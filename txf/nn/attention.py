@@ -16,6 +16,19 @@ from txf.nn.config import TransformerConfig
 from txf.ops import attention as attn_ops
 
 xavier = nn.initializers.xavier_uniform()
+# logical axes of the weights (txf/parallel/sharding.py maps them onto the mesh)
+QKV_INIT = nn.with_logical_partitioning(xavier, ("embed", "heads", "kv"))  # W^Q, W^K, W^V [d, h, d_k]
+OUT_INIT = nn.with_logical_partitioning(xavier, ("heads", "kv", "embed"))  # W^O [h, d_v, d]
+
+
+HIDDEN_AXES = ("batch", "length", "act_embed")     # activations [B, L, d_model]
+HEADS_AXES = ("batch", "length", "heads", "kv")   # per-head queries, keys, values [B, L, h, d_k]
+
+
+def constrain(x, names):
+  """``nn.with_logical_constraint``: a sharding constraint by logical axis names under a mesh and
+  rules (txf.parallel.sharding.step_context); does nothing otherwise."""
+  return nn.with_logical_constraint(x, names)
 
 
 # What ``attention_impl='auto'`` runs on CPU: the faster of the two at the benchmark sizes
@@ -90,16 +103,16 @@ class MultiHeadAttention(nn.Module):
     """
     cfg = self.config
     h, dk, dt = cfg.num_heads, cfg.head_dim, cfg.compute_dtype
-    proj = lambda name, shape: self.param(name, xavier, shape).astype(dt)
+    proj = lambda name, shape: self.param(name, OUT_INIT if name == "out" else QKV_INIT, shape).astype(dt)
     w_q = proj("query", (cfg.d_model, h, dk))
-    q = jnp.einsum("bld,dhk->blhk", x.astype(dt), w_q)
+    q = constrain(jnp.einsum("bld,dhk->blhk", x.astype(dt), w_q), HEADS_AXES)
 
     if self.kind == "cross":
       k, v, mask = self._cross_keys_values(memory, memory_valid, mask, proj, dt)
     else:
       w_k, w_v = proj("key", (cfg.d_model, h, dk)), proj("value", (cfg.d_model, h, dk))
-      k = jnp.einsum("bld,dhk->blhk", x.astype(dt), w_k)
-      v = jnp.einsum("bld,dhk->blhk", x.astype(dt), w_v)
+      k = constrain(jnp.einsum("bld,dhk->blhk", x.astype(dt), w_k), HEADS_AXES)
+      v = constrain(jnp.einsum("bld,dhk->blhk", x.astype(dt), w_v), HEADS_AXES)
       if self.kind == "causal" and cfg.decode:
         k, v, mask = self._update_cache(k, v, mask)
 
@@ -113,7 +126,7 @@ class MultiHeadAttention(nn.Module):
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
     w_o = proj("out", (h, dk, cfg.d_model))
-    return jnp.einsum("blhk,hkd->bld", out, w_o)
+    return constrain(jnp.einsum("blhk,hkd->bld", out, w_o), HIDDEN_AXES)
 
   def _update_cache(self, k, v, mask):
     """Write this step's key/value at ``cache_index`` and attend over positions <= index.
@@ -150,6 +163,6 @@ class MultiHeadAttention(nn.Module):
       v = self.variable("cache", "cross_value", lambda: compute(w_v)).value
       valid = self.variable("cache", "cross_valid", lambda: memory_valid).value
       return k, v, valid[:, None, None, :]
-    k = jnp.einsum("bld,dhk->blhk", memory.astype(dt), w_k)
-    v = jnp.einsum("bld,dhk->blhk", memory.astype(dt), w_v)
+    k = constrain(jnp.einsum("bld,dhk->blhk", memory.astype(dt), w_k), HEADS_AXES)
+    v = constrain(jnp.einsum("bld,dhk->blhk", memory.astype(dt), w_v), HEADS_AXES)
     return k, v, mask

@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf import ops
-from txf.nn.attention import MultiHeadAttention, xavier
+from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig
 
 
@@ -17,12 +17,13 @@ class Embed(nn.Module):
 
   def setup(self):
     # N(0, d^-1/2): after the sqrt(d) scale the embeddings have unit variance, and tied logits start small.
-    self.table = self.param("embedding", nn.initializers.normal(self.config.d_model ** -0.5),
+    self.table = self.param("embedding", nn.with_logical_partitioning(
+        nn.initializers.normal(self.config.d_model ** -0.5), ("vocab", "embed")),
                             (self.num_embeddings, self.config.d_model))
 
   def __call__(self, ids: jnp.ndarray) -> jnp.ndarray:
     """ids int [B, L] -> [B, L, d_model]."""
-    return ops.embed(ids, self.table.astype(self.config.compute_dtype))
+    return constrain(ops.embed(ids, self.table.astype(self.config.compute_dtype)), HIDDEN_AXES)
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
     """h [B, L, d_model] -> logits [B, L, V] = h E^T."""
@@ -54,7 +55,8 @@ class AddPositions(nn.Module):
     if cfg.positional == "sinusoidal":
       x = x + ops.positional_encoding_at(positions, cfg.d_model).astype(x.dtype)
     elif cfg.positional == "learned":
-      table = self.param("pos_embedding", nn.initializers.normal(0.02), (cfg.max_len, cfg.d_model))
+      table = self.param("pos_embedding", nn.with_logical_partitioning(
+          nn.initializers.normal(0.02), ("length", "embed")), (cfg.max_len, cfg.d_model))
       x = x + jnp.take(table, positions, axis=0).astype(x.dtype)
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
@@ -66,8 +68,9 @@ class LayerNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     d = x.shape[-1]
-    return ops.layer_norm(x, self.param("scale", nn.initializers.ones, (d,)),
-                          self.param("bias", nn.initializers.zeros, (d,)), self.config.layer_norm_eps)
+    return ops.layer_norm(x, self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,)),
+                          self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), (d,)),
+                          self.config.layer_norm_eps)
 
 
 class FeedForward(nn.Module):
@@ -77,11 +80,12 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg, dt = self.config, self.config.compute_dtype
-    w1 = self.param("wi", xavier, (cfg.d_model, cfg.d_ff)).astype(dt)
-    b1 = self.param("bi", nn.initializers.zeros, (cfg.d_ff,)).astype(dt)
-    w2 = self.param("wo", xavier, (cfg.d_ff, cfg.d_model)).astype(dt)
-    b2 = self.param("bo", nn.initializers.zeros, (cfg.d_model,)).astype(dt)
-    return ops.feed_forward(x.astype(dt), w1, b1, w2, b2)
+    axes = lambda init, *names: nn.with_logical_partitioning(init, names)
+    w1 = self.param("wi", axes(xavier, "embed", "mlp"), (cfg.d_model, cfg.d_ff)).astype(dt)
+    b1 = self.param("bi", axes(nn.initializers.zeros, "mlp"), (cfg.d_ff,)).astype(dt)
+    w2 = self.param("wo", axes(xavier, "mlp", "embed"), (cfg.d_ff, cfg.d_model)).astype(dt)
+    b2 = self.param("bo", axes(nn.initializers.zeros, "norm"), (cfg.d_model,)).astype(dt)
+    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2), HIDDEN_AXES)
 
 
 def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
@@ -177,6 +181,7 @@ class Decoder(nn.Module):
     if cfg.tie_output:
       logits = self.embed.attend(y)
     else:
-      w = self.param("logits_kernel", xavier, (cfg.d_model, cfg.tgt_vocab_size))
+      w = self.param("logits_kernel", nn.with_logical_partitioning(xavier, ("embed", "vocab")),
+                     (cfg.d_model, cfg.tgt_vocab_size))
       logits = y @ w.astype(y.dtype)
-    return logits.astype(jnp.float32)
+    return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

@@ -1,9 +1,10 @@
 """``jax.jit`` over a (data, fsdp, tensor) ``Mesh`` with ``NamedSharding``s: FSDP, tensor and data parallel.
 
 The pure step is the single-device one (``axis_name=None``); XLA's SPMD partitioner inserts the
-collectives from the in/out shardings: parameters and optimizer state sharded by the parameter
-table and ``config.sharding_rules`` (txf/parallel/sharding.py), batches over data x fsdp, metrics
-replicated. Works the same on one process and on many (each process feeds its own rows).
+collectives from the in/out shardings: parameters and optimizer state sharded by the logical axes
+the model declares and ``config.sharding_rules`` (txf/parallel/sharding.py), batches over
+data x fsdp, metrics replicated; the step is traced under the mesh and the rules, so the model's
+activation constraints apply. Works the same on one process and on many (each process feeds its own rows).
 """
 
 from typing import Callable, Mapping, Optional
@@ -29,8 +30,10 @@ class MeshRunner:
   axis_name = None
 
   def __init__(self, train_step: Callable, eval_step: Callable, mesh: Mesh,
-               rules: Optional[Mapping[str, str]] = None, table=sharding_lib.PARAM_AXES):
-    self.mesh, self.rules, self.table = mesh, rules, table
+               rules: Optional[Mapping[str, str]] = None, param_axes=None):
+    if param_axes is None:
+      raise TypeError("MeshRunner needs param_axes, the model's logical axes (txf.models.param_axes)")
+    self.mesh, self.rules, self.param_axes = mesh, rules, param_axes
     self.axis_sizes = dict(mesh.shape)
     self.batch_sharding = NamedSharding(mesh, sharding_lib.batch_spec(rules, self.axis_sizes))
     self.replicated = NamedSharding(mesh, PartitionSpec())
@@ -42,7 +45,7 @@ class MeshRunner:
 
   def state_shardings(self, state):
     """NamedShardings for every leaf of ``state`` (a TrainState, or shapes of one)."""
-    return sharding_lib.named_shardings(state, self.mesh, self.rules, self.table)
+    return sharding_lib.named_shardings(state, self.mesh, self.rules, self.param_axes)
 
   # -- placement ------------------------------------------------------------------------------
   def place_state(self, state):
@@ -63,12 +66,29 @@ class MeshRunner:
     self._shardings = shardings
 
     def train(state, batch, key_data):
-      return self._train_step(state, batch, jax.random.wrap_key_data(key_data, impl=self._key_impl))
+      with sharding_lib.step_context(self.mesh, self.rules):
+        return self._train_step(state, batch, jax.random.wrap_key_data(key_data, impl=self._key_impl))
+
+    def evaluate(params, batch):
+      with sharding_lib.step_context(self.mesh, self.rules):
+        return self._eval_step(params, batch)
 
     self._train = jax.jit(train, in_shardings=(shardings, self.batch_sharding, self.replicated),
                           out_shardings=(shardings, self.replicated), donate_argnums=(0,))
-    self._eval = jax.jit(self._eval_step, in_shardings=(shardings.params, self.batch_sharding),
+    self._eval = jax.jit(evaluate, in_shardings=(shardings.params, self.batch_sharding),
                          out_shardings=self.replicated)
+
+  def lower_train(self, abstract_state, global_batch):
+    """The train step lowered (not run) for ``txf plan``: ``abstract_state`` ShapeDtypeStructs with
+    their shardings, ``global_batch`` ShapeDtypeStructs of the whole global batch; returns
+    ``jax.stages.Lowered`` (``.compile()`` gives XLA's memory and cost analysis)."""
+    shardings = jax.tree_util.tree_map(lambda x: x.sharding, abstract_state)
+    self._compile(shardings)
+    batch = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.batch_sharding), global_batch)
+    key = jax.ShapeDtypeStruct(jax.random.key_data(jax.random.key(0)).shape, np.uint32,
+                               sharding=self.replicated)
+    return self._train.lower(abstract_state, batch, key)
 
   def local_batch(self, batch):
     """This process's rows [B_local, ...] -> global arrays [B_local * processes, ...] on the mesh."""

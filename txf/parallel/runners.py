@@ -18,6 +18,7 @@ from typing import Callable
 
 import jax
 
+from txf.config import ConfigError
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
 from txf.parallel.pmap_runner import PmapRunner
@@ -53,9 +54,10 @@ class SingleDeviceRunner:
     return jax.device_get(state)
 
 
-def make_runner(config, make_train_step: Callable, make_eval_step: Callable):
+def make_runner(config, make_train_step: Callable, make_eval_step: Callable, param_axes=None):
   """The runner for ``config.parallelism``; ``make_*_step(axis_name)`` build the pure steps.
 
+  ``param_axes``: the model's logical axes (``txf.models.param_axes``), needed by ``mesh``.
   Checks up front that ``batch_size`` (and its ``grad_accum_steps`` micro-batches) split evenly
   over the processes and devices of the chosen layout.
   """
@@ -72,7 +74,8 @@ def make_runner(config, make_train_step: Callable, make_eval_step: Callable):
                  f"{jax.local_device_count()})")
     return PmapRunner(make_train_step(PmapRunner.axis_name), make_eval_step(PmapRunner.axis_name))
   if kind == "mesh":
-    mesh = sharding_lib.make_mesh(config.get("mesh_shape", (-1, 1, 1)))
+    mesh = sharding_lib.make_mesh(config.get("mesh_shape", (-1, 1, 1)),
+                                  dcn_mesh_shape=config.get("dcn_mesh_shape", ()))
     rules = config.get("sharding_rules", None)
     rules = dict(rules.items()) if rules is not None else None
     spec = sharding_lib.batch_spec(rules, dict(mesh.shape))
@@ -82,7 +85,7 @@ def make_runner(config, make_train_step: Callable, make_eval_step: Callable):
       shards *= mesh.shape[a]
     _check_batch(config.batch_size, max(shards, processes), accum,
                  f"mesh {dict(mesh.shape)}: batch over {axes or 'nothing'}, {processes} process(es)")
-    return MeshRunner(make_train_step(None), make_eval_step(None), mesh, rules)
+    return MeshRunner(make_train_step(None), make_eval_step(None), mesh, rules, param_axes)
   raise ConfigError(f"parallelism={kind!r} is not one of 'single', 'pmap', 'mesh'")
 
 

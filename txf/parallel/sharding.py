@@ -1,51 +1,38 @@
-"""Meshes and shardings: logical axis names on parameters, mapped onto the data / fsdp / tensor mesh.
+"""Meshes and shardings: the logical axes the model declares, mapped onto the data / fsdp / tensor mesh.
 
-Two tables decide every placement:
+Two things decide every placement:
 
-1. ``PARAM_AXES`` (below): parameter name -> one *logical* axis name per dimension. The names are
-   the ones txf/nn and txf/models declare (see the shapes in the comments), matched at the end of
-   the '/'-joined path, so the same rule also places the optimizer's copies (``opt_state/.../mu/
-   encoder/layer_0/ffn/wi``). First match wins; a leaf that matches nothing is replicated.
+1. The model's own declarations: every parameter is created with one *logical* axis name per
+   dimension (``nn.with_logical_partitioning`` in txf/nn and txf/models); ``txf.models.param_axes``
+   returns them as a tree of ``PartitionSpec``s of logical names. Optimizer state leaves take the
+   axes of the parameter whose path ends theirs (``opt_state/0/mu/encoder/.../wi`` follows
+   ``encoder/.../wi``); scalars are replicated; any other leaf is an error, never silently
+   replicated.
 2. ``config.sharding_rules``: logical axis name -> mesh axes (``"fsdp"``, ``"data,fsdp"``, ``""``
    for replicated). The defaults give FSDP (embed over fsdp), tensor parallelism (heads, mlp and
-   vocab over tensor) and data parallelism (batch over data x fsdp).
+   vocab over tensor) and data parallelism (batch over data x fsdp). The same table, as flax
+   ``logical_axis_rules``, drives the activation constraints inside the step (``step_context``).
 
-A dimension whose size is not divisible by its mesh axes, or whose mesh axis is already used by an
-earlier dimension of the same array, is replicated instead (``describe`` shows what happened).
+A sharded dimension whose size its mesh axes do not divide is a ConfigError naming the fix; a mesh
+axis already taken by an earlier dimension of the same array leaves the later dimension replicated.
 """
 
-import re
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+import contextlib
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
-from txf.config import ConfigError
+
+from txf.config import ConfigError, base_config
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
-# parameter path (regex, matched at the end)   logical axes, one per dimension
-PARAM_AXES: Tuple[Tuple[str, Tuple[Optional[str], ...]], ...] = (
-    (r"(^|/)pos_embedding$", (None, "embed")),               # learned PE [max_len, d]
-    (r"(^|/)embedding$", ("vocab", "embed")),                # embed|source_embed|target_embed [V, d]
-    (r"(^|/)(query|key|value)$", ("embed", "heads", "kv")),  # W^Q, W^K, W^V [d, h, d_k]
-    (r"attention/out$", ("heads", "kv", "embed")),           # W^O [h, d_v, d]
-    (r"ffn/wi$", ("embed", "mlp")),                          # W_1 [d, d_ff]
-    (r"ffn/bi$", ("mlp",)),                                  # b_1 [d_ff]
-    (r"ffn/wo$", ("mlp", "embed")),                          # W_2 [d_ff, d]
-    (r"ffn/bo$", (None,)),                                   # b_2 [d]
-    (r"norm\w*/(scale|bias)$", (None,)),                     # LayerNorm gamma, beta [d]
-    (r"(^|/)logits_kernel$", ("embed", "vocab")),            # untied output [d, V]
-    (r"classifier/kernel$", ("embed", None)),                # classifier [d, classes]
-    (r"classifier/bias$", (None,)),                          # [classes]
-)
 
-DEFAULT_RULES = {"batch": "data,fsdp", "embed": "fsdp", "heads": "tensor", "kv": "",
-                 "mlp": "tensor", "vocab": "tensor"}
-
-
-def path_str(path) -> str:
-  """A pytree key path as 'a/b/c' (dict keys, attribute names and sequence indices)."""
+def path_parts(path) -> Tuple[str, ...]:
+  """A pytree key path as a tuple of strings (dict keys, attribute names, sequence indices)."""
   parts = []
   for k in path:
     for attr in ("key", "name", "idx"):
@@ -54,29 +41,16 @@ def path_str(path) -> str:
         break
     else:
       parts.append(str(k))
-  return "/".join(parts)
+  return tuple(parts)
 
 
-def leaf_axes(name: str, ndim: int, table=PARAM_AXES) -> Tuple[Optional[str], ...]:
-  """Logical axes of the leaf at path ``name`` ('a/b/c') with ``ndim`` dimensions (all None if no rule)."""
-  for pattern, axes in table:
-    if re.search(pattern, name) and len(axes) == ndim:
-      return tuple(axes)
-  return (None,) * ndim
+def parse_rules(rules: Optional[Mapping[str, Any]] = None) -> Dict[str, Tuple[str, ...]]:
+  """``{"embed": "fsdp", "batch": "data,fsdp", "kv": ""}`` -> ``{"embed": ("fsdp",), ...}``.
 
-
-def logical_axes(tree, table=PARAM_AXES):
-  """Pytree like ``tree`` with a tuple of logical axis names (or None) per leaf dimension.
-
-  Scalars and leaves matching no rule (or whose rank differs from the rule's) get all-None.
+  ``rules`` override the defaults of ``config.sharding_rules`` (base_config); a mesh axis that does
+  not exist is a ConfigError.
   """
-  return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: leaf_axes(path_str(path), len(np.shape(leaf)), table), tree)
-
-
-def parse_rules(rules: Optional[Mapping[str, Any]]) -> Dict[str, Tuple[str, ...]]:
-  """``{"embed": "fsdp", "batch": "data,fsdp", "kv": ""}`` -> ``{"embed": ("fsdp",), ...}``."""
-  merged = dict(DEFAULT_RULES)
+  merged = dict(base_config().sharding_rules.items())
   merged.update(dict(rules or {}))
   out = {}
   for logical, mesh_axes in merged.items():
@@ -86,26 +60,36 @@ def parse_rules(rules: Optional[Mapping[str, Any]]) -> Dict[str, Tuple[str, ...]
       mesh_axes = [a.strip() for a in mesh_axes.split(",") if a.strip()]
     for a in mesh_axes:
       if a not in MESH_AXES:
-        raise ConfigError(f"sharding_rules.{logical}={merged[logical]!r} names mesh axis {a!r}; "
-                         f"the mesh axes are {MESH_AXES}")
+        raise ConfigError(f"sharding_rules.{logical}={merged[logical]!r} names mesh axis {a!r}, which "
+                          f"does not exist: the mesh axes are {MESH_AXES}")
     out[logical] = tuple(mesh_axes)
   return out
 
 
-def spec_for(shape: Sequence[int], axes: Sequence[Optional[str]], rules: Mapping[str, Tuple[str, ...]],
-             axis_sizes: Mapping[str, int]) -> PartitionSpec:
-  """The PartitionSpec of one array: each dimension over its logical axis's mesh axes.
+def flax_rules(rules: Optional[Mapping[str, Any]] = None):
+  """The rules as flax ``logical_axis_rules``: ((logical, mesh axes or None), ...)."""
+  return tuple((k, (v[0] if len(v) == 1 else v) if v else None) for k, v in parse_rules(rules).items())
 
-  Mesh axes of size 1 are dropped; a dimension not divisible by the product of its mesh axes, or
-  whose mesh axis an earlier dimension already took, stays replicated.
+
+def mesh_spec(shape: Sequence[int], names: Sequence[Optional[str]], rules: Mapping[str, Tuple[str, ...]],
+              axis_sizes: Mapping[str, int], where: str = "an array") -> PartitionSpec:
+  """The mesh PartitionSpec of one array from its logical axis ``names`` (one per dimension).
+
+  Mesh axes of size 1 are dropped; a mesh axis an earlier dimension already took leaves the later
+  dimension replicated; a dimension its mesh axes do not divide raises ConfigError.
   """
   used, spec = set(), []
-  for size, logical in zip(shape, axes):
+  for size, logical in zip(shape, names):
     mesh_axes = tuple(a for a in rules.get(logical, ()) if axis_sizes[a] > 1) if logical else ()
-    ways = int(np.prod([axis_sizes[a] for a in mesh_axes])) if mesh_axes else 1
-    if not mesh_axes or size % ways or used & set(mesh_axes):
+    if not mesh_axes or used & set(mesh_axes):
       spec.append(None)
       continue
+    ways = int(np.prod([axis_sizes[a] for a in mesh_axes]))
+    if size % ways:
+      raise ConfigError(
+          f"mesh_shape {dict(axis_sizes)}: the '{logical}' axis of {where} has {size} entries, not "
+          f"divisible by {'x'.join(mesh_axes)}={ways}: change mesh_shape, the model size, or set "
+          f"sharding_rules.{logical}='' to replicate it")
     used |= set(mesh_axes)
     spec.append(mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
   while spec and spec[-1] is None:
@@ -113,46 +97,77 @@ def spec_for(shape: Sequence[int], axes: Sequence[Optional[str]], rules: Mapping
   return PartitionSpec(*spec)
 
 
-def partition_specs(tree, rules, axis_sizes: Mapping[str, int], table=PARAM_AXES):
-  """Pytree of PartitionSpecs for ``tree`` (params, optimizer state or a whole TrainState)."""
+def state_axes(tree, param_axes):
+  """Logical axes (a PartitionSpec of names) for every leaf of ``tree``.
+
+  ``param_axes``: the parameters' logical PartitionSpecs (``txf.models.param_axes``). A leaf whose
+  path ends with a parameter's path and has its rank takes that parameter's axes (the parameters
+  themselves, Adam's mu and nu, ...); a scalar is replicated; any other leaf raises ValueError.
+  """
+  table = {path_parts(p): spec for p, spec in jax.tree_util.tree_leaves_with_path(
+      param_axes, is_leaf=lambda x: isinstance(x, PartitionSpec))}
+
+  def one(path, leaf):
+    parts, ndim = path_parts(path), len(np.shape(leaf))
+    for k in range(len(parts)):
+      spec = table.get(parts[k:])
+      if spec is not None and len(spec) == ndim:
+        return spec
+    if ndim == 0:
+      return PartitionSpec()
+    raise ValueError(f"state leaf {'/'.join(parts)} {tuple(np.shape(leaf))} follows no parameter: "
+                     f"it has no logical axes to shard it by")
+
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def partition_specs(tree, param_axes, rules, axis_sizes: Mapping[str, int]):
+  """Pytree of mesh PartitionSpecs for ``tree`` (params, optimizer state or a whole TrainState)."""
   rules = parse_rules(rules)
   return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: spec_for(np.shape(leaf), leaf_axes(path_str(path), len(np.shape(leaf)), table),
-                                  rules, axis_sizes), tree)
+      lambda path, leaf, names: mesh_spec(np.shape(leaf), tuple(names), rules, axis_sizes,
+                                          "/".join(path_parts(path))),
+      tree, state_axes(tree, param_axes))
 
 
-def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int) -> Tuple[int, ...]:
-  """(data, fsdp, tensor) with at most one -1 filled so that the product is ``num_devices``."""
-  shape = [int(s) for s in mesh_shape]
-  if len(shape) != len(MESH_AXES):
-    raise ConfigError(f"mesh_shape={tuple(mesh_shape)} needs {len(MESH_AXES)} entries {MESH_AXES}")
-  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-    raise ConfigError(f"mesh_shape={tuple(mesh_shape)}: entries must be positive, with at most one -1")
-  known = int(np.prod([s for s in shape if s != -1]))
-  if -1 in shape:
-    if num_devices % known:
-      raise ConfigError(f"mesh_shape={tuple(mesh_shape)}: {num_devices} devices are not divisible by "
-                       f"{known}; change mesh_shape")
-    shape[shape.index(-1)] = num_devices // known
-  if int(np.prod(shape)) != num_devices:
-    raise ConfigError(f"mesh_shape={tuple(mesh_shape)} has {int(np.prod(shape))} devices but there are "
-                     f"{num_devices}; use -1 for one axis to take the rest")
-  return tuple(shape)
-
-
-def make_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
-  """A (data, fsdp, tensor) mesh over all devices of all processes, classic (Auto) axis types."""
-  devices = jax.devices() if devices is None else devices
-  shape = resolve_mesh_shape(mesh_shape, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices)
-
-
-def named_shardings(tree, mesh: Mesh, rules, table=PARAM_AXES):
-  """Pytree of NamedShardings for ``tree`` on ``mesh`` by the parameter table and the rules."""
-  specs = partition_specs(tree, rules, dict(mesh.shape), table)
+def named_shardings(tree, mesh: Mesh, rules, param_axes):
+  """Pytree of NamedShardings for ``tree`` on ``mesh`` by the declared axes and the rules."""
+  specs = partition_specs(tree, param_axes, rules, dict(mesh.shape))
   return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def abstract_sharded(abstract_tree, mesh: Mesh, rules, param_axes):
+  """``jax.ShapeDtypeStruct``s of ``abstract_tree`` carrying their target shardings: what an
+  orbax restore reads into (every process reads only its own shards) and what ``txf plan`` lowers."""
+  shardings = named_shardings(abstract_tree, mesh, rules, param_axes)
+  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                abstract_tree, shardings)
+
+
+def init_sharded(init_fn: Callable, mesh: Mesh, rules, param_axes, *args):
+  """Create a state directly in its shardings: no device or host ever holds all of it.
+
+  ``init_fn(*args) -> state`` (e.g. ``create_train_state(init_params(cfg, rng, batch), tx)``) is
+  traced once with ``jax.eval_shape`` for the shapes, then compiled with ``out_shardings`` from the
+  declared axes and the rules; each device computes only its own shards. ``args`` (an rng key) are
+  replicated. The values equal the single-device ``init_fn(*args)`` (partitionable threefry).
+  """
+  abstract = jax.eval_shape(init_fn, *args)
+  shardings = named_shardings(abstract, mesh, rules, param_axes)
+  with step_context(mesh, rules):
+    return jax.jit(init_fn, out_shardings=shardings)(*args)
+
+
+@contextlib.contextmanager
+def step_context(mesh: Optional[Mesh], rules):
+  """Trace a step under ``mesh`` with the rules as flax ``logical_axis_rules``, so the model's
+  ``nn.with_logical_constraint`` calls constrain the activations (outside it they do nothing)."""
+  if mesh is None:
+    yield
+    return
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(flax_rules(rules)):
+    yield
 
 
 def batch_spec(rules, axis_sizes: Mapping[str, int]) -> PartitionSpec:
@@ -163,12 +178,68 @@ def batch_spec(rules, axis_sizes: Mapping[str, int]) -> PartitionSpec:
   return PartitionSpec(mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
 
 
-def describe(tree, rules, axis_sizes: Mapping[str, int], table=PARAM_AXES) -> str:
-  """One line per leaf: path, shape, logical axes, PartitionSpec (for logs and debugging)."""
-  rules = parse_rules(rules)
-  lines = []
-  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-    name, shape = path_str(path), tuple(np.shape(leaf))
-    axes = leaf_axes(name, len(shape), table)
-    lines.append(f"{name:<60} {str(shape):<18} {str(axes):<32} {spec_for(shape, axes, rules, axis_sizes)}")
-  return "\n".join(lines)
+def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int,
+                       field: str = "mesh_shape") -> Tuple[int, ...]:
+  """(data, fsdp, tensor) with at most one -1 filled so that the product is ``num_devices``."""
+  shape = [int(s) for s in mesh_shape]
+  if len(shape) != len(MESH_AXES):
+    raise ConfigError(f"{field}={tuple(mesh_shape)} needs {len(MESH_AXES)} entries {MESH_AXES}")
+  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+    raise ConfigError(f"{field}={tuple(mesh_shape)}: entries must be positive, with at most one -1")
+  known = int(np.prod([s for s in shape if s != -1]))
+  if -1 in shape:
+    if num_devices % known:
+      raise ConfigError(f"{field}={tuple(mesh_shape)}: {num_devices} devices are not divisible by "
+                        f"{known}; change {field}")
+    shape[shape.index(-1)] = num_devices // known
+  if int(np.prod(shape)) != num_devices:
+    raise ConfigError(f"{field}={tuple(mesh_shape)} has {int(np.prod(shape))} devices but there are "
+                      f"{num_devices}; use -1 for one axis to take the rest")
+  return tuple(shape)
+
+
+def _granules(devices) -> Tuple[str, int]:
+  """('slice', n) when the devices carry TPU slice indices, else ('process', n)."""
+  slices = {getattr(d, "slice_index", None) for d in devices}
+  if None not in slices and len(slices) > 1:
+    return "slice", len(slices)
+  return "process", len({d.process_index for d in devices})
+
+
+def make_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None,
+              dcn_mesh_shape: Optional[Sequence[int]] = None) -> Mesh:
+  """A (data, fsdp, tensor) mesh over all devices of all processes, in physical order.
+
+  Without ``dcn_mesh_shape``: ``mesh_utils.create_device_mesh`` (neighbouring chips along the
+  inner axes). With it (multi-slice, or several hosts joined by a data-centre network):
+  ``mesh_shape`` is the mesh within one slice (or process), ``dcn_mesh_shape`` the mesh of slices,
+  their product the whole mesh (``create_hybrid_device_mesh``); (-1, 1, 1) puts data parallelism
+  across slices. Its product must be the number of slices (TPU) or processes.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if dcn_mesh_shape:
+    check_dcn_mesh_shape(dcn_mesh_shape, devices)
+    kind, count = _granules(devices)
+    dcn = resolve_mesh_shape(dcn_mesh_shape, count, "dcn_mesh_shape")
+    ici = resolve_mesh_shape(mesh_shape, len(devices) // count)
+    array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                                 process_is_granule=kind == "process")
+  else:
+    shape = resolve_mesh_shape(mesh_shape, len(devices))
+    try:
+      array = mesh_utils.create_device_mesh(shape, devices)
+    except (ValueError, NotImplementedError):  # a topology it cannot fold: the plain device order
+      array = np.asarray(devices).reshape(shape)
+  return Mesh(array, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def check_dcn_mesh_shape(dcn_mesh_shape: Sequence[int], devices=None) -> None:
+  """ConfigError unless ``dcn_mesh_shape`` covers exactly the slices (or processes) of the job."""
+  devices = list(jax.devices() if devices is None else devices)
+  kind, count = _granules(devices)
+  shape = [int(s) for s in dcn_mesh_shape]
+  if -1 not in shape and int(np.prod(shape)) != count:
+    raise ConfigError(f"dcn_mesh_shape={tuple(dcn_mesh_shape)} spans {int(np.prod(shape))} "
+                      f"{kind}(es) but this job has {count}: make its product {count} (e.g. "
+                      f"({count}, 1, 1) for data parallelism across them) or leave it empty")
+  resolve_mesh_shape(shape, count, "dcn_mesh_shape")

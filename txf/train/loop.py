@@ -33,7 +33,7 @@ from txf.config import ConfigError
 from txf.data import make_task
 from txf.inference import Evaluator, make_eval_step
 from txf.metrics import MetricWriter
-from txf.models import LossFn, ModelBuilder, count_params, init_params, model_config_from
+from txf.models import LossFn, ModelBuilder, count_params, init_params, model_config_from, param_axes
 from txf.parallel import make_runner
 from txf.train.logs import LogWindow, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
@@ -140,7 +140,8 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
       config,
       lambda axis: make_train_step(model_cfg, tx, smoothing, schedule, axis, config.grad_accum_steps,
                                    loss_fn=loss_fn, build=model),
-      lambda axis: make_eval_step(model_cfg, smoothing, axis, loss_fn=loss_fn, build=model))
+      lambda axis: make_eval_step(model_cfg, smoothing, axis, loss_fn=loss_fn, build=model),
+      param_axes(model_cfg, example_batch, model))
   train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(),
                                  jax.process_count())
   eval_batches = task.eval_batches(config.data.eval_split, config.batch_size,

@@ -1,0 +1,165 @@
+"""Size a job before launching it: compile (never run) its init and train step on a device mesh.
+
+``plan(config, vocab_size)`` builds the model and optimizer of an experiment config, takes the train
+state as ``jax.ShapeDtypeStruct``s in the shardings the mesh would give it (the model's declared
+axes + ``config.sharding_rules``), lowers and compiles the born-sharded init and the train step
+(``jit(...).lower(...).compile()``) and reads, per device: parameter and optimizer-state bytes
+(from the shard shapes), XLA's memory analysis of the compiled step (arguments, temporaries,
+peak) and the model FLOPs per step (``txf.bench.train.model_train_flops``, matmuls only). Nothing is
+allocated on a device and nothing executes. With a device's peak FLOP/s and an assumed MFU it
+estimates the step time, tokens/s and the time to ``num_train_steps``.
+
+The batch is the data's largest fixed shape: ``batch_size`` rows of ``max_input_len`` /
+``max_target_len`` tokens, or with ``data.tokens_per_batch`` the longest bucket
+(``tokens_per_batch // max_target_len`` rows, rounded down to ``data.rows_multiple``).
+"""
+
+import dataclasses
+from typing import Dict, Optional
+
+import jax
+import numpy as np
+
+from txf.bench.train import model_train_flops
+from txf.models import init_params, param_axes
+from txf.nn import TransformerConfig
+from txf.parallel import sharding as sharding_lib
+from txf.parallel.mesh_runner import MeshRunner
+from txf.train.optimizer import make_optimizer, make_schedule
+from txf.train.steps import create_train_state, make_eval_step, make_train_step
+
+
+def model_config(config, vocab_size: int, target_vocab_size: int = 0) -> TransformerConfig:
+  """The model of ``config`` with the vocabulary sizes the data would decide (given here)."""
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+  kwargs = {k: v for k, v in config.model.items() if k in fields}
+  kwargs.update(vocab_size=vocab_size, target_vocab_size=target_vocab_size)
+  return TransformerConfig(**kwargs)
+
+
+def batch_shape(config) -> Dict[str, int]:
+  """{"rows", "source_len", "target_len"} of the largest batch the data gives one step."""
+  d = config.data
+  source, target = d.max_input_len, d.max_target_len
+  rows = config.batch_size
+  if d.tokens_per_batch > 0:
+    rows = max(d.rows_multiple, d.tokens_per_batch // target // d.rows_multiple * d.rows_multiple)
+  return {"rows": rows, "source_len": source, "target_len": target}
+
+
+def _bytes_per_device(abstract_sharded) -> int:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard each)."""
+  return int(sum(np.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+                 for x in jax.tree_util.tree_leaves(abstract_sharded)))
+
+
+def _memory(compiled) -> Dict[str, int]:
+  m = compiled.memory_analysis()
+  if m is None:
+    return {}
+  out = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
+         "alias_bytes": m.alias_size_in_bytes, "temp_bytes": m.temp_size_in_bytes}
+  # arguments + outputs not aliased to (donated) arguments + temporaries: all live at the peak, at most
+  bound = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+           + m.temp_size_in_bytes)
+  out["peak_bytes"] = int(max(getattr(m, "peak_memory_in_bytes", 0) or 0, bound))
+  return {k: int(v) for k, v in out.items()}
+
+
+def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
+         mfu: float = 0.4) -> Dict:
+  """Compile ``config``'s init and train step on a mesh over ``devices`` (default: all) and return
+  the per-device figures (see the module docstring). Raises ConfigError for a mesh that does not
+  fit the devices or does not divide the model."""
+  devices = list(jax.devices() if devices is None else devices)
+  mesh_shape = tuple(config.mesh_shape) if config.parallelism == "mesh" else (-1, 1, 1)
+  mesh = sharding_lib.make_mesh(mesh_shape, devices, config.get("dcn_mesh_shape", ()))
+  rules = dict(config.sharding_rules.items())
+  cfg = model_config(config, vocab_size)
+  shape = batch_shape(config)
+  rows, s, t = shape["rows"], shape["source_len"], shape["target_len"]
+  ways = int(np.prod([mesh.shape[a] for a in sharding_lib.MESH_AXES
+                      if a in sharding_lib.parse_rules(rules)["batch"]]))
+  if rows % ways:
+    from txf.config import ConfigError
+    raise ConfigError(f"a batch of {rows} rows does not split over the {ways} batch shards of mesh "
+                      f"{dict(mesh.shape)}: make batch_size (or tokens_per_batch / max_target_len) a "
+                      f"multiple of {ways}")
+  example = {"inputs": np.zeros((rows, s), np.int32), "targets": np.zeros((rows, t), np.int32)}
+  if cfg.family == "encoder_classifier":
+    example["label"] = np.zeros((rows,), np.int32)
+  tx = make_optimizer(config.optimizer, cfg.d_model, config.num_train_steps)
+  schedule = make_schedule(config.optimizer, cfg.d_model, config.num_train_steps)
+  axes = param_axes(cfg, example)
+  init = lambda rng: create_train_state(init_params(cfg, rng, example), tx)
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  abstract = jax.eval_shape(init, key)
+  target = sharding_lib.abstract_sharded(abstract, mesh, rules, axes)
+  shardings = jax.tree_util.tree_map(lambda x: x.sharding, target)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  with sharding_lib.step_context(mesh, rules):
+    init_compiled = jax.jit(init, in_shardings=replicated, out_shardings=shardings).lower(key).compile()
+  runner = MeshRunner(make_train_step(cfg, tx, config.optimizer.label_smoothing, schedule, None,
+                                      config.grad_accum_steps),
+                      make_eval_step(cfg, config.optimizer.label_smoothing), mesh, rules, axes)
+  step_compiled = runner.lower_train(target, example).compile()
+
+  param_total = int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract.params)))
+  flops = model_train_flops(cfg, rows, s, t)
+  n = len(devices)
+  out = {"devices": n, "mesh_shape": [int(mesh.shape[a]) for a in sharding_lib.MESH_AXES],
+         "mesh_axes": list(sharding_lib.MESH_AXES), "platform": devices[0].platform,
+         "model": {k: getattr(cfg, k) for k in ("family", "d_model", "num_heads", "d_ff",
+                                                "num_encoder_layers", "num_decoder_layers",
+                                                "vocab_size", "dtype")},
+         "batch": shape,
+         "params": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract.params))),
+         "param_bytes_total": param_total,
+         "param_bytes_per_device": _bytes_per_device(target.params),
+         "opt_bytes_per_device": _bytes_per_device(target.opt_state),
+         "flops_per_step": flops, "tokens_per_step": rows * t,
+         "num_train_steps": int(config.num_train_steps)}
+  step_mem, init_mem = _memory(step_compiled), _memory(init_compiled)
+  out["temp_bytes_per_device"] = step_mem.get("temp_bytes")
+  out["peak_bytes_per_device"] = step_mem.get("peak_bytes")
+  out["init_peak_bytes_per_device"] = init_mem.get("peak_bytes")
+  out["step_memory"] = step_mem
+  if device_peak_tflops > 0:
+    step_s = flops / (n * device_peak_tflops * 1e12 * mfu)
+    out.update(device_peak_tflops=device_peak_tflops, mfu=mfu, step_seconds=step_s,
+               tokens_per_second=rows * t / step_s, train_hours=step_s * config.num_train_steps / 3600)
+  return out
+
+
+def _size(b: Optional[float]) -> str:
+  if b is None:
+    return "n/a"
+  for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    if b >= scale:
+      return f"{b / scale:.2f} {unit}"
+  return f"{int(b)} B"
+
+
+def format_plan(p: Dict) -> str:
+  """The plan as the lines ``txf plan`` prints."""
+  m, b = p["model"], p["batch"]
+  mesh = " x ".join(f"{a}={s}" for a, s in zip(p["mesh_axes"], p["mesh_shape"]))
+  lines = [f"model      {m['family']}, {p['params'] / 1e6:.1f}M parameters (d_model {m['d_model']}, "
+           f"{m['num_encoder_layers']}+{m['num_decoder_layers']} layers, d_ff {m['d_ff']}, "
+           f"V {m['vocab_size']}, {m['dtype']} compute)",
+           f"mesh       {p['devices']} {p['platform']} devices: {mesh}",
+           f"batch      {b['rows']} rows x {b['source_len']} / {b['target_len']} tokens "
+           f"({p['tokens_per_step']} target tokens per step)",
+           "per device:",
+           f"  parameters        {_size(p['param_bytes_per_device']):>12}   "
+           f"(of {_size(p['param_bytes_total'])} in all)",
+           f"  optimizer state   {_size(p['opt_bytes_per_device']):>12}",
+           f"  temporaries       {_size(p['temp_bytes_per_device']):>12}   (XLA, compiled train step)",
+           f"  peak              {_size(p['peak_bytes_per_device']):>12}   (train step; init "
+           f"{_size(p['init_peak_bytes_per_device'])})",
+           f"model FLOPs per step  {p['flops_per_step'] / 1e12:.2f} TFLOP (matmuls, forward + backward)"]
+  if "step_seconds" in p:
+    lines.append(f"at {p['device_peak_tflops']:g} TFLOP/s peak per device and {100 * p['mfu']:.0f}% MFU: "
+                 f"{p['step_seconds'] * 1e3:.1f} ms/step, {p['tokens_per_second']:,.0f} tokens/s, "
+                 f"{p['num_train_steps']} steps in {p['train_hours']:.1f} h")
+  return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""``txf plan [--config experiments/X.py] [--devices N] [--device_peak_tflops T] [--json PATH]``.
+
+Sizes a job before launch: compiles (never runs) the config's init and train step on its mesh over
+N devices and prints per-device parameter, optimizer-state, temporary and peak bytes, the model
+FLOPs per step and, given a device's peak, the estimated step time. On a CPU, ``--devices N``
+beyond the real count re-runs itself with N fake devices
+(``XLA_FLAGS=--xla_force_host_platform_device_count=N``). The work is in txf/bench/plan.py.
+"""
+
+import json
+import os
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from txf.commands.common import default_config_path
+
+config_flags.DEFINE_config_file("config", default_config_path(),
+                                "experiment config file (a get_config() file in experiments/)",
+                                lock_config=True)
+flags.DEFINE_integer("devices", 0, "devices of the mesh (0 = all there are); on a CPU, fake ones")
+flags.DEFINE_integer("vocab_size", 0, "vocabulary size (0 = config.data.vocab_size)")
+flags.DEFINE_float("device_peak_tflops", 0.0, "peak TFLOP/s of one device, for the time estimate")
+flags.DEFINE_float("mfu", 0.4, "model FLOPs utilisation assumed for the time estimate")
+flags.DEFINE_string("json", "", "also write the plan as JSON to this file")
+
+FAKE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _reexec_with_fake_devices(n: int) -> None:
+  """Run this command again with ``n`` fake CPU devices (XLA reads XLA_FLAGS once, at start)."""
+  xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(FAKE_FLAG))
+  env = dict(os.environ, XLA_FLAGS=f"{xla} {FAKE_FLAG}={n}".strip(), TXF_PLAN_FAKE_DEVICES=str(n))
+  os.execve(sys.executable, [sys.executable, "-m", "txf.cli"] + sys.argv[1:], env)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments {argv[1:]}: flags look like --config.mesh_shape=(1,8,1)")
+  f = flags.FLAGS
+  from txf.config import ConfigError, validate
+  config = f.config
+  validate(config)
+  if f.devices < 0 or f.mfu <= 0 or f.mfu > 1 or f.device_peak_tflops < 0:
+    raise ConfigError("--devices must be >= 0, --mfu in (0, 1], --device_peak_tflops >= 0")
+  import jax
+  devices = jax.devices()
+  if f.devices > len(devices):
+    if devices[0].platform == "cpu" and not os.environ.get("TXF_PLAN_FAKE_DEVICES"):
+      _reexec_with_fake_devices(f.devices)
+    raise ConfigError(f"--devices={f.devices} but only {len(devices)} {devices[0].platform} devices "
+                      f"are available: lower --devices, or plan on a CPU with fake devices "
+                      f"(JAX_PLATFORMS=cpu txf plan --devices {f.devices})")
+  if f.devices:
+    devices = devices[:f.devices]
+  from txf.bench.plan import format_plan, plan
+  result = plan(config, f.vocab_size or config.data.vocab_size, devices, f.device_peak_tflops, f.mfu)
+  print(format_plan(result))
+  if f.json:
+    tmp = f"{f.json}.tmp{os.getpid()}"
+    with open(tmp, "w") as out:
+      json.dump(result, out, indent=1)
+    os.replace(tmp, f.json)
