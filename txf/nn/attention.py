@@ -115,10 +115,8 @@ class MultiHeadAttention(nn.Module):
         return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
       return attend(q, k, v, mask, cfg.attention_impl)
 
-    flat = lambda w: w.reshape(cfg.d_model, h * dk)
     out, weights = attn_ops.multi_head_attention(
-        x.astype(dt), x_kv, flat(w_q), flat(w_k), flat(w_v), w_o.reshape(h * dk, cfg.d_model), h,
-        mask, kv_hook=kv_hook, attention_fn=attention_fn)
+        x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn)
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
     return out

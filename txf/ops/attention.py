@@ -101,6 +101,16 @@ def merge_heads(x: jnp.ndarray) -> jnp.ndarray:
   return x.transpose(0, 2, 1, 3).reshape(b, l, h * d)
 
 
+def _per_head(w: jnp.ndarray, num_heads: int, axis: int) -> jnp.ndarray:
+  """A projection as per-head blocks: [d, h*d_k] -> [d, h, d_k] (axis 1) or [h*d_v, d] ->
+  [h, d_v, d] (axis 0); per-head shapes pass through."""
+  if w.ndim == 3:
+    return w
+  if axis == 1:
+    return w.reshape(w.shape[0], num_heads, w.shape[1] // num_heads)
+  return w.reshape(num_heads, w.shape[0] // num_heads, w.shape[1])
+
+
 def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp.ndarray,
                          w_k: jnp.ndarray, w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
                          mask: Optional[jnp.ndarray] = None, *,
@@ -109,14 +119,16 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
                          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-  With d_k = d_v = d_model / h, the per-head projections W_i^Q are the column blocks of ``w_q``.
-  The model (txf.nn.MultiHeadAttention) runs this function; its two hooks are where a KV cache and
-  another attention kernel plug in, without changing the maths.
+  With d_k = d_v = d_model / h, the per-head projections W_i^Q are the column blocks of ``w_q``
+  (given as [d_model, h*d_k], or already as blocks [d_model, h, d_k] with W_i^Q = w_q[:, i]); W^O
+  likewise [h*d_v, d_model] or [h, d_v, d_model]. The model (txf.nn.MultiHeadAttention) runs this
+  function; its two hooks are where a KV cache and another attention kernel plug in, without
+  changing the maths.
 
   Args:
     x_q: [B, L_q, d_model] queries; x_kv: [B, L_k, d_model] keys/values (x_q itself for
       self-attention), or None when ``kv_hook`` supplies the keys/values (a cached memory).
-    w_q, w_k, w_v: [d_model, h*d_k]; w_o: [h*d_v, d_model].
+    w_q, w_k, w_v: [d_model, h*d_k] or [d_model, h, d_k]; w_o: [h*d_v, d_model] or [h, d_v, d_model].
     num_heads: h.
     mask: bool broadcastable to [B, h, L_q, L_k].
     kv_hook: optional ``(k, v, mask) -> (k, v, mask)`` on heads [B, h, L_k, d_k], called between
@@ -127,12 +139,18 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
   Returns:
     (output [B, L_q, d_model], weights [B, h, L_q, L_k] or whatever ``attention_fn`` returns).
   """
-  q = split_heads(x_q @ w_q, num_heads)
+  def heads(x, w):  # [B, L, d_model] -> [B, h, L, d_k]: the h projections, then split
+    b, l, _ = x.shape
+    projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1))
+    return split_heads(projected.reshape(b, l, -1), num_heads)
+
+  q = heads(x_q, w_q)
   k = v = None
   if x_kv is not None:
-    k = split_heads(x_kv @ w_k, num_heads)
-    v = split_heads(x_kv @ w_v, num_heads)
+    k, v = heads(x_kv, w_k), heads(x_kv, w_v)
   if kv_hook is not None:
     k, v, mask = kv_hook(k, v, mask)
   out, weights = attention_fn(q, k, v, mask)
-  return merge_heads(out) @ w_o, weights
+  concat = merge_heads(out)  # [B, L_q, h*d_v]
+  w_o = _per_head(w_o, num_heads, 0)
+  return jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o), weights
