@@ -31,7 +31,7 @@ RECORDS = [
     train("marian", "small", 0.70, 2900), train("marian", "small", 0.71, 2880),
     train("marian", "small", 0.69, 2950),
     decode("txf", "small", 1500, "beam"), decode("txf", "small", 1700, "beam"),
-    decode("txf", "small", 4000, "greedy"),
+    decode("txf", "small", 4000, "greedy"), decode("txf", "small", 2500, "beam-bf16"),
     decode("flax-wmt", "small", 1000), decode("flax-wmt", "small", 1100),
     decode("marian", "small", 1200),
     {"framework": "jax", "median_gflops": 200.0},  # a matmul-peak line: not a cell
@@ -45,6 +45,7 @@ def test_summarize_takes_medians_per_config_and_system():
   assert txf["step_s"] == pytest.approx(0.80) and txf["tok_s"] == pytest.approx(2600)
   assert txf["first_s"] == pytest.approx(11.0) and txf["rounds"] == 3
   assert txf["beam_tok_s"] == pytest.approx(1600) and txf["greedy_tok_s"] == pytest.approx(4000)
+  assert txf["beam_bf16_tok_s"] == pytest.approx(2500)
   assert cells[("small", "flax-wmt")]["beam_tok_s"] == pytest.approx(1050)
   assert "first_s" not in cells[("small", "marian")]
 
@@ -60,9 +61,9 @@ def test_format_table_rows_and_ratio_line():
   text = peers.format_table(peers.summarize(RECORDS))
   lines = text.splitlines()
   assert lines[0].startswith("| config | system | train step s | target tok/s")
-  assert lines[2] == "| small | txf | 0.800 | 2600 | 11.0 | 1600 | 4000 |"
-  assert lines[3] == "| small | flax-wmt | 0.820 | 2500 | 22.0 | 1050 | - |"
-  assert lines[4] == "| small | marian | 0.700 | 2900 | - | 1200 | - |"
+  assert lines[2] == "| small | txf | 0.800 | 2600 | 11.0 | 1600 | 4000 | 2500 |"
+  assert lines[3] == "| small | flax-wmt | 0.820 | 2500 | 22.0 | 1050 | - | - |"
+  assert lines[4] == "| small | marian | 0.700 | 2900 | - | 1200 | - | - |"
   assert ("small: txf / best peer: train 0.90x (best peer marian); beam-4 decode 1.33x "
           "(best peer marian); first step: flax-wmt's / txf's = 2.00") in text
 
@@ -108,3 +109,4 @@ def test_commands_name_the_harness_scripts():
   assert peers.command("torch-eager", "small", "/h", "/v", None, 3, 2)[6:8] == ["--phase", "train"]
   assert peers.command("txf", "small", "/h", "/v", None, 3, 2)[1:4] == ["-m", "txf.bench.peers",
                                                                          "--worker"]
+  assert peers.command("txf", "small", "/h", "/v", None, 3, 2, bf16_decode=True)[-1] == "--bf16_decode"

@@ -11,8 +11,8 @@ import pytest
 
 from txf.decode import beam_rows, beam_search, expand_to_beams, gather_rows, greedy_decode, sample
 from txf.models import build_model, init_params
-from txf.models.inference import (init_cache, init_uncached_cache, make_logits_fn,
-                                  make_uncached_logits_fn, reorder_cache)
+from txf.models.inference import (cast_for_decoding, init_cache, init_uncached_cache,
+                                  make_logits_fn, make_uncached_logits_fn, reorder_cache)
 from txf.nn import TransformerConfig
 
 BOS, EOS = 1, 2
@@ -224,3 +224,29 @@ def test_reorder_cache_skips_only_per_source_entries():
     if "cached_key" in jax.tree_util.keystr(path):
       np.testing.assert_array_equal(a, np.asarray(before)[np.asarray(rows)])
       assert not np.array_equal(a, before)
+
+
+def test_bfloat16_decode_weights_give_the_float32_logits_to_bf16_rounding():
+  # cast_for_decoding rounds the weights (and activations) to bfloat16 once; the cached step's
+  # logits stay within bf16 rounding of the float32 model's, and the cache buffers follow the dtype
+  cfg = small_config("encoder_decoder", tie_output=True)
+  params = setup_model(cfg, seed=5)
+  cfg16, params16 = cast_for_decoding(cfg, params)
+  assert cfg16.dtype == "bfloat16"
+  assert {x.dtype for x in jax.tree_util.tree_leaves(params16)} == {jnp.dtype(jnp.bfloat16)}
+  ids = jnp.asarray([[BOS], [4], [7]], jnp.int32)
+
+  @jax.jit
+  def step(src):
+    out = []
+    for c, p in ((cfg, params), (cfg16, params16)):
+      cache = init_cache(c, p, 3, MAX_LEN, src)
+      logits, cache = make_logits_fn(c, p)(ids, cache)
+      out += [logits.astype(jnp.float32), cache["decoder"]["layer_0"]["self_attention"]["cached_key"]]
+    return out
+
+  l32, k32, l16, k16 = step(sources())
+  assert k32.dtype == jnp.float32 and k16.dtype == jnp.bfloat16
+  scale = float(jnp.abs(l32).max())
+  np.testing.assert_allclose(l16, l32, atol=0.05 * scale)
+  assert not np.array_equal(l16, l32)  # the rounding is real

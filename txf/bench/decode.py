@@ -20,14 +20,14 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from txf.decode import beam_search, gather_rows, greedy_decode
 from txf.models import init_params
-from txf.models.inference import (init_cache, init_uncached_cache, make_logits_fn,
+from txf.models.inference import (cast_for_decoding, init_cache, init_uncached_cache, make_logits_fn,
                                   make_uncached_logits_fn, reorder_cache)
 from txf.nn import TransformerConfig
 
@@ -39,9 +39,18 @@ CONFIGS = {
 }
 
 
-def decoder(cfg, params, method: str, cached: bool, batch: int, length: int, beam: int):
-  """jit'd ``run(inputs [B, S]) -> ids``: build the cache (encoder included), decode ``length``."""
+def decoder(cfg, params, method: str, cached: bool, batch: int, length: int, beam: int,
+            weights_dtype: Optional[str] = None):
+  """jit'd ``run(inputs [B, S]) -> ids``: build the cache (encoder included), decode ``length``.
+
+  ``weights_dtype`` (e.g. "bfloat16"): decode with weights cast once to that dtype
+  (txf.models.inference.cast_for_decoding)."""
   def run(inputs):
+    cfg_, params_ = (cfg, params) if weights_dtype is None else cast_for_decoding(
+        cfg, params, weights_dtype)
+    return _run(cfg_, params_, inputs)
+
+  def _run(cfg, params, inputs):
     if cached:
       cache, fn = init_cache(cfg, params, batch, length, inputs), make_logits_fn(cfg, params)
     else:

@@ -53,9 +53,10 @@ def summarize(records: Iterable[dict]) -> Dict[tuple, Dict[str, float]]:
   """Medians per (config, system) over the rounds: records are the JSON lines of every process.
 
   Returns {(config, system): {"step_s", "tok_s", "first_s", "beam_tok_s", "greedy_tok_s",
-  "rounds"}} (absent keys: not measured). A train record has phase "train", ``step_s.median`` and
+  "beam_bf16_tok_s", "rounds"}} (absent keys: not measured). A train record has phase "train", ``step_s.median`` and
   ``tokens_per_s.median``; a decode record phase "decode", ``out_tokens_per_s.median`` and
-  ``method`` ("beam" when missing, as the peers' decode is beam 4).
+  ``method`` ("beam" when missing, as the peers' decode is beam 4; "greedy"; "beam-bf16": beam 4
+  with bfloat16 weights).
   """
   cells: Dict[tuple, Dict[str, List[float]]] = {}
   for r in records:
@@ -68,7 +69,8 @@ def summarize(records: Iterable[dict]) -> Dict[tuple, Dict[str, float]]:
       if r.get("first_step_s") is not None:
         c.setdefault("first_s", []).append(r["first_step_s"])
     elif r["phase"] == "decode":
-      key = "greedy_tok_s" if r.get("method") == "greedy" else "beam_tok_s"
+      key = {"greedy": "greedy_tok_s", "beam-bf16": "beam_bf16_tok_s"}.get(r.get("method"),
+                                                                          "beam_tok_s")
       c.setdefault(key, []).append(r["out_tokens_per_s"]["median"])
   out = {}
   for key, c in cells.items():
@@ -105,7 +107,7 @@ def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> s
   """The issue's markdown table (train step s, target tok/s, first step s, beam-4 and greedy
   decode tok/s per config and system) and one line of ratios per config."""
   lines = ["| config | system | train step s | target tok/s | first step s | beam-4 decode tok/s "
-           "| greedy decode tok/s |", "|---|---|---|---|---|---|---|"]
+           "| greedy decode tok/s | beam-4, bf16 weights |", "|---|---|---|---|---|---|---|---|"]
   order = {s: i for i, s in enumerate(SYSTEMS)}
   configs = list(dict.fromkeys(k[0] for k in cells))
   configs.sort(key=lambda c: CONFIGS.index(c) if c in CONFIGS else len(CONFIGS))
@@ -114,7 +116,7 @@ def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> s
       c = cells[(config, s)]
       lines.append(f"| {config} | {s} | {_f(c.get('step_s'), '.3f')} | {_f(c.get('tok_s'), '.0f')} "
                    f"| {_f(c.get('first_s'), '.1f')} | {_f(c.get('beam_tok_s'), '.0f')} "
-                   f"| {_f(c.get('greedy_tok_s'), '.0f')} |")
+                   f"| {_f(c.get('greedy_tok_s'), '.0f')} | {_f(c.get('beam_bf16_tok_s'), '.0f')} |")
   lines.append("")
   for config, r in ratios(cells, system).items():
     parts = []
@@ -159,11 +161,13 @@ def check_args(harness: str, peers_venv: Optional[str], flaxwmt: Optional[str],
 
 
 def command(system: str, config: str, harness: str, peers_venv: Optional[str],
-            flaxwmt: Optional[str], steps: int, decode_reps: int) -> List[str]:
+            flaxwmt: Optional[str], steps: int, decode_reps: int, bf16_decode: bool = False
+            ) -> List[str]:
   """argv of one measurement process (train and decode of one system at one config)."""
   if system == "txf":
     return [sys.executable, "-m", "txf.bench.peers", "--worker", "--configs", config,
-            "--steps", str(steps), "--decode_reps", str(decode_reps)]
+            "--steps", str(steps), "--decode_reps", str(decode_reps)] + (
+                ["--bf16_decode"] if bf16_decode else [])
   python = os.path.join(peers_venv, "bin", "python")
   if system == "flax-wmt":
     return [python, os.path.join(harness, "bench_flax.py"), "--wmt_dir", flaxwmt, "--config", config,
@@ -188,7 +192,7 @@ def parse_records(stdout: str) -> List[dict]:
 
 def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, harness: str,
                 peers_venv: Optional[str], flaxwmt: Optional[str], steps: int, decode_reps: int,
-                preload: Optional[str], say=print) -> List[dict]:
+                preload: Optional[str], bf16_decode: bool = False, say=print) -> List[dict]:
   """Run every (round, config, system) process in turn; returns all records (with round, load)."""
   env = dict(os.environ)
   if preload:
@@ -199,7 +203,8 @@ def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, ha
   for rnd in range(1, repeats + 1):
     for config in configs:
       for system in systems:
-        argv = command(system, config, harness, peers_venv, flaxwmt, steps, decode_reps)
+        argv = command(system, config, harness, peers_venv, flaxwmt, steps, decode_reps,
+                       bf16_decode)
         load = os.getloadavg()[0]
         start = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -227,8 +232,9 @@ def _rate(n: int, st: Dict[str, float]) -> Dict[str, float]:
 
 
 def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: str = "float32",
-           say=print) -> None:
-  """txf's measurements at one config, printed as JSON lines in the peers' format."""
+           bf16_decode: bool = False, say=print) -> None:
+  """txf's measurements at one config, printed as JSON lines in the peers' format; with
+  ``bf16_decode`` also beam 4 with bfloat16 weights (method "beam-bf16")."""
   import jax
   from txf.bench import train as train_bench
   from txf.bench.decode import decoder
@@ -263,9 +269,10 @@ def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: st
   params = init_params(cfg, jax.random.key(0), {k: v[:1] for k, v in batch.items()})
   inputs = jax.random.randint(jax.random.key(2), (DECODE_BATCH, DECODE_SRC), 4, cfg.vocab_size,
                               jnp.int32)
-  for method in ("beam", "greedy"):
+  for method in ("beam", "greedy") + (("beam-bf16",) if bf16_decode else ()):
     run = decoder(cfg, params, "greedy" if method == "greedy" else f"beam{DECODE_BEAM}", True,
-                  DECODE_BATCH, DECODE_OUT, DECODE_BEAM)
+                  DECODE_BATCH, DECODE_OUT, DECODE_BEAM,
+                  weights_dtype="bfloat16" if method == "beam-bf16" else None)
     start = time.perf_counter()
     jax.block_until_ready(run(inputs))
     first = time.perf_counter() - start
@@ -303,11 +310,13 @@ def main(argv=None) -> int:
   p.add_argument("--output", default="runs/peers.json", help="JSON file ('' = none)")
   p.add_argument("--malloc", default="tcmalloc", choices=("tcmalloc", "system"),
                  help="allocator preloaded into every process")
+  p.add_argument("--bf16_decode", action="store_true",
+                 help="also time txf's beam 4 with bfloat16 weights (an option, not the default)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   a = p.parse_args(argv)
   try:
     if a.worker:
-      worker(_csv(a.configs)[0], a.steps, a.decode_reps)
+      worker(_csv(a.configs)[0], a.steps, a.decode_reps, bf16_decode=a.bf16_decode)
       return 0
     systems, configs = _csv(a.systems), _csv(a.configs)
     check_args(a.harness, a.peers_venv, a.flaxwmt, systems, configs, a.repeats)
@@ -322,7 +331,7 @@ def main(argv=None) -> int:
   print(f"peers side by side on {machine}; malloc {preload or 'system'}; "
         f"load {os.getloadavg()[0]:.1f} at start")
   records = run_sitting(systems, configs, a.repeats, a.harness, a.peers_venv, a.flaxwmt, a.steps,
-                        a.decode_reps, preload)
+                        a.decode_reps, preload, a.bf16_decode)
   cells = summarize(records)
   print()
   print(format_table(cells))
