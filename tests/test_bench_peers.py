@@ -4,6 +4,8 @@ No peer process runs here: torch is not a dependency of txf. The numbers are mad
 expected medians and ratios are worked by hand.
 """
 
+import json
+
 import pytest
 
 from txf.bench import peers
@@ -110,3 +112,28 @@ def test_commands_name_the_harness_scripts():
   assert peers.command("txf", "small", "/h", "/v", None, 3, 2)[1:4] == ["-m", "txf.bench.peers",
                                                                          "--worker"]
   assert peers.command("txf", "small", "/h", "/v", None, 3, 2, bf16_decode=True)[-1] == "--bf16_decode"
+
+
+def test_sitting_interleaves_systems_and_saves_after_every_process(monkeypatch):
+  # the processes are faked: each prints one train record naming its system
+  calls, saved = [], []
+
+  class Done:
+    returncode, stderr = 0, ""
+
+    def __init__(self, argv):
+      system = "txf" if "--worker" in argv else argv[argv.index("--peer") + 1] \
+          if "--peer" in argv else "flax-wmt"
+      config = argv[argv.index("--config" if "--config" in argv else "--configs") + 1]
+      self.stdout = "log line\n" + json.dumps(train(system, config, 1.0, 100.0)) + "\n"
+
+  def fake_run(argv, **kwargs):
+    calls.append(argv)
+    return Done(argv)
+
+  monkeypatch.setattr(peers.subprocess, "run", fake_run)
+  records = peers.run_sitting(["txf", "flax-wmt", "marian"], ["small"], 2, "/h", "/v", "/f", 1, 1,
+                              None, say=lambda *a: None, progress=lambda r: saved.append(len(r)))
+  assert [r["peer"] for r in records] == ["txf", "flax-wmt", "marian"] * 2
+  assert [r["round"] for r in records] == [1, 1, 1, 2, 2, 2]
+  assert saved == [1, 2, 3, 4, 5, 6] and len(calls) == 6

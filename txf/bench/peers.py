@@ -103,6 +103,12 @@ def _f(value: Optional[float], fmt: str) -> str:
   return "-" if value is None else format(value, fmt)
 
 
+def table_from_file(path: str) -> str:
+  """The table of a JSON file written by this script (also a partial one)."""
+  with open(path) as f:
+    return format_table(summarize(json.load(f)["records"]))
+
+
 def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> str:
   """The issue's markdown table (train step s, target tok/s, first step s, beam-4 and greedy
   decode tok/s per config and system) and one line of ratios per config."""
@@ -192,8 +198,11 @@ def parse_records(stdout: str) -> List[dict]:
 
 def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, harness: str,
                 peers_venv: Optional[str], flaxwmt: Optional[str], steps: int, decode_reps: int,
-                preload: Optional[str], bf16_decode: bool = False, say=print) -> List[dict]:
-  """Run every (round, config, system) process in turn; returns all records (with round, load)."""
+                preload: Optional[str], bf16_decode: bool = False, say=print,
+                progress=None) -> List[dict]:
+  """Run every (round, config, system) process in turn; returns all records (with round, load).
+
+  ``progress(records so far)`` is called after every process (to save partial results)."""
   env = dict(os.environ)
   if preload:
     env["LD_PRELOAD"] = " ".join(p for p in (preload, env.get("LD_PRELOAD", "")) if p)
@@ -217,6 +226,8 @@ def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, ha
         for r in got:
           r.update(round=rnd, load_before=load, load_after=os.getloadavg()[0])
         records += got
+        if progress is not None:
+          progress(records)
   return records
 
 
@@ -330,18 +341,22 @@ def main(argv=None) -> int:
   machine = cpu_model()
   print(f"peers side by side on {machine}; malloc {preload or 'system'}; "
         f"load {os.getloadavg()[0]:.1f} at start")
+
+  def save(records: List[dict]) -> None:  # after every process: a cut-short sitting keeps its rows
+    if a.output:
+      cells = summarize(records)
+      os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
+      with open(a.output, "w") as f:
+        json.dump({"machine": machine, "argv": sys.argv, "records": records,
+                   "table": format_table(cells),
+                   "cells": [dict(config=k[0], system=k[1], **v) for k, v in cells.items()]}, f,
+                  indent=1)
+
   records = run_sitting(systems, configs, a.repeats, a.harness, a.peers_venv, a.flaxwmt, a.steps,
-                        a.decode_reps, preload, a.bf16_decode)
-  cells = summarize(records)
+                        a.decode_reps, preload, a.bf16_decode, progress=save)
   print()
-  print(format_table(cells))
+  print(format_table(summarize(records)))
   if a.output:
-    os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
-    with open(a.output, "w") as f:
-      json.dump({"machine": machine, "argv": sys.argv, "records": records,
-                 "table": format_table(cells),
-                 "cells": [dict(config=k[0], system=k[1], **v) for k, v in cells.items()]}, f,
-                indent=1)
     print(f"\nwrote {a.output}")
   return 0
 
