@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.bench.decode import init_recompute_cache, make_recompute_logits_fn
-from txf.decode import beam_search, greedy_decode, sample
+from txf.decode import beam_rows, beam_search, expand_to_beams, gather_rows, greedy_decode, sample
 from txf.models import build_model, init_params
-from txf.models.inference import init_cache, make_logits_fn, make_uncached_logits_fn
+from txf.models.inference import (cast_for_decoding, init_cache, init_uncached_cache,
+                                  make_logits_fn, make_uncached_logits_fn, reorder_cache)
 from txf.nn import TransformerConfig
 
 BOS, EOS = 1, 2
@@ -98,16 +98,19 @@ def test_cached_logits_equal_full_forward_at_every_position(family, overrides):
     np.testing.assert_allclose(cached[:, 6:], full[:, 3:], atol=1e-5, rtol=1e-5)
 
 
-def uncached_greedy(fn, batch, max_len):
-  """Step-by-step greedy with a prefix-recomputing callback: [B, max_len], PAD after EOS.
+def uncached_greedy(cfg, params, batch, max_len, inputs=None):
+  """Step-by-step greedy, each step a full forward over the whole prefix: [B, max_len], PAD after EOS.
 
-  The loop is unrolled under one jit (the prefix grows: every step has its own shape)."""
+  The loop is unrolled under one jit (the prefix grows: every step has its own shape); each step
+  feeds the whole prefix to the uncached callback with a fresh state."""
+  fn = make_uncached_logits_fn(cfg, params)
+
   @jax.jit
   def run():
     prefix = jnp.full((batch, 1), BOS, jnp.int32)
     done = jnp.zeros(batch, bool)
     for _ in range(max_len):
-      logits, _ = fn(prefix, None)
+      logits, _ = fn(prefix, init_uncached_cache(cfg, params, batch, max_len + 1, inputs))
       token = jnp.where(done, 0, jnp.argmax(logits, -1)).astype(jnp.int32)
       done |= token == EOS
       prefix = jnp.concatenate([prefix, token[:, None]], axis=1)
@@ -137,7 +140,7 @@ def translation():
     batch = src.shape[0]
     cache = init_cache(cfg, params, batch, MAX_LEN, src)  # a pytree: both decoders start from it
     greedy = greedy_decode(fn, cache, batch, MAX_LEN)
-    ids, scores = beam_search(fn, cache, batch, BEAM, MAX_LEN)
+    ids, scores = beam_search(fn, cache, batch, BEAM, MAX_LEN, reorder_cache=reorder_cache)
     return greedy, ids, scores
 
   outputs = decode(sources())
@@ -148,7 +151,7 @@ def translation():
 def test_cached_greedy_equals_uncached_greedy_translation(translation):
   # greedy is prefix-consistent: its first 4 tokens are those of a 4-step greedy loop
   cfg, params = translation["cfg"], translation["params"]
-  expected = uncached_greedy(make_uncached_logits_fn(cfg, params, sources()), 3, 4)
+  expected = uncached_greedy(cfg, params, 3, 4, sources())
   assert varied(expected)
   np.testing.assert_array_equal(translation["outputs"][0][:, :4], expected)
 
@@ -158,7 +161,7 @@ def test_cached_greedy_equals_uncached_greedy_lm():
   params = setup_model(cfg, seed=3)
   got = jax.jit(lambda c: greedy_decode(make_logits_fn(cfg, params), c, 3, 4))(
       jit_cache(cfg, params, 3, 4))
-  expected = uncached_greedy(make_uncached_logits_fn(cfg, params), 3, 4)
+  expected = uncached_greedy(cfg, params, 3, 4)
   assert varied(expected)
   np.testing.assert_array_equal(got, expected)
 
@@ -178,10 +181,11 @@ def test_lm_sampling_at_temperature_zero_continues_prompt_greedily():
 
 
 def test_cached_beam_equals_recomputing_beam(translation):
-  # the benchmark's uncached baseline runs the same beam search: ids and scores must agree
+  # the uncached callback, every cache leaf reordered (the default), against the KV cache with its
+  # per-source entries left in place (reorder_cache): ids and scores must agree
   cfg, params = translation["cfg"], translation["params"]
   recompute = jax.jit(lambda src: beam_search(
-      make_recompute_logits_fn(cfg, params), init_recompute_cache(cfg, params, 3, MAX_LEN, src),
+      make_uncached_logits_fn(cfg, params), init_uncached_cache(cfg, params, 3, MAX_LEN, src),
       3, BEAM, MAX_LEN))(sources())
   _, ids, scores = translation["outputs"]
   assert varied(ids)
@@ -197,3 +201,52 @@ def test_padded_batch_decodes_each_row_as_if_alone(translation):
     np.testing.assert_array_equal(greedy[row], alone[0][0])
     np.testing.assert_array_equal(ids[row], alone[1][0])
     np.testing.assert_allclose(scores[row], alone[2][0], atol=1e-5)
+
+
+def test_reorder_cache_skips_only_per_source_entries():
+  # txf's cache reorder equals the generic gather of every per-row leaf on the real cache: the
+  # entries it skips (cross-attention K/V and mask) are equal for every beam of a source
+  cfg = small_config("encoder_decoder", layers=2)
+  params = setup_model(cfg, seed=4)
+  cache = expand_to_beams(jit_cache(cfg, params, 3, MAX_LEN, sources()), BEAM, 3)
+  cache = jax.tree_util.tree_map(  # make the self-attention buffers differ between rows
+      lambda x: x + jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
+      if x.ndim == 4 and x.shape[2] == MAX_LEN else x, cache)
+  rows = beam_rows(jnp.array([[1, 1], [1, 0], [0, 0]]), BEAM)
+  np.testing.assert_array_equal(rows, [1, 1, 3, 2, 4, 4])
+  fast, generic = reorder_cache(cache, rows), gather_rows(cache, rows)
+  paths = jax.tree_util.tree_flatten_with_path(cache)[0]
+  skipped = [jax.tree_util.keystr(p) for p, _ in paths if "cross_" in jax.tree_util.keystr(p)]
+  assert len(skipped) == 2 * 3  # two decoder layers x (cross_key, cross_value, cross_valid)
+  for (path, before), a, b in zip(paths, jax.tree_util.tree_leaves(fast),
+                                  jax.tree_util.tree_leaves(generic)):
+    np.testing.assert_array_equal(a, b)
+    if "cached_key" in jax.tree_util.keystr(path):
+      np.testing.assert_array_equal(a, np.asarray(before)[np.asarray(rows)])
+      assert not np.array_equal(a, before)
+
+
+def test_bfloat16_decode_weights_give_the_float32_logits_to_bf16_rounding():
+  # cast_for_decoding rounds the weights (and activations) to bfloat16 once; the cached step's
+  # logits stay within bf16 rounding of the float32 model's, and the cache buffers follow the dtype
+  cfg = small_config("encoder_decoder", tie_output=True)
+  params = setup_model(cfg, seed=5)
+  cfg16, params16 = cast_for_decoding(cfg, params)
+  assert cfg16.dtype == "bfloat16"
+  assert {x.dtype for x in jax.tree_util.tree_leaves(params16)} == {jnp.dtype(jnp.bfloat16)}
+  ids = jnp.asarray([[BOS], [4], [7]], jnp.int32)
+
+  @jax.jit
+  def step(src):
+    out = []
+    for c, p in ((cfg, params), (cfg16, params16)):
+      cache = init_cache(c, p, 3, MAX_LEN, src)
+      logits, cache = make_logits_fn(c, p)(ids, cache)
+      out += [logits.astype(jnp.float32), cache["decoder"]["layer_0"]["self_attention"]["cached_key"]]
+    return out
+
+  l32, k32, l16, k16 = step(sources())
+  assert k32.dtype == jnp.float32 and k16.dtype == jnp.bfloat16
+  scale = float(jnp.abs(l32).max())
+  np.testing.assert_allclose(l16, l32, atol=0.05 * scale)
+  assert not np.array_equal(l16, l32)  # the rounding is real

@@ -7,11 +7,11 @@ search runs B * K rows to produce them), compile seconds (``jit(...).lower().com
 from the timed runs), and the per-token cost ratio between the longest and the shortest length:
 ~1 when a step costs the same at every length, ~L_long / L_short when it grows with the length.
 
-The uncached baseline uses the same greedy/beam code with a different callback
-(:func:`make_recompute_logits_fn`): its "cache" holds only the token buffer [N, max_len] (and the
-encoder output, computed once), and each step re-runs the whole decoder over that fixed-size
-buffer (positions after the current one are masked by causality), so one compiled step serves all
-steps. Only the needed position goes through the output projection. Decoding is forced to the
+The uncached baseline uses the same greedy/beam code with txf.models.inference's uncached callback
+(:func:`~txf.models.inference.make_uncached_logits_fn`): its "cache" holds only the token buffer
+[N, max_len] (and the encoder output, computed once), and each step re-runs the whole decoder over
+that fixed-size buffer (positions after the current one are masked by causality), so one compiled
+step serves all steps. Only the needed position goes through the output projection. Decoding is forced to the
 asked length with ``eos_id=-1`` (never produced). The model is randomly initialised.
 """
 
@@ -20,16 +20,16 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Dict, List, Sequence
+from typing import List, Optional, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf.decode import beam_search, greedy_decode
-from txf.models import build_model, init_params
-from txf.models.inference import init_cache, make_logits_fn
-from txf.nn import Embed, TransformerConfig
+from txf.decode import beam_search, gather_rows, greedy_decode
+from txf.models import init_params
+from txf.models.inference import (cast_for_decoding, init_cache, init_uncached_cache, make_logits_fn,
+                                  make_uncached_logits_fn, reorder_cache)
+from txf.nn import TransformerConfig
 
 CONFIGS = {
     "small": dict(d_model=256, num_encoder_layers=3, num_decoder_layers=3, num_heads=4, d_ff=1024,
@@ -39,65 +39,27 @@ CONFIGS = {
 }
 
 
-def init_recompute_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int,
-                         inputs=None) -> Dict[str, jnp.ndarray]:
-  """State of the uncached callback: {"prefix": int32 [B, max_len] zeros, "step": 0-d int32}, plus
-  for the encoder-decoder {"encoded": [B, S, d_model], "valid": bool [B, S]} (encoder run once)."""
-  cache = {"prefix": jnp.zeros((batch_size, max_len), jnp.int32), "step": jnp.array(0, jnp.int32)}
-  if cfg.family == "encoder_decoder":
-    model = build_model(cfg, deterministic=True)
-    cache["encoded"], cache["valid"] = model.apply({"params": params}, inputs, method=model.encode)
-  return cache
+def decoder(cfg, params, method: str, cached: bool, batch: int, length: int, beam: int,
+            weights_dtype: Optional[str] = None):
+  """jit'd ``run(inputs [B, S]) -> ids``: build the cache (encoder included), decode ``length``.
 
-
-def _project_only(position):
-  """Flax interceptor: the tied output projection h E^T applied to h[:, position] only."""
-  def interceptor(next_fun, args, kwargs, context):
-    if isinstance(context.module, Embed) and context.method_name == "attend":
-      return next_fun(jax.lax.dynamic_slice_in_dim(args[0], position, 1, axis=1), **kwargs)
-    return next_fun(*args, **kwargs)
-  return interceptor
-
-
-def make_recompute_logits_fn(cfg: TransformerConfig, params):
-  """Uncached ``logits_fn(ids int [N, L], cache) -> (logits float32 [N, V], cache)``.
-
-  Writes ids into cache["prefix"] at cache["step"], re-runs the full decoder over the whole
-  [N, max_len] buffer and returns the logits at position step + L - 1 (causal attention makes
-  them equal to those of the prefix alone).
-  """
-  model = build_model(cfg, deterministic=True)
-
-  def logits_fn(ids, cache):
-    step, length = cache["step"], ids.shape[1]
-    prefix = jax.lax.dynamic_update_slice(cache["prefix"], ids.astype(jnp.int32), (0, step))
-    position = step + length - 1
-    if cfg.family == "encoder_decoder":
-      call = lambda: model.apply({"params": params}, cache["encoded"], cache["valid"], prefix,
-                                 method=model.decode)
-    else:
-      call = lambda: model.apply({"params": params}, prefix, method=lambda m, x: m.decoder(x))
-    if cfg.tie_output:
-      with nn.intercept_methods(_project_only(position)):
-        logits = call()[:, 0]
-    else:
-      logits = jax.lax.dynamic_index_in_dim(call(), position, axis=1, keepdims=False)
-    return logits, dict(cache, prefix=prefix, step=step + length)
-
-  return logits_fn
-
-
-def _decoder(cfg, params, method: str, cached: bool, batch: int, length: int, beam: int):
-  """jit'd ``run(inputs [B, S]) -> ids``: build the cache (encoder included), decode ``length``."""
+  ``weights_dtype`` (e.g. "bfloat16"): decode with weights cast once to that dtype
+  (txf.models.inference.cast_for_decoding)."""
   def run(inputs):
+    cfg_, params_ = (cfg, params) if weights_dtype is None else cast_for_decoding(
+        cfg, params, weights_dtype)
+    return _run(cfg_, params_, inputs)
+
+  def _run(cfg, params, inputs):
     if cached:
       cache, fn = init_cache(cfg, params, batch, length, inputs), make_logits_fn(cfg, params)
     else:
-      cache = init_recompute_cache(cfg, params, batch, length, inputs)
-      fn = make_recompute_logits_fn(cfg, params)
+      cache = init_uncached_cache(cfg, params, batch, length, inputs)
+      fn = make_uncached_logits_fn(cfg, params)
     if method == "greedy":
       return greedy_decode(fn, cache, batch, length, eos_id=-1)
-    return beam_search(fn, cache, batch, beam, length, eos_id=-1)[0]
+    return beam_search(fn, cache, batch, beam, length, eos_id=-1,
+                       reorder_cache=reorder_cache if cached else gather_rows)[0]
   return jax.jit(run)
 
 
@@ -134,7 +96,7 @@ def decode_benchmark(model_cfg: TransformerConfig, batch_size: int,
   for method in ("greedy", f"beam{beam_size}"):
     for cached in (True, False):
       for length in output_lengths:
-        run = _decoder(cfg, params, method, cached, batch_size, length, beam_size)
+        run = decoder(cfg, params, method, cached, batch_size, length, beam_size)
         start = time.perf_counter()
         compiled = run.lower(inputs).compile()
         compile_s = time.perf_counter() - start

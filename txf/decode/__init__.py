@@ -5,6 +5,7 @@ leaves of ``cache`` with leading dimension N are per-row state, 0-d leaves are s
 Special ids: PAD=0, BOS=1, EOS=2. Decoding starts by feeding BOS.
 """
 
-from txf.decode.beam import beam_search, expand_to_beams, gather_beams, length_penalty
+from txf.decode.beam import (beam_rows, beam_search, expand_to_beams, gather_beams, gather_rows,
+                             length_penalty)
 from txf.decode.greedy import greedy_decode
 from txf.decode.sampling import filter_logits, sample

@@ -13,7 +13,7 @@ Scores: a finished hypothesis y of length |y| (EOS counted) scores log p(y) / lp
   none:    lp(L) = 1
 """
 
-from typing import Any, Tuple
+from typing import Any, Callable, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -58,30 +58,42 @@ def expand_to_beams(tree: Any, beam: int, batch_size: int = None) -> Any:
       lambda x: jnp.repeat(x, beam, axis=0) if _is_row_leaf(x, batch_size) else x, tree)
 
 
-def _per_source(path) -> bool:
-  """Whether a cache leaf is per source: under a key starting with ``cross_`` (txf.nn's cached
-  cross-attention keys/values and memory mask), equal for all beams of a row."""
-  return any(str(getattr(p, "key", getattr(p, "name", ""))).startswith("cross_") for p in path)
+def gather_rows(tree: Any, rows: jnp.ndarray) -> Any:
+  """Reorder every per-row leaf [N, ...] of a cache: out[i] = x[rows[i]], rows int [N].
+
+  Leaves whose leading dim is not N (0-d counters) are returned unchanged. The default cache
+  reorder of :func:`beam_search`; a model that knows some of its entries are equal for every beam
+  of a source passes its own (txf.models.inference.reorder_cache skips them).
+  """
+  n = rows.shape[0]
+  return jax.tree_util.tree_map(
+      lambda x: jnp.take(x, rows, axis=0) if _is_row_leaf(x, n) else x, tree)
+
+
+def beam_rows(beam_indices: jnp.ndarray, beam: int) -> jnp.ndarray:
+  """Flat row indices of reordered beams: rows[b * K' + k] = b * K + beam_indices[b, k].
+
+  beam_indices int [B, K'] (each in [0, K)) -> int [B * K'].
+  """
+  batch = beam_indices.shape[0]
+  return (jnp.arange(batch)[:, None] * beam + beam_indices).reshape(-1)
 
 
 def gather_beams(tree: Any, beam_indices: jnp.ndarray, batch_size: int, beam: int) -> Any:
   """Reorder the beams of every per-row leaf [B * beam, ...] (a flattened [B, beam, ...]).
 
-  out[b * K + k] = x[b * K + beam_indices[b, k]], with beam_indices int [B, K_new] and K = beam;
-  leaves whose leading dim is not B * K (0-d counters) are returned unchanged, and so are
-  per-source leaves (keys ``cross_*``: every beam of row b holds the same values, so reordering
-  within the row is the identity; skipping it saves a copy of the encoder memory's K/V per step)
-  when the beam count does not change.
+  out[b * K' + k] = x[b * K + beam_indices[b, k]], with beam_indices int [B, K'] and K = beam;
+  leaves whose leading dim is not B * K (0-d counters) are returned unchanged.
   """
   new_beam = beam_indices.shape[1]
+  rows = beam_rows(beam_indices, beam)
 
-  def gather(path, x):
-    if not _is_row_leaf(x, batch_size * beam) or (new_beam == beam and _per_source(path)):
+  def gather(x):
+    if not _is_row_leaf(x, batch_size * beam):
       return x
-    flat = (jnp.arange(batch_size)[:, None] * beam + beam_indices).reshape(-1)
-    return jnp.take(x, flat, axis=0).reshape((batch_size * new_beam,) + x.shape[1:])
+    return jnp.take(x, rows, axis=0).reshape((batch_size * new_beam,) + x.shape[1:])
 
-  return jax.tree_util.tree_map_with_path(gather, tree)
+  return jax.tree_util.tree_map(gather, tree)
 
 
 def _take(x: jnp.ndarray, indices: jnp.ndarray) -> jnp.ndarray:
@@ -92,12 +104,14 @@ def _take(x: jnp.ndarray, indices: jnp.ndarray) -> jnp.ndarray:
 
 def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int, max_len: int,
                 alpha: float = 0.6, eos_id: int = EOS_ID, bos_id: int = BOS_ID,
-                length_penalty: str = "gnmt") -> Tuple[jnp.ndarray, jnp.ndarray]:
+                length_penalty: str = "gnmt",
+                reorder_cache: Callable[[Any, jnp.ndarray], Any] = gather_rows
+                ) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """Beam search for argmax_y log p(y | x) / lp(|y|), batched, jit-compatible.
 
   The cache is given for ``batch_size`` rows and expanded to B * beam_size rows inside
-  (:func:`expand_to_beams`); when beams are reordered its per-row leaves are gathered
-  (:func:`gather_beams`); 0-d leaves are never touched. ``logits_fn`` is called on
+  (:func:`expand_to_beams`); when beams are reordered, ``reorder_cache(cache, rows)`` follows
+  them (default :func:`gather_rows`: every per-row leaf gathered, 0-d leaves untouched). ``logits_fn`` is called on
   ids [B * K, 1] once per step, at most ``max_len`` times (a cache must hold ``max_len``
   positions). The loop stops early once, in every row, K hypotheses are finished and no alive
   beam can still beat the worst of them: with log-probs <= 0 an alive beam's final score is at
@@ -115,6 +129,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     alpha: exponent of the GNMT penalty (ignored by the other kinds).
     eos_id, bos_id: special ids.
     length_penalty: ``"gnmt"``, ``"average"`` or ``"none"``.
+    reorder_cache: ``(cache, rows int32 [B * K]) -> cache`` with row i of the result taken from
+      row rows[i]; a model may skip entries that are equal for every beam of a source
+      (txf.models.inference.reorder_cache).
   Returns:
     (ids int32 [B, K, max_len], scores float32 [B, K]), best first per row; ids exclude BOS,
     include EOS, PAD (0) after it.
@@ -167,7 +184,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     # alive: the best K candidates that did not end in EOS; reorder the cache to follow them
     alive_logp, pick = jax.lax.top_k(jnp.where(is_eos, NEG_INF, top_logp), k)
     alive_seqs = _take(top_seqs, pick)
-    cache = gather_beams(cache, _take(top_beam, pick), b, k)
+    cache = reorder_cache(cache, beam_rows(_take(top_beam, pick), k))
     return step + 1, alive_seqs, alive_logp, finished_seqs, finished_scores, finished, cache
 
   alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1))

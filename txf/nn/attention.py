@@ -22,7 +22,7 @@ OUT_INIT = nn.with_logical_partitioning(xavier, ("heads", "kv", "embed"))  # W^O
 
 
 HIDDEN_AXES = ("batch", "length", "act_embed")     # activations [B, L, d_model]
-HEADS_AXES = ("batch", "length", "heads", "kv")   # per-head queries, keys, values [B, L, h, d_k]
+HEADS_AXES = ("batch", "heads", "length", "kv")   # per-head queries, keys, values [B, h, L, d_k]
 
 
 def constrain(x, names):
@@ -34,6 +34,11 @@ def constrain(x, names):
 # What ``attention_impl='auto'`` runs on CPU: the faster of the two at the benchmark sizes
 # (BENCHMARKS.md, "attention implementations": reference <= fused in CPU time, small and base).
 CPU_AUTO_IMPL = "reference"
+
+
+# Cache entries that depend only on the source, never on the target prefix: equal for all beams of
+# a source, so beam search need not reorder them (txf.models.inference.reorder_cache).
+PER_SOURCE_CACHE = ("cross_key", "cross_value", "cross_valid")
 
 
 def resolve_impl(impl: str) -> str:
@@ -65,19 +70,18 @@ def _fused_attention(q, k, v, mask):
 
 
 def attend(q, k, v, mask, impl: str):
-  """softmax(Q K^T / sqrt(d_k) + M) V on [B, L, H, d_k] inputs; returns ([B, L_q, H, d_v], weights or None).
+  """softmax(Q K^T / sqrt(d_k) + M) V on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None).
 
   ``reference`` is txf.ops.scaled_dot_product_attention (weights returned for inspection);
-  ``fused`` is jax.nn.dot_product_attention (cuDNN flash attention on GPU; no weights);
-  ``auto`` picks per backend (:func:`resolve_impl`). Both agree to float32 rounding
+  ``fused`` is jax.nn.dot_product_attention on [B, L, H, d_k] (cuDNN flash attention on GPU; no
+  weights); ``auto`` picks per backend (:func:`resolve_impl`). Both agree to float32 rounding
   (tests/test_attention_impl.py).
   """
   impl = resolve_impl(impl)
   if impl == "fused":
-    return _fused_attention(q, k, v, mask), None
-  out, weights = attn_ops.scaled_dot_product_attention(
-      q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
-  return out.transpose(0, 2, 1, 3), weights
+    t = lambda x: x.transpose(0, 2, 1, 3)
+    return t(_fused_attention(t(q), t(k), t(v), mask)), None
+  return attn_ops.scaled_dot_product_attention(q, k, v, mask)
 
 
 class MultiHeadAttention(nn.Module):
@@ -105,34 +109,37 @@ class MultiHeadAttention(nn.Module):
     h, dk, dt = cfg.num_heads, cfg.head_dim, cfg.compute_dtype
     proj = lambda name, shape: self.param(name, OUT_INIT if name == "out" else QKV_INIT, shape).astype(dt)
     w_q = proj("query", (cfg.d_model, h, dk))
-    q = constrain(jnp.einsum("bld,dhk->blhk", x.astype(dt), w_q), HEADS_AXES)
+    w_k, w_v = proj("key", (cfg.d_model, h, dk)), proj("value", (cfg.d_model, h, dk))
+    w_o = proj("out", (h, dk, cfg.d_model))
 
+    x_kv, kv_hook = x, None
     if self.kind == "cross":
-      k, v, mask = self._cross_keys_values(memory, memory_valid, mask, proj, dt)
-    else:
-      w_k, w_v = proj("key", (cfg.d_model, h, dk)), proj("value", (cfg.d_model, h, dk))
-      k = constrain(jnp.einsum("bld,dhk->blhk", x.astype(dt), w_k), HEADS_AXES)
-      v = constrain(jnp.einsum("bld,dhk->blhk", x.astype(dt), w_v), HEADS_AXES)
-      if self.kind == "causal" and cfg.decode:
-        k, v, mask = self._update_cache(k, v, mask)
+      x_kv = None if memory is None else memory.astype(dt)
+      if cfg.decode:
+        kv_hook = lambda k, v, _: self._cross_cache(k, v, memory_valid)
+    elif self.kind == "causal" and cfg.decode:
+      kv_hook = self._update_cache
 
-    if cfg.attention_dropout_rate and not cfg.deterministic:
-      # dropout on the attention weights needs the weights: reference path
-      _, weights = attend(q, k, v, mask, "reference")
-      dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
-      out = jnp.einsum("bhqk,bkhd->bqhd", dropped, v)
-    else:
-      out, weights = attend(q, k, v, mask, cfg.attention_impl)
+    def attention_fn(q, k, v, mask):
+      q, k, v = (constrain(t, HEADS_AXES) for t in (q, k, v))
+      if cfg.attention_dropout_rate and not cfg.deterministic:
+        # dropout on the attention weights needs the weights: reference path
+        _, weights = attend(q, k, v, mask, "reference")
+        dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
+        return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
+      return attend(q, k, v, mask, cfg.attention_impl)
+
+    out, weights = attn_ops.multi_head_attention(
+        x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn)
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
-    w_o = proj("out", (h, dk, cfg.d_model))
-    return constrain(jnp.einsum("blhk,hkd->bld", out, w_o), HIDDEN_AXES)
+    return constrain(out, HIDDEN_AXES)
 
   def _update_cache(self, k, v, mask):
-    """Write this step's key/value at ``cache_index`` and attend over positions <= index.
+    """Write this step's key/value heads at ``cache_index`` and attend over positions <= index.
 
     At cache creation (the first call, with the full target length) nothing is written: the
-    buffers [B, max_len, h, d_k] are created as zeros and the call behaves as uncached.
+    buffers [B, h, max_len, d_k] are created as zeros and the call behaves as uncached.
     """
     initialized = self.has_variable("cache", "cached_key")
     cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
@@ -141,28 +148,25 @@ class MultiHeadAttention(nn.Module):
     if not initialized:
       return k, v, mask
     i = index.value
-    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, i, 0, 0))
-    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, i, 0, 0))
-    index.value = i + k.shape[1]
-    max_len = cached_k.value.shape[1]
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, 0, i, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, 0, i, 0))
+    index.value = i + k.shape[2]
+    max_len = cached_k.value.shape[2]
     # query q (absolute position i + q) may see keys 0..i+q: one step, or a causal prompt prefill
-    q_pos = i + jnp.arange(k.shape[1])[:, None]
+    q_pos = i + jnp.arange(k.shape[2])[:, None]
     step_mask = (jnp.arange(max_len)[None, :] <= q_pos)[None, None]  # [1, 1, L_q, max_len]
     return cached_k.value, cached_v.value, step_mask
 
-  def _cross_keys_values(self, memory, memory_valid, mask, proj, dt):
-    """Keys/values of the encoder memory; cached once per source when decoding."""
-    cfg = self.config
-    h, dk = cfg.num_heads, cfg.head_dim
-    w_k, w_v = proj("key", (cfg.d_model, h, dk)), proj("value", (cfg.d_model, h, dk))
-    if cfg.decode:
-      if memory is None and not self.has_variable("cache", "cross_key"):
-        raise ValueError("cross-attention cache is empty: build it with the encoder output first")
-      compute = lambda w: jnp.einsum("bld,dhk->blhk", memory.astype(dt), w)
-      k = self.variable("cache", "cross_key", lambda: compute(w_k)).value
-      v = self.variable("cache", "cross_value", lambda: compute(w_v)).value
-      valid = self.variable("cache", "cross_valid", lambda: memory_valid).value
-      return k, v, valid[:, None, None, :]
-    k = constrain(jnp.einsum("bld,dhk->blhk", memory.astype(dt), w_k), HEADS_AXES)
-    v = constrain(jnp.einsum("bld,dhk->blhk", memory.astype(dt), w_v), HEADS_AXES)
-    return k, v, mask
+  def _cross_cache(self, k, v, memory_valid):
+    """The encoder memory's key/value heads and validity, stored once per source when decoding.
+
+    The first call (cache creation, with the memory) stores them; later calls (memory None) read
+    them back. These are per-source entries (:data:`PER_SOURCE_CACHE`): every beam of a source
+    holds the same values.
+    """
+    if k is None and not self.has_variable("cache", "cross_key"):
+      raise ValueError("cross-attention cache is empty: build it with the encoder output first")
+    k = self.variable("cache", "cross_key", lambda: k).value
+    v = self.variable("cache", "cross_value", lambda: v).value
+    valid = self.variable("cache", "cross_valid", lambda: memory_valid).value
+    return k, v, valid[:, None, None, :]

@@ -3,7 +3,7 @@
 Mask convention everywhere: boolean, True = may attend. Shapes broadcast to [..., L_q, L_k].
 """
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -101,23 +101,56 @@ def merge_heads(x: jnp.ndarray) -> jnp.ndarray:
   return x.transpose(0, 2, 1, 3).reshape(b, l, h * d)
 
 
-def multi_head_attention(x_q: jnp.ndarray, x_kv: jnp.ndarray, w_q: jnp.ndarray, w_k: jnp.ndarray,
-                         w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
-                         mask: Optional[jnp.ndarray] = None) -> Tuple[jnp.ndarray, jnp.ndarray]:
+def _per_head(w: jnp.ndarray, num_heads: int, axis: int) -> jnp.ndarray:
+  """A projection as per-head blocks: [d, h*d_k] -> [d, h, d_k] (axis 1) or [h*d_v, d] ->
+  [h, d_v, d] (axis 0); per-head shapes pass through."""
+  if w.ndim == 3:
+    return w
+  if axis == 1:
+    return w.reshape(w.shape[0], num_heads, w.shape[1] // num_heads)
+  return w.reshape(num_heads, w.shape[0] // num_heads, w.shape[1])
+
+
+def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp.ndarray,
+                         w_k: jnp.ndarray, w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
+                         mask: Optional[jnp.ndarray] = None, *,
+                         kv_hook: Optional[Callable] = None,
+                         attention_fn: Callable = scaled_dot_product_attention
+                         ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-  With d_k = d_v = d_model / h, the per-head projections W_i^Q are the column blocks of ``w_q``.
+  With d_k = d_v = d_model / h, the per-head projections W_i^Q are the column blocks of ``w_q``
+  (given as [d_model, h*d_k], or already as blocks [d_model, h, d_k] with W_i^Q = w_q[:, i]); W^O
+  likewise [h*d_v, d_model] or [h, d_v, d_model]. The model (txf.nn.MultiHeadAttention) runs this
+  function; its two hooks are where a KV cache and another attention kernel plug in, without
+  changing the maths.
 
   Args:
-    x_q: [B, L_q, d_model] queries; x_kv: [B, L_k, d_model] keys/values (x_q itself for self-attention).
-    w_q, w_k, w_v: [d_model, d_model]; w_o: [d_model, d_model].
+    x_q: [B, L_q, d_model] queries; x_kv: [B, L_k, d_model] keys/values (x_q itself for
+      self-attention), or None when ``kv_hook`` supplies the keys/values (a cached memory).
+    w_q, w_k, w_v: [d_model, h*d_k] or [d_model, h, d_k]; w_o: [h*d_v, d_model] or [h, d_v, d_model].
     num_heads: h.
     mask: bool broadcastable to [B, h, L_q, L_k].
+    kv_hook: optional ``(k, v, mask) -> (k, v, mask)`` on heads [B, h, L_k, d_k], called between
+      the projections and attention (k = v = None when x_kv is None); e.g. a KV cache that
+      appends this step's keys and returns all cached positions with their mask.
+    attention_fn: ``(q, k, v, mask) -> (out [B, h, L_q, d_v], weights [B, h, L_q, L_k] or None)``;
+      default :func:`scaled_dot_product_attention`.
   Returns:
-    (output [B, L_q, d_model], weights [B, h, L_q, L_k]).
+    (output [B, L_q, d_model], weights [B, h, L_q, L_k] or whatever ``attention_fn`` returns).
   """
-  q = split_heads(x_q @ w_q, num_heads)
-  k = split_heads(x_kv @ w_k, num_heads)
-  v = split_heads(x_kv @ w_v, num_heads)
-  out, weights = scaled_dot_product_attention(q, k, v, mask)
-  return merge_heads(out) @ w_o, weights
+  def heads(x, w):  # [B, L, d_model] -> [B, h, L, d_k]: the h projections, then split
+    b, l, _ = x.shape
+    projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1))
+    return split_heads(projected.reshape(b, l, -1), num_heads)
+
+  q = heads(x_q, w_q)
+  k = v = None
+  if x_kv is not None:
+    k, v = heads(x_kv, w_k), heads(x_kv, w_v)
+  if kv_hook is not None:
+    k, v, mask = kv_hook(k, v, mask)
+  out, weights = attention_fn(q, k, v, mask)
+  concat = merge_heads(out)  # [B, L_q, h*d_v]
+  w_o = _per_head(w_o, num_heads, 0)
+  return jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o), weights

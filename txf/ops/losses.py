@@ -32,14 +32,6 @@ def label_smoothed_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray, weig
   return (loss * weights).sum(), weights.sum()
 
 
-def smoothed_entropy_floor(vocab: int, epsilon: float) -> float:
-  """The smallest reachable label-smoothed loss, -(1-eps) log(1-eps) - eps log(eps/(V-1))."""
-  import math
-  if not epsilon:
-    return 0.0
-  return -(1 - epsilon) * math.log(1 - epsilon) - epsilon * math.log(epsilon / (vocab - 1))
-
-
 def token_accuracy(logits: jnp.ndarray, targets: jnp.ndarray, weights: jnp.ndarray
                    ) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """(number of weighted positions where argmax(logits) == target, sum of weights)."""

@@ -19,8 +19,3 @@ def layer_norm(x: jnp.ndarray, gamma: jnp.ndarray, beta: jnp.ndarray, eps: float
   y = (xf - mu) * jnp.reciprocal(jnp.sqrt(var + eps))
   return (y * gamma + beta).astype(x.dtype)
 
-
-def add_and_norm(x: jnp.ndarray, sublayer_out: jnp.ndarray, gamma: jnp.ndarray, beta: jnp.ndarray,
-                 eps: float = 1e-6) -> jnp.ndarray:
-  """Post-LN residual: LayerNorm(x + Sublayer(x)) (dropout is applied to ``sublayer_out`` by the caller)."""
-  return layer_norm(x + sublayer_out, gamma, beta, eps)

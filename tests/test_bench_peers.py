@@ -1,0 +1,139 @@
+"""The side-by-side script's pure parts (records -> medians -> table and ratios; argument errors).
+
+No peer process runs here: torch is not a dependency of txf. The numbers are made up; the
+expected medians and ratios are worked by hand.
+"""
+
+import json
+
+import pytest
+
+from txf.bench import peers
+from txf.errors import TxfError
+
+
+def train(peer, config, step, tok, first=None):
+  return dict(peer=peer, config=config, phase="train", step_s=dict(median=step),
+              tokens_per_s=dict(median=tok), first_step_s=first)
+
+
+def decode(peer, config, tok, method=None):
+  r = dict(peer=peer, config=config, phase="decode", out_tokens_per_s=dict(median=tok))
+  if method:
+    r["method"] = method
+  return r
+
+
+RECORDS = [
+    # three rounds of txf and two peers at small; medians: txf 2600 tok/s, flax 2500, marian 2900
+    train("txf", "small", 0.80, 2600, 10.0), train("txf", "small", 0.70, 2900, 12.0),
+    train("txf", "small", 0.90, 2300, 11.0),
+    train("flax-wmt", "small", 0.82, 2500, 22.0), train("flax-wmt", "small", 0.83, 2490, 20.0),
+    train("flax-wmt", "small", 0.81, 2510, 24.0),
+    train("marian", "small", 0.70, 2900), train("marian", "small", 0.71, 2880),
+    train("marian", "small", 0.69, 2950),
+    decode("txf", "small", 1500, "beam"), decode("txf", "small", 1700, "beam"),
+    decode("txf", "small", 4000, "greedy"), decode("txf", "small", 2500, "beam-bf16"),
+    decode("flax-wmt", "small", 1000), decode("flax-wmt", "small", 1100),
+    decode("marian", "small", 1200),
+    {"framework": "jax", "median_gflops": 200.0},  # a matmul-peak line: not a cell
+]
+
+
+def test_summarize_takes_medians_per_config_and_system():
+  cells = peers.summarize(RECORDS)
+  assert set(cells) == {("small", "txf"), ("small", "flax-wmt"), ("small", "marian")}
+  txf = cells[("small", "txf")]
+  assert txf["step_s"] == pytest.approx(0.80) and txf["tok_s"] == pytest.approx(2600)
+  assert txf["first_s"] == pytest.approx(11.0) and txf["rounds"] == 3
+  assert txf["beam_tok_s"] == pytest.approx(1600) and txf["greedy_tok_s"] == pytest.approx(4000)
+  assert txf["beam_bf16_tok_s"] == pytest.approx(2500)
+  assert cells[("small", "flax-wmt")]["beam_tok_s"] == pytest.approx(1050)
+  assert "first_s" not in cells[("small", "marian")]
+
+
+def test_ratios_against_the_best_peer():
+  r = peers.ratios(peers.summarize(RECORDS))["small"]
+  assert r["vs_train"] == "marian" and r["train"] == pytest.approx(2600 / 2900)
+  assert r["vs_beam"] == "marian" and r["beam"] == pytest.approx(1600 / 1200)
+  assert r["first_step"] == pytest.approx(22.0 / 11.0)  # flax-wmt's first step / txf's
+
+
+def test_format_table_rows_and_ratio_line():
+  text = peers.format_table(peers.summarize(RECORDS))
+  lines = text.splitlines()
+  assert lines[0].startswith("| config | system | train step s | target tok/s")
+  assert lines[2] == "| small | txf | 0.800 | 2600 | 11.0 | 1600 | 4000 | 2500 |"
+  assert lines[3] == "| small | flax-wmt | 0.820 | 2500 | 22.0 | 1050 | - | - |"
+  assert lines[4] == "| small | marian | 0.700 | 2900 | - | 1200 | - | - |"
+  assert ("small: txf / best peer: train 0.90x (best peer marian); beam-4 decode 1.33x "
+          "(best peer marian); first step: flax-wmt's / txf's = 2.00") in text
+
+
+def test_parse_records_keeps_json_lines_only():
+  out = peers.parse_records('noise\n{"peer": "x", "a": 1}\n{broken\n  {"b": 2}\n')
+  assert out == [{"peer": "x", "a": 1}, {"b": 2}]
+
+
+def test_argument_errors(tmp_path):
+  with pytest.raises(TxfError, match="unknown system"):
+    peers.check_args(str(tmp_path), None, None, ["txf", "jax-wmt"], ["small"], 1)
+  with pytest.raises(TxfError, match="unknown config"):
+    peers.check_args(str(tmp_path), None, None, ["txf"], ["huge"], 1)
+  with pytest.raises(TxfError, match="repeats"):
+    peers.check_args(str(tmp_path), None, None, ["txf"], ["small"], 0)
+  with pytest.raises(TxfError, match="bench_torch.py"):
+    peers.check_args(str(tmp_path), None, None, ["txf", "marian"], ["small"], 1)
+  (tmp_path / "bench_torch.py").write_text("")
+  (tmp_path / "bench_flax.py").write_text("")
+  with pytest.raises(TxfError, match="peers_venv"):
+    peers.check_args(str(tmp_path), str(tmp_path / "nowhere"), None, ["marian"], ["small"], 1)
+  (tmp_path / "venv" / "bin").mkdir(parents=True)
+  (tmp_path / "venv" / "bin" / "python").write_text("")
+  venv = str(tmp_path / "venv")
+  peers.check_args(str(tmp_path), venv, None, ["txf", "marian"], ["small", "base"], 2)  # fine
+  with pytest.raises(TxfError, match="train.py"):
+    peers.check_args(str(tmp_path), venv, str(tmp_path), ["flax-wmt"], ["small"], 1)
+  peers.check_args("", None, None, ["txf"], ["small"], 1)  # txf alone needs no harness
+
+
+def test_main_reports_bad_arguments_in_one_line(capsys, tmp_path):
+  assert peers.main(["--harness", str(tmp_path), "--systems", "txf,marian", "--output", ""]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("txf: error: ") and "bench_torch.py" in err[0]
+
+
+def test_commands_name_the_harness_scripts():
+  argv = peers.command("flax-wmt", "base", "/h", "/v", "/f", 10, 5)
+  assert argv[:2] == ["/v/bin/python", "/h/bench_flax.py"] and "--wmt_dir" in argv and "base" in argv
+  assert peers.command("marian", "small", "/h", "/v", None, 3, 2)[-6:] == [
+      "--phase", "both", "--steps", "3", "--decode-reps", "2"]
+  assert peers.command("torch-eager", "small", "/h", "/v", None, 3, 2)[6:8] == ["--phase", "train"]
+  assert peers.command("txf", "small", "/h", "/v", None, 3, 2)[1:4] == ["-m", "txf.bench.peers",
+                                                                         "--worker"]
+  assert peers.command("txf", "small", "/h", "/v", None, 3, 2, bf16_decode=True)[-1] == "--bf16_decode"
+
+
+def test_sitting_interleaves_systems_and_saves_after_every_process(monkeypatch):
+  # the processes are faked: each prints one train record naming its system
+  calls, saved = [], []
+
+  class Done:
+    returncode, stderr = 0, ""
+
+    def __init__(self, argv):
+      system = "txf" if "--worker" in argv else argv[argv.index("--peer") + 1] \
+          if "--peer" in argv else "flax-wmt"
+      config = argv[argv.index("--config" if "--config" in argv else "--configs") + 1]
+      self.stdout = "log line\n" + json.dumps(train(system, config, 1.0, 100.0)) + "\n"
+
+  def fake_run(argv, **kwargs):
+    calls.append(argv)
+    return Done(argv)
+
+  monkeypatch.setattr(peers.subprocess, "run", fake_run)
+  records = peers.run_sitting(["txf", "flax-wmt", "marian"], ["small"], 2, "/h", "/v", "/f", 1, 1,
+                              None, say=lambda *a: None, progress=lambda r: saved.append(len(r)))
+  assert [r["peer"] for r in records] == ["txf", "flax-wmt", "marian"] * 2
+  assert [r["round"] for r in records] == [1, 1, 1, 2, 2, 2]
+  assert saved == [1, 2, 3, 4, 5, 6] and len(calls) == 6
