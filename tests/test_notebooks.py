@@ -1,8 +1,8 @@
 """The notebooks in notebooks/: each runs top to bottom in small mode and writes its figures.
 
 Executed with nbclient on the ``python3`` kernel (the interpreter running pytest) with
-TXF_NOTEBOOK_SMALL=1 and TXF_NOTEBOOK_OUT set to a temporary folder; the working directory is a
-temporary folder too, so nothing is written into the repository.
+TXF_NOTEBOOK_SMALL=1, TXF_NOTEBOOK_OUT set to a temporary folder and TXF_DATA unset (no real data);
+the working directory is a temporary folder too, so nothing is written into the repository.
 """
 
 import glob
@@ -43,6 +43,7 @@ def test_notebook_runs_in_small_mode_and_writes_its_figures(name, tmp_path, monk
   monkeypatch.setenv("TXF_NOTEBOOK_SMALL", "1")
   monkeypatch.setenv("TXF_NOTEBOOK_OUT", str(out))
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.delenv("TXF_DATA", raising=False)        # 04 then writes and reads its toy corpus
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
   with open(os.path.join(NOTEBOOK_DIR, f"{name}.ipynb"), encoding="utf-8") as f:
     nb = nbformat.read(f, as_version=4)

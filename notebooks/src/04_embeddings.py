@@ -33,9 +33,18 @@ OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-noteboo
 os.makedirs(OUT, exist_ok=True)
 print(f"small mode: {SMALL}; figures in {OUT}")
 
+import jax
+
+# The runs below share many computations (a seed changes no program, a variant only some): JAX's
+# persistent compilation cache, in a temporary folder, compiles each distinct program once.
+jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="txf-notebook-xla-cache-"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 import dataclasses
 
 import flax.linen as nn
+from absl import logging as absl_logging
 import jax.numpy as jnp
 import numpy as np
 from IPython.display import Image, Markdown, display
@@ -48,6 +57,7 @@ from txf.nn import Embed, Encoder
 from txf.ops import cooccurrence as co
 from txf.train import train
 
+absl_logging.set_verbosity("error")   # the data pipeline's notes (how many sentences it truncated)
 
 def pick(full, small):
   return small if SMALL else full
@@ -104,17 +114,16 @@ else:
         plural = target.split()[-1].endswith("n")   # the toy verb agrees with a plural subject
         f.write(f"{source}\t{int(plural)}\n")
 
-V, K, WINDOW, MAX_WORDS = pick(2000, 300), pick(51, 12), 2, 12
+V, K, WINDOW = pick(2000, 300), pick(51, 12), 2
 config = experiment("sentiment_seed")
 config.data.source = f"text:{NAME}"
 config.data.path = root
 config.data.data_dir = tempfile.mkdtemp(prefix="txf-notebook-04-prepared-")
 config.data.spm_model_type = "word"     # one piece per word (byte pieces spell words left out)
 config.data.vocab_size = V + 260        # V words + 256 byte pieces + 4 specials
-config.data.max_input_len = MAX_WORDS + 1
-config.model.max_len = MAX_WORDS + 1
 config.data.read_threads = 1
-task = make_task(config)                # trains the word vocabulary on the train split
+with contextlib.redirect_stderr(io.StringIO()):   # tfds's progress bars while it prepares the TSVs
+  task = make_task(config)              # trains the word vocabulary on the train split
 train_texts = [r["text"] for r in task.records("train")]
 dev_labels = np.asarray([r["label"] for r in task.records("dev")])
 print(f"{NAME}: {len(train_texts)} train / {len(dev_labels)} dev sentences; "
@@ -133,7 +142,7 @@ print(f"{NAME}: {len(train_texts)} train / {len(dev_labels)} dev sentences; "
 
 # %%
 tokenizer = task.codec.source
-vocab = [tokenizer.decode([i]) or tokenizer._sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+vocab = ["<pad>", "<s>", "</s>", "<unk>"] + [tokenizer.decode([i]) for i in range(4, tokenizer.vocab_size)]
 index = {w: i for i, w in enumerate(vocab) if i > UNK_ID and w.strip()}
 sequences = [np.asarray(tokenizer.encode(t) + [EOS_ID], np.int32) for t in train_texts]
 counts = co.cooccurrence_counts(sequences, len(vocab), WINDOW)       # int32 [V, V]
@@ -141,9 +150,9 @@ z = co.standardise(counts)                                           # [V, V]
 cov = co.covariance(z)                                               # [V, V]
 eigenvalues, components = co.top_k_eigenpairs(cov, K, max_iters=pick(1000, 100))  # [K], [V, K]
 embeddings = np.asarray(co.project(z, components))                   # [V, K]
-unk_share = np.mean([t == UNK_ID for s in sequences for t in s])
-print(f"V={len(vocab)}, {int(counts.sum()):,} co-occurrences (window {WINDOW}), <unk> is "
-      f"{unk_share:.1%} of tokens; E: {embeddings.shape}")
+byte_share = np.mean([UNK_ID < t <= UNK_ID + 256 for s in sequences for t in s])  # ids 4..259
+print(f"V={len(vocab)}, {int(counts.sum()):,} co-occurrences (window {WINDOW}); byte pieces (words "
+      f"outside the vocabulary, spelled byte by byte) are {byte_share:.1%} of tokens; E: {embeddings.shape}")
 
 # power iteration vs a dense eigensolver (float64 numpy)
 exact = np.linalg.eigvalsh(np.asarray(cov, np.float64))[::-1][:K]
@@ -208,8 +217,8 @@ show(viz.save_figure(fig, os.path.join(OUT, "04_pca_words.png"), tight=True))
 # %% [markdown]
 # ## 3. PCA vectors as the classifier's embedding table
 #
-# The classifier is the encoder-only model of `experiments/sentiment_seed.py`: sentences cut to 12
-# tokens (+ `</s>`), d_model = k = 51, 3 heads of 17, 2 encoder blocks, FFN 400, mean pooling,
+# The classifier is the encoder-only model of `experiments/sentiment_seed.py`: sentences cut to its
+# `data.max_input_len` tokens (`</s>` included), d_model = k = 51, 3 heads of 17, 2 encoder blocks, FFN 400, mean pooling,
 # Adam with a constant learning rate of `0.001`, no label smoothing; here it reads the word
 # vocabulary above. Two initialisations of the table `[V, 51]`, everything else identical (same
 # seeds, same batches):
@@ -236,7 +245,7 @@ pca_table = embeddings / embeddings.std() * K ** -0.5    # [V, K]
 
 
 class PCAEmbed(Embed):
-  """txf's Embed whose initial table has the PCA vectors in rows 2.. (</s>, <unk>, the words)."""
+  """txf's Embed whose initial table has the PCA vectors in rows 2.. (</s>, <unk>, bytes, words)."""
 
   def setup(self):
     def init(rng, shape):
@@ -277,7 +286,7 @@ for name, model in [("random", None), ("PCA", pca_model)]:
   for seed in SEEDS:
     config.seed = seed
     workdir = os.path.join(RUNS_DIR, f"{name}-seed{seed}")
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
       train(config, workdir, progress=False, model=model)
     rows = viz.read_metrics_rows(os.path.join(workdir, "metrics.jsonl"))
     results[name].append([(r["step"], r["accuracy"]) for r in rows if r["split"] == "eval"])
