@@ -10,7 +10,7 @@
 #    PCA table enters through its `model=` argument), a few seeds each.
 #
 # The data go through txf's own text pipeline (`data.source = "text:rt-polarity"`, TSV, a
-# sentencepiece *word* vocabulary). Without `$TXF_DATA` the notebook says so and writes a toy
+# sentencepiece vocabulary of `experiments/sentiment_seed.py`). Without `$TXF_DATA` the notebook says so and writes a toy
 # corpus in the same TSV format instead (sentences of the toy language of `txf.data.synthetic`,
 # labelled by whether the subject is plural). `TXF_NOTEBOOK_SMALL=1` shrinks the vocabulary, k, the
 # model and the training to seconds.
@@ -114,16 +114,15 @@ else:
         plural = target.split()[-1].endswith("n")   # the toy verb agrees with a plural subject
         f.write(f"{source}\t{int(plural)}\n")
 
-V, K, WINDOW = pick(2000, 300), pick(51, 12), 2
+V, K, WINDOW = pick(2000, 300), pick(51, 12), 2   # V: the most frequent words that get PCA vectors
 config = experiment("sentiment_seed")
 config.data.source = f"text:{NAME}"
 config.data.path = root
 config.data.data_dir = tempfile.mkdtemp(prefix="txf-notebook-04-prepared-")
-config.data.spm_model_type = "word"     # one piece per word (byte pieces spell words left out)
-config.data.vocab_size = V + 260        # V words + 256 byte pieces + 4 specials
+config.data.vocab_size = pick(config.data.vocab_size, 1000)   # the experiment's 8000 pieces
 config.data.read_threads = 1
 with contextlib.redirect_stderr(io.StringIO()):   # tfds's progress bars while it prepares the TSVs
-  task = make_task(config)              # trains the word vocabulary on the train split
+  task = make_task(config)              # trains the sentencepiece vocabulary on the train split
 train_texts = [r["text"] for r in task.records("train")]
 dev_labels = np.asarray([r["label"] for r in task.records("dev")])
 print(f"{NAME}: {len(train_texts)} train / {len(dev_labels)} dev sentences; "
@@ -132,8 +131,9 @@ print(f"{NAME}: {len(train_texts)} train / {len(dev_labels)} dev sentences; "
 # %% [markdown]
 # ## 1. Co-occurrence → standardise → covariance → top-k eigenvectors
 #
-# Vocabulary: the task's sentencepiece word vocabulary (specials first, then about `V` words, then
-# 256 byte pieces that spell any other word).
+# Vocabulary: the `V` most frequent pieces of the task's sentencepiece vocabulary (unigram: a
+# frequent word is one piece, `▁good`, shown without its `▁`); the other pieces, byte pieces
+# included, become `<unk>` here. Specials first.
 # `C[i, j]` counts how often word j occurs within `window` positions of word i (sentences never
 # mix); each column is standardised (`Z`), `S = ZᵀZ/(V−1)` is the covariance of the context
 # features, and power iteration with deflation `A' = A − λ v vᵀ` gives its top-k eigenpairs
@@ -142,17 +142,24 @@ print(f"{NAME}: {len(train_texts)} train / {len(dev_labels)} dev sentences; "
 
 # %%
 tokenizer = task.codec.source
-vocab = ["<pad>", "<s>", "</s>", "<unk>"] + [tokenizer.decode([i]) for i in range(4, tokenizer.vocab_size)]
-index = {w: i for i, w in enumerate(vocab) if i > UNK_ID and w.strip()}
-sequences = [np.asarray(tokenizer.encode(t) + [EOS_ID], np.int32) for t in train_texts]
+pieces = [np.asarray(tokenizer.encode(t) + [EOS_ID], np.int32) for t in train_texts]  # task ids
+frequency = np.bincount(np.concatenate(pieces), minlength=tokenizer.vocab_size)
+words = [i for i in np.argsort(-frequency, kind="stable") if i > UNK_ID + 256][:V]   # bytes are 4..259
+task_ids = np.asarray([0, 1, EOS_ID, UNK_ID] + words)          # row r of E <-> task id task_ids[r]
+to_row = np.full(tokenizer.vocab_size, UNK_ID, np.int32)
+to_row[task_ids] = np.arange(len(task_ids))
+vocab = ["<pad>", "<s>", "</s>", "<unk>"] + [tokenizer.decode([i]) for i in words]
+index = {w: i for i, w in enumerate(vocab)}
+sequences = [to_row[p] for p in pieces]
 counts = co.cooccurrence_counts(sequences, len(vocab), WINDOW)       # int32 [V, V]
 z = co.standardise(counts)                                           # [V, V]
 cov = co.covariance(z)                                               # [V, V]
 eigenvalues, components = co.top_k_eigenpairs(cov, K, max_iters=pick(1000, 100))  # [K], [V, K]
 embeddings = np.asarray(co.project(z, components))                   # [V, K]
-byte_share = np.mean([UNK_ID < t <= UNK_ID + 256 for s in sequences for t in s])  # ids 4..259
-print(f"V={len(vocab)}, {int(counts.sum()):,} co-occurrences (window {WINDOW}); byte pieces (words "
-      f"outside the vocabulary, spelled byte by byte) are {byte_share:.1%} of tokens; E: {embeddings.shape}")
+unk_share = np.mean(np.concatenate(sequences) == UNK_ID)
+byte_share = np.mean((np.concatenate(pieces) > UNK_ID) & (np.concatenate(pieces) <= UNK_ID + 256))
+print(f"V={len(vocab)}, {int(counts.sum()):,} co-occurrences (window {WINDOW}); <unk> is {unk_share:.1%} "
+      f"of tokens here; the task spells {byte_share:.1%} of its tokens with byte pieces; E: {embeddings.shape}")
 
 # power iteration vs a dense eigensolver (float64 numpy)
 exact = np.linalg.eigvalsh(np.asarray(cov, np.float64))[::-1][:K]
@@ -218,14 +225,15 @@ show(viz.save_figure(fig, os.path.join(OUT, "04_pca_words.png"), tight=True))
 # ## 3. PCA vectors as the classifier's embedding table
 #
 # The classifier is the encoder-only model of `experiments/sentiment_seed.py`: sentences cut to its
-# `data.max_input_len` tokens (`</s>` included), d_model = k = 51, 3 heads of 17, 2 encoder blocks, FFN 400, mean pooling,
-# Adam with a constant learning rate of `0.001`, no label smoothing; here it reads the word
-# vocabulary above. Two initialisations of the table `[V, 51]`, everything else identical (same
-# seeds, same batches):
+# `data.max_input_len` tokens (`</s>` included), d_model = k = 51, 3 heads of 17, 2 encoder blocks,
+# FFN 400, mean pooling, Adam with a constant learning rate of `0.001`, no label smoothing, its
+# sentencepiece vocabulary. Two initialisations of its table `[vocab, 51]`, everything else
+# identical (same seeds, same batches):
 #
 # * **random**: txf's default `N(0, d^-1/2)`;
 # * **PCA**: `E = Z W_k`, rescaled to the same overall standard deviation `d^-1/2` (the model
-#   multiplies by `√d`, so both start with unit-variance inputs); `<pad>`/`<s>` keep their random rows.
+#   multiplies by `√d`, so both start with unit-variance inputs), in the rows of `</s>`, `<unk>` and the
+#   `V` pieces; the other rows (`<pad>`, `<s>`, byte pieces, rarer pieces) keep their random values.
 #
 # The PCA run passes `model=` to `txf.train.train`: a classifier built from txf's modules whose
 # `Embed` starts from the PCA table. Both tables are trained; dev accuracy is logged every few steps.
@@ -245,12 +253,12 @@ pca_table = embeddings / embeddings.std() * K ** -0.5    # [V, K]
 
 
 class PCAEmbed(Embed):
-  """txf's Embed whose initial table has the PCA vectors in rows 2.. (</s>, <unk>, bytes, words)."""
+  """txf's Embed whose initial table has the PCA vectors in the rows of </s>, <unk> and the V pieces."""
 
   def setup(self):
     def init(rng, shape):
       random = nn.initializers.normal(self.config.d_model ** -0.5)(rng, shape)
-      return random.at[2:].set(jnp.asarray(pca_table[2:], random.dtype))
+      return random.at[task_ids[2:]].set(jnp.asarray(pca_table[2:], random.dtype))
     self.table = self.param("embedding", nn.with_logical_partitioning(init, ("vocab", "embed")),
                             (self.num_embeddings, self.config.d_model))
 
