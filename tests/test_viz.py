@@ -86,3 +86,35 @@ def test_write_run_plots(tmp_path):
 def test_write_run_plots_skips_what_was_not_logged(tmp_path):
   (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 5, "split": "eval", "loss": 2.0}) + "\n")
   assert viz.write_run_plots(tmp_path) == [str(tmp_path / "loss_curves.png")]
+
+
+def test_attention_maps_of_layer_0_match_numpy_float64():
+  """viz.attention_maps on an encoder classifier: layer 0's maps equal softmax(q k^T / sqrt(d_k))
+  computed in float64 from the embeddings + PE (post-LN: layer 0 attends over them directly), with
+  weight 0 on padded keys; a later layer is there too, rows summing to 1."""
+  import jax
+  from txf.models import init_params
+  from txf.nn import TransformerConfig
+  cfg = TransformerConfig(family="encoder_classifier", vocab_size=11, num_classes=2, d_model=8,
+                          num_heads=2, d_ff=16, num_encoder_layers=2, num_decoder_layers=0, max_len=8)
+  ids = np.array([[5, 7, 9, 2, 0, 0], [4, 2, 0, 0, 0, 0]], np.int32)     # 0 = <pad>
+  params = init_params(cfg, jax.random.key(0), {"inputs": ids})
+  maps = viz.attention_maps(cfg, params, {"inputs": ids})
+  assert sorted(maps) == ["encoder_self"] and maps["encoder_self"].shape == (2, 2, 2, 6, 6)
+
+  table = np.asarray(params["embed"]["embedding"], np.float64)
+  x = table[ids] * np.sqrt(8) + np.asarray(positional.sinusoidal_positional_encoding(6, 8), np.float64)
+  att = params["encoder"]["layer_0"]["self_attention"]
+  q = np.einsum("bld,dhk->bhlk", x, np.asarray(att["query"], np.float64))
+  k = np.einsum("bld,dhk->bhlk", x, np.asarray(att["key"], np.float64))
+  scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(4)                       # [B, h, L, L]
+  real = ids != 0
+  scores = np.where(real[:, None, None, :], scores, -np.inf)
+  expected = np.exp(scores - scores.max(-1, keepdims=True))
+  expected /= expected.sum(-1, keepdims=True)
+  got = maps["encoder_self"][0]
+  for b in range(2):                      # rows of real queries (padded query rows are masked out)
+    n = real[b].sum()
+    np.testing.assert_allclose(got[b, :, :n], expected[b, :, :n], atol=1e-5)
+    assert (got[b, :, :n, n:] == 0).all()
+  np.testing.assert_allclose(maps["encoder_self"][1, 0, :, :4].sum(-1), 1.0, atol=1e-5)

@@ -1,4 +1,5 @@
-"""Pictures of a model and a run, written as PNG files (matplotlib's Agg canvas; never a display).
+"""Pictures of a model and a run, written as PNG files (matplotlib's Agg canvas; never a display),
+and the attention maps of a forward pass that they draw (``attention_maps``).
 
 Figures are built with ``matplotlib.figure.Figure`` on an explicit ``FigureCanvasAgg``, not pyplot,
 so nothing here touches matplotlib's global backend or figure registry. Every ``plot_*`` function
@@ -9,9 +10,14 @@ import json
 import os
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+import dataclasses
+
+import jax
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from txf.models import ModelBuilder, build_model, model_inputs
 
 Rows = Union[str, os.PathLike, Iterable[Dict]]
 
@@ -23,14 +29,46 @@ def new_figure(width: float, height: float) -> Figure:
   return fig
 
 
-def _save(fig: Figure, path: Union[str, os.PathLike]) -> str:
-  """Write ``fig`` as PNG to ``path`` (creating its folder) and return the path as a string."""
+def save_figure(fig: Figure, path: Union[str, os.PathLike], tight: bool = False) -> str:
+  """Write ``fig`` as PNG to ``path`` (creating its folder) and return the path as a string.
+  ``tight`` crops the canvas to what is drawn (``bbox_inches="tight"``)."""
   path = os.fspath(path)
   folder = os.path.dirname(path)
   if folder:
     os.makedirs(folder, exist_ok=True)
-  fig.savefig(path, format="png")
+  fig.savefig(path, format="png", **({"bbox_inches": "tight"} if tight else {}))
   return path
+
+
+def attention_maps(model_cfg, params, batch: Dict[str, np.ndarray],
+                   build: Optional[ModelBuilder] = None) -> Dict[str, np.ndarray]:
+  """Every attention map of one deterministic forward pass, grouped by kind.
+
+  a_{qk} = softmax_k(q_q . k_k / sqrt(d_k) + mask), as each MultiHeadAttention sows it into the
+  ``intermediates`` collection ([B, h, L_q, L_k]); the model runs with ``attention_impl='reference'``
+  (a fused kernel returns no weights). ``build`` makes the module (default ``build_model``).
+
+  Returns {"encoder_self" | "decoder_self" | "cross": float32 [layers, B, h, L_q, L_k]} for the kinds
+  the family has (decoder_lm's causal maps are "decoder_self"); weights on padded keys are 0.
+  """
+  cfg = dataclasses.replace(model_cfg, attention_impl="reference")
+  model = (build or build_model)(cfg, deterministic=True)
+  state = jax.jit(lambda p, b: model.apply({"params": p}, **model_inputs(cfg.family, b),
+                                           mutable=["intermediates"])[1])(params, batch)
+  found: Dict[str, Dict[int, np.ndarray]] = {}
+
+  def walk(tree, path):
+    for key, value in tree.items():
+      if key == "attention_weights":   # path: (stack, ..., "layer_<n>", "<kind>_attention")
+        stack, layer, kind = path[0], int(path[-2].split("_")[-1]), path[-1]
+        name = "cross" if kind == "cross_attention" else (
+            "encoder_self" if stack == "encoder" else "decoder_self")
+        found.setdefault(name, {})[layer] = np.asarray(value[0], np.float32)
+      elif hasattr(value, "items"):
+        walk(value, path + (key,))
+
+  walk(state["intermediates"], ())
+  return {k: np.stack([v[i] for i in sorted(v)]) for k, v in found.items()}
 
 
 def read_metrics_rows(source: Rows) -> List[Dict]:
@@ -100,7 +138,7 @@ def plot_attention_heads(weights, query_tokens: Sequence[str], key_tokens: Seque
   fig.suptitle(title)
   if image is not None:
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_positional_encoding(pe, path: Union[str, os.PathLike] = "positional_encoding.png",
@@ -124,7 +162,7 @@ def plot_positional_encoding(pe, path: Union[str, os.PathLike] = "positional_enc
   ax.set_ylabel("position")
   ax.set_title(title)
   fig.colorbar(image, ax=ax)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_learning_rate(schedule: Union[Callable, Tuple[Sequence[int], Sequence[float]]],
@@ -165,7 +203,7 @@ def plot_learning_rate(schedule: Union[Callable, Tuple[Sequence[int], Sequence[f
   ax.set_ylabel("learning rate")
   ax.set_title(title)
   ax.grid(alpha=0.3)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def plot_loss_curves(metrics: Rows, path: Union[str, os.PathLike] = "loss_curves.png",
@@ -197,7 +235,7 @@ def plot_loss_curves(metrics: Rows, path: Union[str, os.PathLike] = "loss_curves
   ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend()
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def write_run_plots(workdir: Union[str, os.PathLike]) -> List[str]:

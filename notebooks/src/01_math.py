@@ -7,24 +7,39 @@
 # 1. the sinusoidal positional encoding, and why a fixed offset is a rotation: `PE[pos+k] = M_k PE[pos]`;
 # 2. scaled dot-product and multi-head attention on a toy sentence;
 # 3. the three masks (padding, causal, cross) drawn, and what they do to the weights;
-# 4. the LayerNorm and softmax Jacobians (seed 003) against `jax.jacobian`.
+# 4. the LayerNorm and softmax Jacobians, written out, against `jax.jacobian`.
 #
 # Figures go to `$TXF_NOTEBOOK_OUT` (default: a temporary folder). `TXF_NOTEBOOK_SMALL=1` shrinks sizes.
 
 # %%
 import os
+import tempfile
 
-from txf import notebook_utils as nu
-
-settings = nu.configure()  # before any JAX computation (small mode: faster XLA compiles)
-SMALL, OUT = settings["small"], settings["figures"]
-print(settings)
+# Small mode (TXF_NOTEBOOK_SMALL=1, what the tests run) shrinks sizes and, before JAX starts, asks
+# XLA:CPU to compile fast and run slow: a smoke test, not a measurement.
+SMALL = os.environ.get("TXF_NOTEBOOK_SMALL", "").strip().lower() not in ("", "0", "false", "no")
+if SMALL:
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+                             " --xla_cpu_use_fusion_emitters=false").strip()
+OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
+os.makedirs(OUT, exist_ok=True)
+print(f"small mode: {SMALL}; figures in {OUT}")
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from IPython.display import Image, display
 
 from txf import ops, viz
+
+
+def pick(full, small):
+  return small if SMALL else full
+
+
+def show(path):
+  """Display a PNG written by the notebook."""
+  display(Image(filename=path))
 
 # %% [markdown]
 # ## 1. Sinusoidal positional encoding
@@ -34,7 +49,7 @@ from txf import ops, viz
 # (period ≈ 2π·10000). txf builds it in float64 and stores float32; below it is rebuilt independently.
 
 # %%
-L, d = nu.pick((100, 64), (40, 16))
+L, d = pick((100, 64), (40, 16))
 pe = np.asarray(ops.sinusoidal_positional_encoding(L, d))  # [L, d] float32
 
 pos = np.arange(L, dtype=np.float64)[:, None]               # [L, 1]
@@ -43,8 +58,8 @@ ref = np.zeros((L, d))
 ref[:, 0::2], ref[:, 1::2] = np.sin(pos * omega), np.cos(pos * omega)
 print(f"PE [{L}, {d}]: max |txf - numpy float64| = {np.abs(pe - ref).max():.2e}")
 assert np.abs(pe - ref).max() < 1e-6
-nu.show(viz.plot_positional_encoding(pe, os.path.join(OUT, "01_positional_encoding.png"),
-                                     title=f"sinusoidal PE, L={L}, d={d}"))
+show(viz.plot_positional_encoding(pe, os.path.join(OUT, "01_positional_encoding.png"),
+                                  title=f"sinusoidal PE, L={L}, d={d}"))
 
 # %% [markdown]
 # ### The relative-position property
@@ -87,7 +102,7 @@ for k in (0, 1, 7):
   assert np.allclose(diag, np.cos(k * omega).sum()), k      # depends on k only
 print("M_k orthogonal, M_3 M_4 = M_7, PE[p].PE[p+k] = sum_i cos(k w_i): all checked")
 
-fig = nu.new_figure(12, 4.5)
+fig = viz.new_figure(12, 4.5)
 ax1, ax2 = fig.subplots(1, 2)
 im = ax1.imshow(offset_matrix(5, omega)[:16, :16], cmap="RdBu", vmin=-1, vmax=1)
 ax1.set_title("M_5, first 8 blocks: rotations by 5·ω_i")
@@ -97,7 +112,7 @@ ax2.set_title("PE[p] · PE[q]: a function of |p - q| only")
 ax2.set_xlabel("q")
 ax2.set_ylabel("p")
 fig.colorbar(im, ax=ax2, shrink=0.8)
-nu.show(nu.save_figure(fig, "01_relative_position.png"))
+show(viz.save_figure(fig, os.path.join(OUT, "01_relative_position.png"), tight=True))
 
 # %% [markdown]
 # ## 2. Attention on a toy sentence
@@ -142,9 +157,9 @@ for i in range(h):
 ref_mh = np.concatenate(heads, -1) @ w_o                     # Concat(head_1, head_2) W^O
 print(f"two heads:   max |txf - numpy| = {np.abs(np.asarray(mh_out[0]) - ref_mh).max():.1e}")
 assert np.allclose(mh_out[0], ref_mh, atol=1e-4)
-nu.show(viz.plot_attention_heads(np.asarray(mh_w[0])[None], sentence, sentence,
-                                 "toy sentence: 2 random heads (rows: queries, columns: keys)",
-                                 os.path.join(OUT, "01_toy_attention.png")))
+show(viz.plot_attention_heads(np.asarray(mh_w[0])[None], sentence, sentence,
+                              "toy sentence: 2 random heads (rows: queries, columns: keys)",
+                              os.path.join(OUT, "01_toy_attention.png")))
 
 # %% [markdown]
 # ## 3. The three masks
@@ -172,7 +187,7 @@ masks = {
 }
 labels = {"padding (encoder self)": (src, src), "causal (decoder self)": (tgt_in, tgt_in),
           "causal & padding": (tgt_in, tgt_in), "cross (target -> source)": (tgt_in, src)}
-fig = nu.new_figure(16, 4.6)
+fig = viz.new_figure(16, 4.6)
 for ax, (name, m) in zip(fig.subplots(1, 4), masks.items()):
   rows, cols = labels[name]
   ax.imshow(np.asarray(m), cmap="Greens", vmin=0, vmax=1.3)
@@ -181,7 +196,7 @@ for ax, (name, m) in zip(fig.subplots(1, 4), masks.items()):
   ax.set_yticks(range(len(rows)))
   ax.set_yticklabels(rows, fontsize=8)
   ax.set_title(f"{name}\n(green = may attend)", fontsize=9)
-nu.show(nu.save_figure(fig, "01_masks.png"))
+show(viz.save_figure(fig, os.path.join(OUT, "01_masks.png"), tight=True))
 
 # What a mask does: masked weights are exactly 0, every real query row still sums to 1.
 rng = np.random.default_rng(1)
@@ -200,16 +215,16 @@ assert np.allclose(o1[..., :-1, :], o2[..., :-1, :]) and not np.allclose(o1[...,
 print("causal: outputs before the changed position are identical; the last one changed")
 
 # %% [markdown]
-# ## 4. The Jacobians of seed 003
+# ## 4. The normalisation and softmax Jacobians
 #
 # For the normalisation `n(x) = (x − μ)/s`, `s = √(σ² + ε)`:
-# `J = (N·I − 1·1ᵀ)/(N s) − (x − μ)(x − μ)ᵀ/(N s³)` (the article's formula with `s = σ` when ε = 0),
+# `J = (N·I − 1·1ᵀ)/(N s) − (x − μ)(x − μ)ᵀ/(N s³)` (`s = σ` when ε = 0),
 # and for softmax `∂w_j/∂x_k = w_j (δ_jk − w_k)`, i.e. `diag(w) − w wᵀ`. `jax.jacobian` must agree.
 
 # %%
 from txf.ops import jacobians
 
-xv = jnp.asarray(np.random.default_rng(2).normal(size=nu.pick(8, 5)), jnp.float32)
+xv = jnp.asarray(np.random.default_rng(2).normal(size=pick(8, 5)), jnp.float32)
 for eps in (0.0, 1e-6):
   auto = jax.jacobian(lambda t: jacobians.normalise(t, eps))(xv)
   err = float(jnp.abs(jacobians.normalisation_jacobian(xv, eps) - auto).max())
