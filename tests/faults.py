@@ -37,7 +37,7 @@ def nan_at_step(monkeypatch, k: int) -> None:
     step = runner.train_step
 
     def train_step(state, batch, rng):
-      if int(np.asarray(state.step).reshape(-1)[0]) + 1 != k:
+      if int(np.asarray(state.step.addressable_shards[0].data).reshape(-1)[0]) + 1 != k:
         return step(state, batch, rng)
       good = jax.tree_util.tree_map(jnp.copy, state)  # the step donates its input
       poisoned = state.replace(params=jax.tree_util.tree_map(lambda p: p * jnp.nan, state.params))
