@@ -57,6 +57,12 @@ class MeshRunner:
       self._compile(jax.tree_util.tree_map(lambda x: x.sharding, state))
     return state
 
+  def abstract_state(self, abstract):
+    """``abstract`` (ShapeDtypeStructs of a TrainState) carrying their target shardings
+    (``sharding.abstract_sharded``): what a checkpoint is restored into, each process reading
+    only its own shards."""
+    return sharding_lib.abstract_sharded(abstract, self.mesh, self.rules, self.param_axes)
+
   def place_state(self, state):
     """Shard ``state`` over the mesh (host arrays: the same values must be given on every process)."""
     shardings = self.state_shardings(state)

@@ -290,13 +290,11 @@ def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, flo
 
 def _restore_target(runner, abstract_state):
   """What a checkpoint is restored onto, whatever the device count it was written with: straight
-  onto the runner's shardings if it has them (mesh: ``state_shardings``), else host numpy arrays
-  (``ShapeDtypeStruct`` leaves without a sharding) that ``place_state`` then copies to devices."""
-  shardings_of = getattr(runner, "state_shardings", None)
-  if shardings_of is None:
-    return abstract_state
-  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                abstract_state, shardings_of(abstract_state))
+  into the runner's shardings if it has them (mesh: ``abstract_state``, no host holds the whole
+  state), else host numpy arrays (``ShapeDtypeStruct`` leaves without a sharding) that
+  ``place_state`` then copies to devices."""
+  sharded = getattr(runner, "abstract_state", None)
+  return abstract_state if sharded is None else sharded(abstract_state)
 
 
 def _write_plots(workdir: str, say) -> None:
