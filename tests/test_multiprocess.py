@@ -103,6 +103,7 @@ def test_two_processes_train_checkpoint_and_one_process_resumes(tmp_path):
 FSDP8 = ["--config.parallelism=mesh", "--config.mesh_shape=(1,8,1)"]
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_on_the_same_step_and_resumes_exactly(tmp_path):
   reference, stopped = tmp_path / "reference", tmp_path / "stopped"
   steps, signal_at, log = ["--config.log_every=5", "--config.checkpoint_every=0"], 3, 5
@@ -132,6 +133,7 @@ def test_sigterm_to_one_process_stops_all_on_the_same_step_and_resumes_exactly(t
                                      err_msg=f"{split} {key} at step {step}")
 
 
+@pytest.mark.slow
 def test_in_loop_evaluation_on_a_two_process_mesh_equals_one_device(tmp_path):
   # copy.py's own model trained for 179 steps on one device (about 3/4 of sentences right: varied,
   # imperfect hypotheses), then resumed for step 180 on one device and on a 2 x 2 mesh; step 180
