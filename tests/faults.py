@@ -1,13 +1,20 @@
-"""Faults injected from outside txf's code: a NaN at one training step, slow checkpoint saves.
+"""Faults injected from outside txf's code: a NaN at one training step, slow checkpoint saves,
+a signal at one step (on one process of several), a SIGTERM while the final parameters are saved.
 
 In-process tests call ``nan_at_step`` / ``slow_saves`` with pytest's ``monkeypatch``. Subprocess
 tests run ``python -m tests.faults <txf command and flags>`` with ``FAULT_NAN_AT_STEP=k`` and/or
 ``FAULT_SAVE_DELAY_S=s`` in the environment: this installs the faults, then runs ``txf`` as usual.
+``FAULT_SIGNAL_AT_STEP=k`` (with ``FAULT_SIGNAL=TERM|INT``, ``FAULT_SIGNAL_PROCESS=i``,
+``FAULT_SIGNAL_WHEN_PIPE_CLOSED=1``) and ``FAULT_SIGNAL_IN_FINISH=TERM`` likewise; every
+subprocess run also writes ``process i: the loop ended after step n`` to stderr when training ends.
 """
 
 import asyncio
 import os
+import select
+import signal
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from txf import cli
+from txf import workdir as workdir_lib
 from txf.train import loop
 
 
@@ -29,7 +37,7 @@ def nan_at_step(monkeypatch, k: int) -> None:
     step = runner.train_step
 
     def train_step(state, batch, rng):
-      if int(np.asarray(state.step).reshape(-1)[0]) + 1 != k:
+      if int(np.asarray(state.step.addressable_shards[0].data).reshape(-1)[0]) + 1 != k:
         return step(state, batch, rng)
       good = jax.tree_util.tree_map(jnp.copy, state)  # the step donates its input
       poisoned = state.replace(params=jax.tree_util.tree_map(lambda p: p * jnp.nan, state.params))
@@ -56,6 +64,53 @@ def slow_saves(monkeypatch, delay_s: float) -> None:
   monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "_save_fn", slow_save)
 
 
+def signal_at_step(monkeypatch, k: int, signum: int, process: int = -1,
+                   when_pipe_closed: bool = False) -> None:
+  """Right after optimizer step ``k``, send ``signum`` to this process (only if it is process
+  ``process`` of the job, when >= 0). ``when_pipe_closed``: first wait (up to 60 s) until the reader
+  of stdout has gone (the pipe reports an error), so the signal meets a closed pipe."""
+  take_step = loop.take_step
+
+  def faulty_take_step(run, state):
+    take_step(run, state)
+    if state.step == k and process in (-1, jax.process_index()):
+      if when_pipe_closed:
+        poller, deadline = select.poll(), time.time() + 60
+        poller.register(1, select.POLLERR)
+        while not poller.poll(100) and time.time() < deadline:
+          pass
+      os.kill(os.getpid(), signum)
+      time.sleep(0.2)  # the handler runs now, before the next step starts
+
+  monkeypatch.setattr(loop, "take_step", faulty_take_step)
+
+
+def signal_in_finish(monkeypatch, signum: int) -> None:
+  """Send ``signum`` to this process as the final parameters start being written."""
+  save_params = workdir_lib.save_params
+
+  def faulty_save_params(*args, **kwargs):
+    os.kill(os.getpid(), signum)
+    time.sleep(0.2)
+    return save_params(*args, **kwargs)
+
+  monkeypatch.setattr(workdir_lib, "save_params", faulty_save_params)
+
+
+def report_end(monkeypatch) -> None:
+  """Each process writes ``process i: the loop ended after step n`` to stderr when training ends."""
+  finish = loop.finish
+
+  def reporting_finish(run, state, preemption):
+    try:
+      os.write(2, f"process {jax.process_index()}: the loop ended after step {state.step}\n".encode())
+    except OSError:
+      pass
+    return finish(run, state, preemption)
+
+  monkeypatch.setattr(loop, "finish", reporting_finish)
+
+
 class _Patch:
   """The part of pytest's monkeypatch that the faults use, for a subprocess."""
 
@@ -68,4 +123,12 @@ if __name__ == "__main__":
     nan_at_step(_Patch(), int(os.environ["FAULT_NAN_AT_STEP"]))
   if os.environ.get("FAULT_SAVE_DELAY_S"):
     slow_saves(_Patch(), float(os.environ["FAULT_SAVE_DELAY_S"]))
+  if os.environ.get("FAULT_SIGNAL_AT_STEP"):
+    signal_at_step(_Patch(), int(os.environ["FAULT_SIGNAL_AT_STEP"]),
+                   getattr(signal, "SIG" + os.environ.get("FAULT_SIGNAL", "TERM")),
+                   int(os.environ.get("FAULT_SIGNAL_PROCESS", "-1")),
+                   bool(os.environ.get("FAULT_SIGNAL_WHEN_PIPE_CLOSED")))
+  if os.environ.get("FAULT_SIGNAL_IN_FINISH"):
+    signal_in_finish(_Patch(), getattr(signal, "SIG" + os.environ["FAULT_SIGNAL_IN_FINISH"]))
+  report_end(_Patch())
   cli.main(["txf"] + sys.argv[1:])

@@ -162,7 +162,7 @@ def test_params_of_another_model_are_refused(copy_run, lm_run):
 def test_translate_ids_cuts_each_row_at_source_length_plus_max_extra(monkeypatch):
   """A decoder that never emits EOS: each row stops at its own source length + max_extra."""
   monkeypatch.setattr(decoding, "_compiled_decoder",
-                      lambda cfg, b, max_len, beam, alpha: lambda p, x: np.full((b, max_len), 7))
+                      lambda cfg, b, max_len, beam, alpha, wrap=None: lambda p, x: np.full((b, max_len), 7))
   sources = [np.array([4, 5, EOS_ID]), np.array([4, 5, 6, 7, 8, 9, EOS_ID]), np.array([EOS_ID])]
   out = decoding.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2,
                                max_extra=3)

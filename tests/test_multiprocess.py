@@ -6,6 +6,12 @@ started by launch/local.py exactly as a user would:
   1 process x 4 devices; steps and final parameters equal an uninterrupted 2-process pmap run.
 - when one process dies, the other exits with an error within a bounded time (jax.distributed's
   heartbeat timeout) instead of hanging in a collective.
+- 2 processes x 4 devices, mesh with fsdp: a SIGTERM to process 1 alone stops both after the same
+  step (within two steps of the signal, though log_every is larger), with one checkpoint and exit 0;
+  1 process x 8 devices resumes it, and metrics.jsonl equals an uninterrupted run.
+- in-loop evaluation (loss, accuracy, decoding and BLEU) under a 2-process mesh equals the
+  single-device evaluation.
+- a workdir conflict found by process 0 stops every process with the same error line, exit 2.
 
 Every run is a tiny copy model with dropout 0 (pmap and mesh draw dropout masks differently);
 subprocesses use XLA optimisation level 0 and a shared persistent compilation cache to compile fast.
@@ -13,6 +19,7 @@ subprocesses use XLA optimisation level 0 and a shared persistent compilation ca
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,28 +50,30 @@ def _env(**extra):
   return env
 
 
-def _launch(processes, devices, command, timeout=300, **launch_flags):
+def _launch(processes, devices, command, timeout=300, env=None, **launch_flags):
   """launch/local.py -n processes -d devices [flags] -- command; returns (status, output, seconds)."""
   flags = [f"--{k.replace('_', '-')}={v}" for k, v in launch_flags.items()]
   start = time.time()
   proc = subprocess.run([sys.executable, LAUNCH, "-n", str(processes), "-d", str(devices),
                          f"--timeout={timeout}", *flags, "--", *command],
-                        capture_output=True, text=True, timeout=timeout + 60, env=_env(), cwd=ROOT)
+                        capture_output=True, text=True, timeout=timeout + 60,
+                        env=_env(**(env or {})), cwd=ROOT)
   return proc.returncode, proc.stdout + proc.stderr, time.time() - start
 
 
-def _train(workdir, processes, devices, steps, *extra):
-  status, out, _ = _launch(processes, devices, [sys.executable, "-m", "txf.cli", "train", *ARGS,
+def _train(workdir, processes, devices, steps, *extra, faults=None):
+  """Train through tests/faults.py (``faults``: its FAULT_* variables) on processes x devices."""
+  status, out, _ = _launch(processes, devices, [sys.executable, "-m", "tests.faults", "train", *ARGS,
                                                 f"--config.num_train_steps={steps}",
-                                                "--workdir", str(workdir), *extra])
+                                                "--workdir", str(workdir), *extra], env=faults)
   assert status == 0, out[-5000:]
   return out
 
 
-def _train_rows(workdir):
+def _train_rows(workdir, split="train"):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
-  return {r["step"]: r for r in rows if r["split"] == "train"}
+  return {r["step"]: r for r in rows if r["split"] == split}
 
 
 def test_two_processes_train_checkpoint_and_one_process_resumes(tmp_path):
@@ -89,6 +98,79 @@ def test_two_processes_train_checkpoint_and_one_process_resumes(tmp_path):
   import jax
   for a, b in zip(jax.tree_util.tree_leaves(ref_params), jax.tree_util.tree_leaves(params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+FSDP8 = ["--config.parallelism=mesh", "--config.mesh_shape=(1,8,1)"]
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_all_on_the_same_step_and_resumes_exactly(tmp_path):
+  reference, stopped = tmp_path / "reference", tmp_path / "stopped"
+  steps, signal_at, log = ["--config.log_every=5", "--config.checkpoint_every=0"], 3, 5
+  _train(reference, 1, 8, 8, *FSDP8, *steps)
+  out = _train(stopped, 2, 4, 8, *FSDP8, *steps,
+               faults={"FAULT_SIGNAL_AT_STEP": str(signal_at), "FAULT_SIGNAL_PROCESS": "1"})
+  assert "[1] \ntxf: SIGTERM received" in out or "[1] txf: SIGTERM received" in out, out[-3000:]
+  ended = {int(line.split()[-1]) for line in out.splitlines() if "the loop ended after step" in line}
+  assert len(ended) == 1, out[-3000:]  # both processes stopped after the same step
+  stop = ended.pop()
+  delay = stop - signal_at
+  print(f"stop delay: {delay} step(s) after the signal (log_every={log})")
+  assert 0 <= delay <= 2 and stop < log, (stop, out[-3000:])
+  assert sorted(os.listdir(stopped / "checkpoints")) == [str(stop)]  # one checkpoint
+  assert "process 0 exit status 0" in out and "process 1 exit status 0" in out
+  assert not (stopped / "params.msgpack").exists()
+
+  out = _train(stopped, 1, 8, 8, *FSDP8, *steps)
+  assert f"resumed from the checkpoint at step {stop}" in out, out[-3000:]
+  for split in ("train", "eval"):
+    ref_rows, rows = _train_rows(reference, split), _train_rows(stopped, split)
+    assert sorted(rows) == sorted(ref_rows) and rows, (split, sorted(rows), sorted(ref_rows))
+    for step, ref in ref_rows.items():
+      for key, value in ref.items():
+        if isinstance(value, float) and key not in ("tokens_per_second", "elapsed_seconds"):
+          np.testing.assert_allclose(rows[step][key], value, rtol=1e-5, atol=1e-7,
+                                     err_msg=f"{split} {key} at step {step}")
+
+
+@pytest.mark.slow
+def test_in_loop_evaluation_on_a_two_process_mesh_equals_one_device(tmp_path):
+  # copy.py's own model trained for 179 steps on one device (about 3/4 of sentences right: varied,
+  # imperfect hypotheses), then resumed for step 180 on one device and on a 2 x 2 mesh; step 180
+  # is skipped (a NaN injected, nan_policy=skip), so both evaluate the very same parameters
+  args = ["--config.batch_size=32", "--config.model.d_model=64", "--config.model.d_ff=128",
+          "--config.log_every=60", "--config.checkpoint_every=0", "--config.decode_examples=24",
+          "--config.num_samples=24", "--config.eval_batches=2", "--config.nan_policy=skip"]
+  single = ["--config.parallelism=single"]
+  _train(tmp_path / "single", 1, 1, 179, *single, *args)
+  shutil.copytree(tmp_path / "single", tmp_path / "mesh")
+  hyps, skip = {}, {"FAULT_NAN_AT_STEP": "180"}
+  for name, processes, devices, layout in [
+      ("single", 1, 1, single),
+      ("mesh", 2, 2, ["--config.parallelism=mesh", "--config.mesh_shape=(1,4,1)"])]:
+    out = _train(tmp_path / name, processes, devices, 180, *layout, *args, faults=skip)
+    assert "resumed from the checkpoint at step 179" in out, out[-3000:]
+    hyps[name] = [line.split("hyp:", 1)[1] for line in out.splitlines() if "hyp:" in line][-24:]
+  assert len({h for h in hyps["single"]}) > 5, hyps["single"]
+  assert hyps["mesh"] == hyps["single"]  # every sentence decoded, in order, to the same text
+  single, mesh = _train_rows(tmp_path / "single", "eval"), _train_rows(tmp_path / "mesh", "eval")
+  assert 0 < single[180]["exact_match"] < 1, single[180]
+  for key in ("loss", "accuracy", "nll", "exact_match", "bleu"):
+    np.testing.assert_allclose(mesh[180][key], single[180][key], rtol=1e-5, err_msg=key)
+
+
+def test_a_workdir_conflict_on_process_0_stops_every_process_with_its_error(tmp_path):
+  workdir = tmp_path / "taken"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("not a txf run")
+  status, out, seconds = _launch(2, 1, [sys.executable, "-m", "txf.cli", "train", *ARGS,
+                                        "--config.parallelism=pmap", "--workdir", str(workdir)],
+                                 timeout=120, kill_after=60)
+  errors = [line for line in out.splitlines() if "txf: error:" in line]
+  assert len(errors) == 2 and {e[:4] for e in errors} == {"[0] ", "[1] "}, out[-3000:]
+  assert errors[0][4:] == errors[1][4:] and "holds no txf run" in errors[0]
+  assert status == 2 and "process 1 exit status 2" in out, out[-3000:]
+  assert os.listdir(workdir) == ["notes.txt"]  # nothing written
 
 
 WORKER = """

@@ -20,6 +20,8 @@ import dataclasses
 import io
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -177,17 +179,26 @@ class Codec:
     return self.target.decode(ids)
 
   def save(self, directory: str) -> None:
-    """Write ``tokenizer.json`` (+ model files) to ``directory`` (created if needed)."""
+    """Write ``tokenizer.json`` (+ model files) to ``directory`` (created if needed).
+
+    Safe when several processes save into one shared directory at once: each writes its files
+    into a temporary directory of its own (unique name), then renames them into place one by one,
+    the json last; a reader sees either no tokenizer or a complete one, never a partial file.
+    """
     os.makedirs(directory, exist_ok=True)
-    desc = {"specials": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID},
-            "joint": self.joint, "settings": self.settings,
-            "source": self.source.to_json(directory, "source" if not self.joint else "joint")}
-    if not self.joint:
-      desc["target"] = self.target.to_json(directory, "target")
-    tmp = os.path.join(directory, CODEC_FILE + ".tmp")
-    with open(tmp, "w") as f:
-      json.dump(desc, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(directory, CODEC_FILE))    # the json last: a complete save
+    tmp = tempfile.mkdtemp(prefix=f".{CODEC_FILE}.tmp-{os.getpid()}-", dir=directory)
+    try:
+      desc = {"specials": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID},
+              "joint": self.joint, "settings": self.settings,
+              "source": self.source.to_json(tmp, "source" if not self.joint else "joint")}
+      if not self.joint:
+        desc["target"] = self.target.to_json(tmp, "target")
+      with open(os.path.join(tmp, CODEC_FILE), "w") as f:
+        json.dump(desc, f, indent=1, sort_keys=True)
+      for name in sorted(os.listdir(tmp), key=lambda n: n == CODEC_FILE):  # the json last
+        os.replace(os.path.join(tmp, name), os.path.join(directory, name))
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:

@@ -6,7 +6,7 @@ so repeated calls (every in-loop evaluation, every ``txf translate`` batch) neve
 """
 
 import functools
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +20,9 @@ from txf.nn import TransformerConfig
 
 @functools.lru_cache(maxsize=16)
 def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: int, beam_size: int,
-                      alpha: float):
-  """jit'd (params, inputs [B, S]) -> ids [B, max_len] (best beam when beam_size > 1)."""
+                      alpha: float, wrap: Callable = jax.jit):
+  """``wrap(run)``, by default jit'd, of run(params, inputs [B, S]) -> ids [B, max_len] (best beam
+  when beam_size > 1); a runner's ``rows_fn`` as ``wrap`` decodes on all its devices."""
 
   def run(params, inputs):
     cache = init_cache(model_cfg, params, batch_size, max_len, inputs)
@@ -32,7 +33,7 @@ def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: in
                                 reorder_cache=reorder_cache)
     return ids[:, 0]
 
-  return jax.jit(run)
+  return wrap(run)
 
 
 def decode_buffer_len(model_cfg: TransformerConfig, task: Task, max_extra: int) -> int:
@@ -42,14 +43,14 @@ def decode_buffer_len(model_cfg: TransformerConfig, task: Task, max_extra: int) 
 
 def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.ndarray], input_len: int,
                   max_len: int, batch_size: int = 64, beam_size: int = 1, alpha: float = 0.6,
-                  max_extra: Optional[int] = None) -> List[np.ndarray]:
+                  max_extra: Optional[int] = None, wrap: Callable = jax.jit) -> List[np.ndarray]:
   """Decode source id rows (each ending with EOS) -> generated id rows (EOS kept, padding dropped).
 
   Sources are padded to [batch_size, input_len]; output length is at most ``max_len`` (the decode
   buffer, fixed for every batch: one compile), and with ``max_extra`` at most each row's own source
-  length (EOS counted) + max_extra.
+  length (EOS counted) + max_extra. ``wrap`` compiles the decoder (see ``_compiled_decoder``).
   """
-  fn = _compiled_decoder(model_cfg, batch_size, max_len, beam_size, float(alpha))
+  fn = _compiled_decoder(model_cfg, batch_size, max_len, beam_size, float(alpha), wrap)
   out = []
   for s in range(0, len(sources), batch_size):
     chunk = list(sources[s:s + batch_size])
@@ -64,11 +65,11 @@ def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.nda
 
 def translate_texts(model_cfg: TransformerConfig, params, task: Task, sources: Sequence[np.ndarray],
                     max_extra: int = 50, batch_size: int = 64, beam_size: int = 1,
-                    alpha: float = 0.6) -> List[str]:
+                    alpha: float = 0.6, wrap: Callable = jax.jit) -> List[str]:
   """Detokenized translations of source id rows (each at most its source length + max_extra)."""
   ids = translate_ids(model_cfg, params, sources, task.max_input_len,
                       decode_buffer_len(model_cfg, task, max_extra), batch_size, beam_size, alpha,
-                      max_extra=max_extra)
+                      max_extra=max_extra, wrap=wrap)
   return [task.decode_target(i) for i in ids]
 
 

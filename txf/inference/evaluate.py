@@ -90,21 +90,28 @@ class Evaluator:
       total = s if total is None else jax.tree_util.tree_map(jnp.add, total, s)
     return None if total is None else jax.device_get(total)
 
-  def translate(self, params) -> List[str]:
-    """Hypotheses for the held-out examples (sources longer than data.max_input_len truncated)."""
-    sources = [truncate_keep_eos(e.source_ids, self.task.max_input_len) for e in self.examples]
-    return translate_texts(self.model_cfg, params, self.task, sources, self.max_extra,
-                           self.decode_batch_size, self.beam_size, self.alpha)
+  def translate(self, params, rows_fn: Optional[Callable] = None, shards: int = 1) -> List[str]:
+    """Hypotheses for the held-out examples (sources longer than data.max_input_len truncated).
 
-  def __call__(self, sums_fn: Callable[[Batch], Dict[str, Any]], params: Callable[[], Any]
-               ) -> Dict[str, Any]:
-    """The metrics dict; ``params()`` gives host parameters, called only if there is decoding.
-    The decoded hypotheses are kept in ``self.hypotheses``."""
+    ``rows_fn`` (a runner's, with its ``batch_shards`` as ``shards``) decodes on all the runner's
+    devices and processes: each decodes its share of every batch of sentences (the batch size
+    rounded up to a multiple of ``shards``), ``params`` stay where they are (sharded, replicated)
+    and only the ids are gathered. Without it, ``params`` are decoded on the default device.
+    """
+    sources = [truncate_keep_eos(e.source_ids, self.task.max_input_len) for e in self.examples]
+    batch_size = -(-self.decode_batch_size // shards) * shards
+    return translate_texts(self.model_cfg, params, self.task, sources, self.max_extra,
+                           batch_size, self.beam_size, self.alpha, wrap=rows_fn or jax.jit)
+
+  def __call__(self, sums_fn: Callable[[Batch], Dict[str, Any]], params: Callable[[], Any],
+               rows_fn: Optional[Callable] = None, shards: int = 1) -> Dict[str, Any]:
+    """The metrics dict; ``params()`` gives the parameters, called only if there is decoding
+    (``rows_fn``, ``shards``: see ``translate``). The hypotheses are kept in ``self.hypotheses``."""
     sums = self.sums(sums_fn)
     metrics = summarize(sums, self.model_cfg.family) if sums is not None else {}
     self.hypotheses = []
     if self.model_cfg.family == "encoder_decoder" and self.examples:
-      self.hypotheses = self.translate(params())
+      self.hypotheses = self.translate(params(), rows_fn, shards)
       metrics["exact_match"] = exact_match(self.hypotheses, self.references)
       metrics["bleu"] = float(sacrebleu.corpus_bleu(self.hypotheses, [self.references]).score)
     return metrics

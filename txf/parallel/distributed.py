@@ -25,8 +25,16 @@ Options (all processes must agree):
 """
 
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 from txf.config import ConfigError
+from txf.errors import TxfError
+
+_MESSAGE_BYTES = 4096
 
 
 def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, Any]]:
@@ -67,13 +75,52 @@ def maybe_initialize(env: Mapping[str, str] = os.environ) -> bool:
   args = distributed_args(env)
   if args is None:
     return False
-  import jax
   jax.distributed.initialize(**args)
   return jax.process_count() > 1
 
 
 def describe() -> str:
   """'process i of n, l local / g global devices (platform)' for logs."""
-  import jax
   return (f"process {jax.process_index()} of {jax.process_count()}, {jax.local_device_count()} local / "
           f"{jax.device_count()} global {jax.devices()[0].platform} devices")
+
+
+def main_first(fn: Callable[[], int], name: str) -> int:
+  """Run ``fn() -> int`` on process 0 alone, then meet every process at a barrier; returns
+  process 0's result on every process.
+
+  The barrier is a broadcast of process 0's outcome (``multihost_utils.broadcast_one_to_all``),
+  so nobody reads what ``fn`` writes before it is done, and a failure there stops everyone at
+  once instead of leaving the others waiting: a ``TxfError`` raised by ``fn`` is raised on process
+  0 as it is and on the others as a ``TxfError`` with the same message (one ``txf: error:`` line
+  and exit 2 everywhere); any other exception is re-raised on process 0 and the others raise a
+  RuntimeError naming ``name``. With one process, simply ``fn()``.
+  """
+  if jax.process_count() == 1:
+    return fn()
+  status, message, error = 0, b"", None
+  if jax.process_index() == 0:
+    try:
+      result = int(fn())
+    except TxfError as e:
+      status, message, error = 1, str(e).encode()[:_MESSAGE_BYTES], e
+    except BaseException as e:  # a bug on process 0: the others must not wait for it
+      status, error = 2, e
+    else:
+      status = 0
+  else:
+    result = 0
+  buffer = np.zeros(_MESSAGE_BYTES, np.int32)
+  buffer[:len(message)] = np.frombuffer(message, np.uint8)
+  out = multihost_utils.broadcast_one_to_all(
+      {"status": np.int32(status), "result": np.int32(result if status == 0 else 0),
+       "message": buffer})
+  status = int(out["status"])
+  if error is not None:
+    raise error
+  if status == 1:
+    text = bytes(np.asarray(out["message"], np.uint8)).rstrip(b"\0").decode(errors="replace")
+    raise TxfError(text)
+  if status == 2:
+    raise RuntimeError(f"process 0 failed during {name}: see its traceback")
+  return int(out["result"])

@@ -42,12 +42,27 @@ class MeshRunner:
     self._shardings = None
     self._train = self._eval = None
     self._checked_rows = set()
+    self._rows_fns = {}
 
   def state_shardings(self, state):
     """NamedShardings for every leaf of ``state`` (a TrainState, or shapes of one)."""
     return sharding_lib.named_shardings(state, self.mesh, self.rules, self.param_axes)
 
   # -- placement ------------------------------------------------------------------------------
+  def init_state(self, init_fn: Callable[[], object]):
+    """``init_fn()`` (a TrainState) created directly in its shardings (``sharding.init_sharded``):
+    each device computes only its own shards, no device or host ever holds the whole state."""
+    state = sharding_lib.init_sharded(init_fn, self.mesh, self.rules, self.param_axes)
+    if self._shardings is None:
+      self._compile(jax.tree_util.tree_map(lambda x: x.sharding, state))
+    return state
+
+  def abstract_state(self, abstract):
+    """``abstract`` (ShapeDtypeStructs of a TrainState) carrying their target shardings
+    (``sharding.abstract_sharded``): what a checkpoint is restored into, each process reading
+    only its own shards."""
+    return sharding_lib.abstract_sharded(abstract, self.mesh, self.rules, self.param_axes)
+
   def place_state(self, state):
     """Shard ``state`` over the mesh (host arrays: the same values must be given on every process)."""
     shardings = self.state_shardings(state)
@@ -155,6 +170,30 @@ class MeshRunner:
     if self._eval is None:
       raise RuntimeError("MeshRunner.eval_step before place_state: place the state first")
     return jax.device_get(self._eval(state.params, self.global_batch(batch)))
+
+  def rows_fn(self, fn: Callable):
+    """``fn(params, rows [B, ...]) -> out [B, ...]`` (e.g. a decoder) run on the whole mesh:
+    parameters stay in their shardings, the rows are split over the batch axes (each process
+    computes only its own rows), and only the outputs are gathered. Returns
+    ``call(state, rows) -> numpy out`` (the same on every process); ``rows`` must be the same
+    numpy array on every process, with B a multiple of ``batch_shards``."""
+    jitted = self._rows_fns.get(fn)
+    if jitted is None:
+      def traced(params, rows):
+        with sharding_lib.step_context(self.mesh, self.rules):
+          return fn(params, rows)
+      jitted = jax.jit(traced, in_shardings=(self._shardings.params, self.batch_sharding),
+                       out_shardings=self.batch_sharding)
+      self._rows_fns[fn] = jitted
+    return lambda params, rows: gather(jitted(params, self.global_batch(rows)))
+
+  @property
+  def batch_shards(self) -> int:
+    """How many ways the batch (leading) dimension is split over the mesh."""
+    spec = self.batch_sharding.spec
+    entry = spec[0] if len(spec) else None
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return int(np.prod([self.axis_sizes[a] for a in axes]))
 
   # -- host copies ----------------------------------------------------------------------------
   def host_params(self, state):

@@ -9,6 +9,7 @@ from typing import Callable
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from txf.config import ConfigError
 
@@ -31,6 +32,7 @@ class PmapRunner:
     self._train = jax.pmap(train_step, axis_name=self.axis_name, in_axes=(0, 0, None),
                            donate_argnums=(0,))
     self._eval = jax.pmap(lambda state, batch: eval_step(state.params, batch), axis_name=self.axis_name)
+    self._rows_fns = {}
 
   # -- placement ------------------------------------------------------------------------------
   def place_state(self, state):
@@ -74,6 +76,30 @@ class PmapRunner:
     """batch: one whole global batch [B, ...]; returns the metric sums over it, on the host."""
     sums = self._eval(state, self.split(self._process_slice(batch), "eval batch"))
     return jax.tree_util.tree_map(lambda m: np.asarray(m.addressable_shards[0].data)[0], sums)
+
+  def rows_fn(self, fn: Callable):
+    """``fn(params, rows [B, ...]) -> out [B, ...]`` (e.g. a decoder) on every device of every
+    process: each process takes its contiguous B / processes rows and splits them over its
+    devices; only the outputs are gathered. Returns ``call(params, rows) -> numpy out``, the same
+    on every process (``params``: the state's replicated parameters; ``rows``: the same numpy
+    array on every process, B a multiple of ``batch_shards``)."""
+    mapped = self._rows_fns.get(fn)
+    if mapped is None:
+      mapped = self._rows_fns[fn] = jax.pmap(fn)
+
+    def call(params, rows):
+      out = np.asarray(mapped(params, self.split(self._process_slice(rows), "decode batch")))
+      out = out.reshape((-1,) + out.shape[2:])
+      if jax.process_count() > 1:
+        out = np.asarray(multihost_utils.process_allgather(out, tiled=True))
+      return out
+
+    return call
+
+  @property
+  def batch_shards(self) -> int:
+    """How many ways a global batch is split: every device of every process."""
+    return self.num_local * jax.process_count()
 
   # -- host copies ----------------------------------------------------------------------------
   def host_params(self, state):

@@ -6,7 +6,10 @@ Runner API (numpy host batches in, the same pure step function inside every runn
       ``batch`` is this process's share of the global batch (all of it on one process)
   eval_step(state, batch) -> metric sums               ``batch`` is a whole global batch, the same
       on every process
-  host_params(state) -> params as one full host copy (for decoding and saving)
+  rows_fn(fn) -> call(params, rows): ``fn(params, rows [B, ...]) -> [B, ...]`` (a decoder) on all
+      the runner's devices and processes, the rows split over them (B a multiple of
+      ``batch_shards``), parameters where they are; only the outputs are gathered
+  host_params(state) -> params as one full host copy (for saving)
   host_state(state) -> the state as checkpoints take it (single/pmap: one host copy; mesh: the
       sharded global arrays, which orbax writes from every process)
 
@@ -17,6 +20,7 @@ Runner API (numpy host batches in, the same pure step function inside every runn
 from typing import Callable
 
 import jax
+import numpy as np
 
 from txf.config import ConfigError
 from txf.parallel import sharding as sharding_lib
@@ -32,6 +36,7 @@ class SingleDeviceRunner:
   def __init__(self, train_step: Callable, eval_step: Callable):
     self._train = jax.jit(train_step, donate_argnums=(0,))
     self._eval = jax.jit(lambda state, batch: eval_step(state.params, batch))
+    self._rows_fns = {}
 
   @property
   def train_jit(self):
@@ -46,6 +51,15 @@ class SingleDeviceRunner:
 
   def eval_step(self, state, batch):
     return self._eval(state, batch)
+
+  def rows_fn(self, fn: Callable):
+    """``fn(params, rows) -> out`` jitted on the default device: ``call(params, rows) -> numpy``."""
+    jitted = self._rows_fns.get(fn)
+    if jitted is None:
+      jitted = self._rows_fns[fn] = jax.jit(fn)
+    return lambda params, rows: np.asarray(jitted(params, rows))
+
+  batch_shards = 1
 
   def host_params(self, state):
     return jax.device_get(state.params)

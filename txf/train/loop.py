@@ -34,11 +34,11 @@ from txf.data import make_task
 from txf.inference import Evaluator, make_eval_step
 from txf.metrics import MetricWriter
 from txf.models import LossFn, ModelBuilder, count_params, init_params, model_config_from, param_axes
-from txf.parallel import make_runner
+from txf.parallel import distributed, make_runner
 from txf.train.logs import LogWindow, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.steps import create_train_state, make_train_step
-from txf.train.stopping import NonFiniteGuard, Preemption, TimeLimit
+from txf.train.stopping import NonFiniteGuard, Preemption, TimeLimit, drop_output_on_broken_pipe
 
 
 @dataclasses.dataclass
@@ -88,14 +88,14 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
   """
   run = set_up(config, workdir, fresh, progress, loss_fn, model)
   loop = restore(run)
-  with Preemption() as preemption:
+  with Preemption() as preemption:  # held through finish: a late SIGTERM lets it complete
     try:
       while loop.step < config.num_train_steps and not loop.stopped_by:
         take_step(run, loop)
         is_last = loop.step == config.num_train_steps or loop.stopped_by == "time"
         log(run, loop, is_last)
         evaluated = evaluate(run, loop, is_last)
-        if not is_last and preemption.requested(loop.step, config.log_every):
+        if not is_last and preemption.requested():
           loop.stopped_by = "signal"
         checkpoint(run, loop, is_last, evaluated)
       if loop.stopped_by != "signal":
@@ -104,33 +104,41 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
       run.checkpointer.close()  # waits for the save in flight: it holds a state checked to be finite
       if run.bar is not None:
         run.bar.close()
-  return finish(run, loop, preemption)
+    return finish(run, loop, preemption)
 
 
 def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
-  """Validate, prepare the workdir, build the task, model, optimizer, runner, writer, evaluator."""
+  """Validate, prepare the workdir, build the task, model, optimizer, runner, writer, evaluator.
+
+  Several processes: process 0 alone prepares the workdir (checks it, or moves it aside with
+  ``fresh``), then makes the task and writes tokenizer/ and task.json; every other process waits
+  at a barrier after each (``distributed.main_first``) and raises process 0's error if it failed.
+  A mesh run creates its state born sharded (``runner.init_state``): no device or host holds it all.
+  """
   config_lib.validate(config)
   is_main = jax.process_index() == 0
   say = print if is_main else (lambda *a, **k: None)
-  resumed = workdir_lib.prepare(workdir, config, fresh) if is_main else True
-  task = make_task(config, workdir)
-  config_lib.validate(config, {"max_input_len": task.max_input_len,
-                               "max_target_len": task.max_target_len})
+  drop_output_on_broken_pipe()
+  resumed = bool(distributed.main_first(lambda: workdir_lib.prepare(workdir, config, fresh),
+                                        "the workdir's preparation"))
+  made = {}
+
+  def make_and_save():
+    made["task"] = _make_task(config, workdir, model)
+    made["task"].save(os.path.join(workdir, "tokenizer"))
+    workdir_lib.write_json(os.path.join(workdir, "task.json"), made["task"].describe())
+    return 0
+
+  distributed.main_first(make_and_save, "the task's set-up")
+  task = made["task"] if is_main else _make_task(config, workdir, model)
   model_cfg = model_config_from(config, task)
   decodes = config.decode_examples and model_cfg.family == "encoder_decoder"
-  if model is not None and decodes:
-    raise ConfigError("a custom model cannot be decoded in-loop (decoding uses txf's own model): "
-                      "set config.decode_examples=0")
-  if is_main:
-    task.save(os.path.join(workdir, "tokenizer"))
-    workdir_lib.write_json(os.path.join(workdir, "task.json"), task.describe())
-
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
   schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
   tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
-  new_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch, model), tx)
-  abstract_state = jax.eval_shape(new_state)
+  init_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch, model), tx)
+  abstract_state = jax.eval_shape(init_state)
   say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
       f"data {config.data.source}, "
       f"{config.num_train_steps} steps of {config.batch_size} on {jax.device_count()} "
@@ -142,6 +150,8 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
                                    loss_fn=loss_fn, build=model),
       lambda axis: make_eval_step(model_cfg, smoothing, axis, loss_fn=loss_fn, build=model),
       param_axes(model_cfg, example_batch, model))
+  born_sharded = getattr(runner, "init_state", None)  # mesh: created in its shardings
+  new_state = (lambda: born_sharded(init_state)) if born_sharded else init_state
   train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(),
                                  jax.process_count())
   eval_batches = task.eval_batches(config.data.eval_split, config.batch_size,
@@ -152,6 +162,18 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   return Setup(config, workdir, task, model_cfg, runner, train_it,
                Checkpointer(workdir, config), MetricWriter(workdir, enabled=is_main), evaluator,
                new_state, abstract_state, dropout_rng, say, is_main, resumed, progress)
+
+
+def _make_task(config, workdir, model):
+  """The task, with the config checked against its lengths (and a custom model's decoding)."""
+  task = make_task(config, workdir)
+  config_lib.validate(config, {"max_input_len": task.max_input_len,
+                               "max_target_len": task.max_target_len})
+  family = model_config_from(config, task).family
+  if model is not None and config.decode_examples and family == "encoder_decoder":
+    raise ConfigError("a custom model cannot be decoded in-loop (decoding uses txf's own model): "
+                      "set config.decode_examples=0")
+  return task
 
 
 def restore(run: Setup) -> LoopState:
@@ -214,8 +236,8 @@ def evaluate(run: Setup, loop: LoopState, is_last: bool) -> Optional[Dict[str, f
   if run.bar is not None:
     run.bar.clear()
   state = loop.state
-  metrics = run.evaluator(lambda batch: run.runner.eval_step(state, batch),
-                          lambda: run.runner.host_params(state))
+  metrics = run.evaluator(lambda batch: run.runner.eval_step(state, batch), lambda: state.params,
+                          run.runner.rows_fn, run.runner.batch_shards)  # decoded on every device
   if run.config.num_samples and run.evaluator.hypotheses:
     run.say(f"  samples at step {loop.step}:")
     pairs = list(zip(run.evaluator.examples, run.evaluator.hypotheses))[:run.config.num_samples]
@@ -268,13 +290,11 @@ def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, flo
 
 def _restore_target(runner, abstract_state):
   """What a checkpoint is restored onto, whatever the device count it was written with: straight
-  onto the runner's shardings if it has them (mesh: ``state_shardings``), else host numpy arrays
-  (``ShapeDtypeStruct`` leaves without a sharding) that ``place_state`` then copies to devices."""
-  shardings_of = getattr(runner, "state_shardings", None)
-  if shardings_of is None:
-    return abstract_state
-  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                abstract_state, shardings_of(abstract_state))
+  into the runner's shardings if it has them (mesh: ``abstract_state``, no host holds the whole
+  state), else host numpy arrays (``ShapeDtypeStruct`` leaves without a sharding) that
+  ``place_state`` then copies to devices."""
+  sharded = getattr(runner, "abstract_state", None)
+  return abstract_state if sharded is None else sharded(abstract_state)
 
 
 def _write_plots(workdir: str, say) -> None:

@@ -7,16 +7,26 @@ Time limit: ``config.time_limit_minutes > 0`` ends training once the run has tra
 all (compilation and in-loop evaluations included), counted across restarts: each checkpoint
 records the training seconds behind it, so a resumed run gets what is left of its budget.
 
-Agreement: with several processes, a stop is decided by all of them at once (``any_process``:
-one allgather at each log step), so every process leaves the loop after the same step.
+Agreement: with several processes, a stop is decided by all of them at once, so every process
+leaves the loop after the same step. A signal is voted on every step (``StopVote``: one tiny
+all-reduce of one int per process, read one step later so the host never waits on the devices for
+it): a signal to any one process stops all of them within two steps of it, whatever
+``log_every`` is. The time limit is compared at log steps (``any_process``).
+
+Output: once training starts, a closed stdout or stderr (``txf train | tee log`` whose reader died,
+e.g. on Ctrl-C) no longer fails the run: txf's further output is dropped (``drop_output_on_broken_pipe``),
+so the stop checkpoint is still written and the run exits 0. Signals keep being handled until
+``train`` returns: a SIGTERM while the final parameters and plots are written lets them finish.
 
 Non-finite losses: ``train_step`` leaves the state unchanged on such a step; with
 ``nan_policy='stop'`` the ``NonFiniteGuard`` raises NonFiniteLossError naming the step before any
 later state is saved, with ``'skip'`` training carries on (the ``skipped`` metric counts them).
 """
 
+import errno
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Callable, Optional, Tuple
@@ -24,6 +34,7 @@ from typing import Callable, Optional, Tuple
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from txf.errors import TxfError
 
@@ -42,6 +53,97 @@ def any_process(flag: Callable[[], bool], done: int, log_every: int) -> bool:
   return bool(np.max(multihost_utils.process_allgather(np.int32(flag()))))
 
 
+class StopVote:
+  """Whether any process has raised its stop flag, voted every step and agreed by all processes.
+
+  ``vote(flag)`` starts this step's all-reduce (max over processes of ``flag``) without waiting for
+  it and returns the outcome of the previous step's vote, which the devices have long finished: a
+  flag raised before step n's vote stops every process after step n + 1, the same step everywhere
+  (every process votes once per step, in the same order as its other collectives). With one
+  process it returns ``flag`` itself.
+  """
+
+  def __init__(self):
+    self.multi = jax.process_count() > 1
+    self.pending = None
+    if self.multi:
+      mesh = Mesh(np.array(jax.devices()), ("processes",))
+      self.sharding = NamedSharding(mesh, PartitionSpec("processes"))
+      self._max = jax.jit(lambda flags: flags.max(), out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+  def vote(self, flag: bool) -> bool:
+    if not self.multi:
+      return bool(flag)
+    previous = self.pending
+    local = np.full((jax.local_device_count(),), int(bool(flag)), np.int32)
+    flags = jax.make_array_from_process_local_data(self.sharding, local, (jax.device_count(),))
+    self.pending = self._max(flags)
+    return previous is not None and bool(np.asarray(previous.addressable_data(0)))
+
+
+class _DropOnBrokenPipe:
+  """A text stream that drops its output once its reader is gone (EPIPE) instead of raising.
+
+  Flushes after every write, so a closed pipe shows up here and not in a buffered flush at exit;
+  on EPIPE the file descriptor is pointed at /dev/null, so later writes through any other handle
+  on it (the interpreter's final flush included) succeed too.
+  """
+
+  def __init__(self, stream):
+    self._stream = stream
+
+  def _guard(self, fn, *args):
+    try:
+      out = fn(*args)
+      self._stream.flush()
+      return out
+    except (BrokenPipeError, ValueError) as e:  # ValueError: already closed
+      if isinstance(e, ValueError) and "closed" not in str(e):
+        raise
+      self._to_devnull()
+      return None
+    except OSError as e:
+      if e.errno != errno.EPIPE:
+        raise
+      self._to_devnull()
+      return None
+
+  def _to_devnull(self):
+    try:
+      devnull = os.open(os.devnull, os.O_WRONLY)
+      os.dup2(devnull, self._stream.fileno())
+      os.close(devnull)
+    except (OSError, ValueError):
+      pass
+
+  def write(self, text):
+    out = self._guard(self._stream.write, text)
+    return len(text) if out is None else out
+
+  def flush(self):
+    self._guard(lambda: None)
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def drop_output_on_broken_pipe() -> None:
+  """From now on, writes to a stdout/stderr whose reader is gone are dropped, not raised (once per
+  process; see ``_DropOnBrokenPipe``)."""
+  for name in ("stdout", "stderr"):
+    stream = getattr(sys, name)
+    if stream is not None and not isinstance(stream, _DropOnBrokenPipe):
+      setattr(sys, name, _DropOnBrokenPipe(stream))
+
+
+def _say(text: str) -> None:
+  """Write to fd 2 from a signal handler; a closed stderr is ignored."""
+  try:
+    os.write(2, text.encode())
+  except OSError:
+    pass
+
+
 class Preemption:
   """SIGTERM/SIGINT handling while training (main thread only; elsewhere a no-op).
 
@@ -53,6 +155,7 @@ class Preemption:
 
   def __init__(self):
     self.signum, self._previous = None, {}
+    self._vote = StopVote()
 
   @property
   def signal_name(self) -> str:
@@ -60,11 +163,11 @@ class Preemption:
 
   def _handle(self, signum, frame):
     if self.signum is not None:
-      os.write(2, f"\ntxf: second {signal.Signals(signum).name}: exiting now\n".encode())
+      _say(f"\ntxf: second {signal.Signals(signum).name}: exiting now\n")
       os._exit(128 + signum)
     self.signum = signum
-    os.write(2, f"\ntxf: {signal.Signals(signum).name} received: finishing this step and writing "
-                f"a checkpoint (send it again to exit at once)\n".encode())
+    _say(f"\ntxf: {signal.Signals(signum).name} received: finishing this step and writing "
+         f"a checkpoint (send it again to exit at once)\n")
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -77,9 +180,10 @@ class Preemption:
       signal.signal(s, handler)
     return False
 
-  def requested(self, done: int, log_every: int) -> bool:
-    """Whether to stop after step ``done``; all processes agree (checked at log steps if several)."""
-    return any_process(lambda: self.signum is not None, done, log_every)
+  def requested(self) -> bool:
+    """Whether to stop after this step; call once per step on every process (``StopVote``): all
+    processes agree, at most two steps after the signal reached any of them."""
+    return self._vote.vote(self.signum is not None)
 
 
 class TimeLimit:
