@@ -1,11 +1,14 @@
-"""Faults injected from outside txf's code: a NaN at one training step, slow checkpoint saves.
+"""Faults injected from outside txf's code: a NaN at one training step, slow checkpoint saves, a
+full disk at one checkpoint.
 
 In-process tests call ``nan_at_step`` / ``slow_saves`` with pytest's ``monkeypatch``. Subprocess
-tests run ``python -m tests.faults <txf command and flags>`` with ``FAULT_NAN_AT_STEP=k`` and/or
-``FAULT_SAVE_DELAY_S=s`` in the environment: this installs the faults, then runs ``txf`` as usual.
+tests run ``python -m tests.faults <txf command and flags>`` with ``FAULT_NAN_AT_STEP=k``,
+``FAULT_SAVE_DELAY_S=s`` and/or ``FAULT_ENOSPC_AT_CHECKPOINT=step`` in the environment: this
+installs the faults, then runs ``txf`` as usual.
 """
 
 import asyncio
+import errno
 import os
 import sys
 
@@ -56,6 +59,19 @@ def slow_saves(monkeypatch, delay_s: float) -> None:
   monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "_save_fn", slow_save)
 
 
+def disk_full_at_checkpoint(monkeypatch, step: int) -> None:
+  """Saving checkpoint ``step`` fails as a full disk does: orbax's ``CheckpointManager.save``
+  raises ``OSError(ENOSPC)`` for that step (earlier checkpoints are written as usual)."""
+  save = ocp.CheckpointManager.save
+
+  def full_save(self, s, *args, **kwargs):
+    if int(s) == step:
+      raise OSError(errno.ENOSPC, "No space left on device", str(self.directory))
+    return save(self, s, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full_save)
+
+
 class _Patch:
   """The part of pytest's monkeypatch that the faults use, for a subprocess."""
 
@@ -66,6 +82,8 @@ class _Patch:
 if __name__ == "__main__":
   if os.environ.get("FAULT_NAN_AT_STEP"):
     nan_at_step(_Patch(), int(os.environ["FAULT_NAN_AT_STEP"]))
+  if os.environ.get("FAULT_ENOSPC_AT_CHECKPOINT"):
+    disk_full_at_checkpoint(_Patch(), int(os.environ["FAULT_ENOSPC_AT_CHECKPOINT"]))
   if os.environ.get("FAULT_SAVE_DELAY_S"):
     slow_saves(_Patch(), float(os.environ["FAULT_SAVE_DELAY_S"]))
   cli.main(["txf"] + sys.argv[1:])
