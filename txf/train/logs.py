@@ -101,8 +101,8 @@ class Eta:
   def __call__(self, step: int, total: int) -> Optional[float]:
     now = time.time()
     base_step, base_time = self.first if self.first and step > self.first[0] else self.mark
-    if self.first is None:
-      self.first = (step, now)
     if step <= base_step:
       return None
+    if self.first is None:
+      self.first = (step, now)
     return (now - base_time) / (step - base_step) * max(total - step, 0)
