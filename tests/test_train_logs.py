@@ -93,3 +93,13 @@ def test_loss_plot_draws_the_nll_beside_the_loss(tmp_path, monkeypatch):
   assert lines["train loss"] == ([10, 20], [3.0, 2.0], "-")
   assert lines["train nll"] == ([10, 20], [2.5, 1.5], "--")
   assert lines["eval nll"] == ([20], [1.9], "--")
+
+
+def test_lm_prompts_are_the_starts_of_the_first_eval_rows_with_room_to_continue():
+  from txf.train.samples import lm_prompts
+  batches = [{"targets": np.array([[5, 6, 7, 8, 2, 0], [9, 2, 0, 0, 0, 0]])},
+             {"targets": np.array([[4, 5, 6, 2, 0, 0], [0, 0, 0, 0, 0, 0]])}]
+  # [9, 2] has one token before its EOS: too short; L shrinks to 3 - 1 = 2 so [4, 5, 6] continues
+  np.testing.assert_array_equal(lm_prompts(batches, 5, length=16), [[5, 6], [4, 5]])
+  np.testing.assert_array_equal(lm_prompts(batches, 1, length=2), [[5, 6]])
+  assert lm_prompts([{"targets": np.zeros((2, 4), np.int32)}], 2).shape == (0, 0)

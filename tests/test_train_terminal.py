@@ -164,3 +164,23 @@ def test_a_full_disk_while_checkpointing_is_one_error_line_and_keeps_the_last_ch
   assert "run the same command again" in line
   assert sorted(os.listdir(ckpt)) == ["25"]  # the last good checkpoint is kept
   assert not (workdir / "params.msgpack").exists()
+
+
+def test_a_language_model_prints_continuations_of_fixed_prompts_at_each_evaluation(tmp_path):
+  r = run_txf("train", "--config", COPY, "--workdir", str(tmp_path / "lm"), "--progress=false",
+              "--config.model.family=decoder_lm", "--config.model.num_encoder_layers=0",
+              "--config.decode_examples=0", "--config.num_train_steps=20", "--config.log_every=10",
+              "--config.eval_every=10", "--config.eval_batches=1", "--config.num_samples=2")
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = r.stdout.splitlines()
+  prompts = []
+  for step in (10, 20):
+    at = out.index(f"  samples at step {step}:")
+    lines = out[at + 1:at + 3]
+    assert all(" | " in line for line in lines), out
+    prompts.append([line.split(" | ")[0].split() for line in lines])
+    assert out[at + 3].startswith(f"eval at step {step}: ")
+  assert prompts[0] == prompts[1] and all(p and all(t.startswith("s") for t in p) for p in prompts[0])
+  texts = [(e.step, v.tag) for e in read_events(str(tmp_path / "lm" / "tensorboard"))
+           for v in e.summary.value if v.tag.startswith("eval/samples")]
+  assert [s for s, _ in texts] == [10, 20]

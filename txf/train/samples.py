@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf.data.base import PAD_ID
+from txf.data.base import EOS_ID, PAD_ID
 from txf.inference.decoding import compiled_sampler
 
 PROMPT_TOKENS = 16       # tokens of each prompt (fewer if the eval windows are shorter)
@@ -18,11 +18,13 @@ NEW_TOKENS = 48          # tokens sampled after it (fewer if the context is shor
 
 
 def lm_prompts(eval_batches, num: int, length: int = PROMPT_TOKENS) -> np.ndarray:
-  """int32 [n, L]: the first ``L`` tokens of the first ``n <= num`` eval rows that have more
-  than ``L`` real tokens (L shrinks to fit the shortest such row; [0, 0] when none)."""
+  """int32 [n, L]: the first ``L`` tokens of the first ``n <= num`` eval rows that have at least
+  two tokens before their EOS; ``L`` shrinks so that at least one token of every such row follows
+  its prompt ([0, 0] when there is no such row)."""
   rows = [np.asarray(r) for b in eval_batches for r in np.asarray(b["targets"])]
   rows = [r[r != PAD_ID] for r in rows]
-  rows = [r for r in rows if r.size > 1][:num]
+  rows = [r[:np.argmax(r == EOS_ID)] if np.any(r == EOS_ID) else r for r in rows]
+  rows = [r for r in rows if r.size >= 2][:num]
   if not rows:
     return np.zeros((0, 0), np.int32)
   length = min(length, min(r.size for r in rows) - 1)
