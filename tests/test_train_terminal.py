@@ -184,3 +184,28 @@ def test_a_language_model_prints_continuations_of_fixed_prompts_at_each_evaluati
   texts = [(e.step, v.tag) for e in read_events(str(tmp_path / "lm" / "tensorboard"))
            for v in e.summary.value if v.tag.startswith("eval/samples")]
   assert [s for s, _ in texts] == [10, 20]
+
+
+def test_on_a_terminal_the_progress_bar_replaces_the_lines(tmp_path):
+  import pty
+  main, child = pty.openpty()  # stdout a terminal, stderr a pipe
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "COLUMNS": "120"}
+  try:
+    r = subprocess.run([sys.executable, "-m", "txf.cli", "train", "--config", COPY, "--workdir",
+                        str(tmp_path / "w"), *SHORT], stdout=child, stderr=subprocess.PIPE,
+                       text=True, timeout=300, env=env, cwd=ROOT)
+    os.close(child)
+    out = b""
+    while True:
+      try:
+        chunk = os.read(main, 65536)
+      except OSError:  # the terminal is closed once everything was read
+        break
+      if not chunk:
+        break
+      out += chunk
+  finally:
+    os.close(main)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "train: 100%" in r.stderr and "50/50" in r.stderr  # the tqdm bar
+  assert "step 25/50 |" not in out.decode() and "eval at step 50" in out.decode()
