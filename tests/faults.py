@@ -1,15 +1,18 @@
 """Faults injected from outside txf's code: a NaN at one training step, slow checkpoint saves,
-a signal at one step (on one process of several), a SIGTERM while the final parameters are saved.
+a full disk at one checkpoint, a signal at one step (on one process of several), a SIGTERM
+while the final parameters are saved.
 
 In-process tests call ``nan_at_step`` / ``slow_saves`` with pytest's ``monkeypatch``. Subprocess
-tests run ``python -m tests.faults <txf command and flags>`` with ``FAULT_NAN_AT_STEP=k`` and/or
-``FAULT_SAVE_DELAY_S=s`` in the environment: this installs the faults, then runs ``txf`` as usual.
+tests run ``python -m tests.faults <txf command and flags>`` with ``FAULT_NAN_AT_STEP=k``,
+``FAULT_SAVE_DELAY_S=s`` and/or ``FAULT_ENOSPC_AT_CHECKPOINT=step`` in the environment: this
+installs the faults, then runs ``txf`` as usual.
 ``FAULT_SIGNAL_AT_STEP=k`` (with ``FAULT_SIGNAL=TERM|INT``, ``FAULT_SIGNAL_PROCESS=i``,
 ``FAULT_SIGNAL_WHEN_PIPE_CLOSED=1``) and ``FAULT_SIGNAL_IN_FINISH=TERM`` likewise; every
 subprocess run also writes ``process i: the loop ended after step n`` to stderr when training ends.
 """
 
 import asyncio
+import errno
 import os
 import select
 import signal
@@ -111,6 +114,19 @@ def report_end(monkeypatch) -> None:
   monkeypatch.setattr(loop, "finish", reporting_finish)
 
 
+def disk_full_at_checkpoint(monkeypatch, step: int) -> None:
+  """Saving checkpoint ``step`` fails as a full disk does: orbax's ``CheckpointManager.save``
+  raises ``OSError(ENOSPC)`` for that step (earlier checkpoints are written as usual)."""
+  save = ocp.CheckpointManager.save
+
+  def full_save(self, s, *args, **kwargs):
+    if int(s) == step:
+      raise OSError(errno.ENOSPC, "No space left on device", str(self.directory))
+    return save(self, s, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full_save)
+
+
 class _Patch:
   """The part of pytest's monkeypatch that the faults use, for a subprocess."""
 
@@ -121,6 +137,8 @@ class _Patch:
 if __name__ == "__main__":
   if os.environ.get("FAULT_NAN_AT_STEP"):
     nan_at_step(_Patch(), int(os.environ["FAULT_NAN_AT_STEP"]))
+  if os.environ.get("FAULT_ENOSPC_AT_CHECKPOINT"):
+    disk_full_at_checkpoint(_Patch(), int(os.environ["FAULT_ENOSPC_AT_CHECKPOINT"]))
   if os.environ.get("FAULT_SAVE_DELAY_S"):
     slow_saves(_Patch(), float(os.environ["FAULT_SAVE_DELAY_S"]))
   if os.environ.get("FAULT_SIGNAL_AT_STEP"):

@@ -235,9 +235,16 @@ def test_restore_onto_another_device_count(tmp_path):
 
 # -- the workdir guard: which runs may resume ---------------------------------------------------
 
+def _trained(workdir):
+  """Mark the run in ``workdir`` as one that has trained (a metrics row)."""
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.write('{"step": 1, "split": "train"}\n')
+
+
 def test_different_model_config_is_refused_naming_the_fields(tmp_path):
   workdir = str(tmp_path / "run")
   assert workdir_lib.prepare(workdir, _config()) is False
+  _trained(workdir)
   other = _config()
   other.model.d_model, other.model.num_heads = 256, 4
   with pytest.raises(workdir_lib.RunConflictError) as e:
@@ -251,9 +258,44 @@ def test_different_model_config_is_refused_naming_the_fields(tmp_path):
 def test_resumable_fields_may_change(tmp_path):
   workdir = str(tmp_path / "run")
   workdir_lib.prepare(workdir, _config())
+  _trained(workdir)
+  steps = _config().num_train_steps
   longer = _config(num_train_steps=5000, checkpoint_every=7, keep_checkpoints=9, nan_policy="skip")
   assert workdir_lib.prepare(workdir, longer) is True
+  assert workdir_lib.load_config(workdir).num_train_steps == steps  # until it trains on
+  workdir_lib.record_config(workdir, longer)
   assert workdir_lib.load_config(workdir).num_train_steps == 5000
+
+
+def test_a_run_that_never_trained_is_replaced(tmp_path):
+  workdir = str(tmp_path / "run")
+  workdir_lib.prepare(workdir, _config())
+  (tmp_path / "run" / "task.json").write_text("{}")  # a start that failed after preparing
+  other = _config()
+  other.model.d_model = 256
+  assert workdir_lib.prepare(workdir, other) is False
+  assert workdir_lib.load_config(workdir).model.d_model == 256
+  (tmp_path / "run" / "checkpoints" / "3").mkdir(parents=True)  # now it has trained
+  with pytest.raises(workdir_lib.RunConflictError):
+    workdir_lib.prepare(workdir, _config())
+
+
+def test_disk_errors_name_the_path_and_the_fix_and_pass_other_errors():
+  import errno
+  with pytest.raises(workdir_lib.DiskError) as e:
+    with workdir_lib.disk_errors("/x/params.msgpack"):
+      raise OSError(errno.ENOSPC, "No space left on device")
+  assert str(e.value) == ("writing /x/params.msgpack: no space left on the device; free some space "
+                          "(or point --workdir at another disk) and run the same command again")
+  with pytest.raises(workdir_lib.DiskError, match="saving to /c: the file system is read-only"):
+    with workdir_lib.disk_errors("/c", "saving to"):
+      try:
+        raise OSError(errno.EROFS, "Read-only file system")
+      except OSError as inner:  # a library re-raising it as its own error
+        raise ValueError("save failed") from inner
+  with pytest.raises(FileNotFoundError):
+    with workdir_lib.disk_errors("/x"):
+      raise FileNotFoundError(errno.ENOENT, "missing")
 
 
 def test_fresh_moves_the_old_run_aside(tmp_path):

@@ -27,6 +27,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.best_metric = ""             # also keep the best checkpoint by this eval metric ("" = off), e.g. "bleu"
   c.best_mode = "max"            # "max" or "min" for best_metric
   c.nan_policy = "stop"          # on a NaN/Inf loss: "stop" (keep last good checkpoint) or "skip" the batch
+  c.divergence_factor = 10.0     # stop (like a NaN) when the smoothed train loss exceeds this x its minimum and its start; 0 = off
   c.eval_batches = 0             # eval batches per evaluation (0 = the whole eval split)
   c.num_samples = 5              # decoded samples printed at each evaluation
   c.decode_examples = 200        # held-out examples decoded for exact match / BLEU (0 = none)
@@ -263,6 +264,10 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   if cooldown < 0 or (cooldown > cfg.get("num_train_steps", cooldown) > 0):
     errors.append(f"optimizer.cooldown_steps={cooldown} must be in [0, num_train_steps="
                   f"{cfg.get('num_train_steps')}] (0 = no cooldown)")
+  factor = cfg.get("divergence_factor", 0.0)
+  if not isinstance(factor, (int, float)) or (factor != 0 and factor <= 1):
+    errors.append(f"divergence_factor={factor!r} must be > 1 (a loss this many times its running "
+                  f"minimum stops the run) or 0 (off)")
   if cfg.get("time_limit_minutes", 0.0) < 0:
     errors.append(f"time_limit_minutes={cfg.get('time_limit_minutes')} must be >= 0 (0 = no limit)")
   for n in ["num_encoder_layers", "num_decoder_layers"]:

@@ -1,6 +1,7 @@
 """Metrics to metrics.jsonl (one JSON object per logged point) and TensorBoard event files.
 
-TensorBoard files are written with tensorboardX (no TensorFlow). Only process 0 writes.
+TensorBoard files are written with tensorboardX (no TensorFlow): scalars per split, the run's
+config (text and hparams) and eval samples (text). Only process 0 writes.
 """
 
 import json
@@ -8,6 +9,8 @@ import os
 from typing import Dict
 
 import numpy as np
+
+from txf.workdir import disk_errors
 
 
 class MetricWriter:
@@ -30,13 +33,38 @@ class MetricWriter:
                 for k, v in metrics.items()})
     if not self.enabled:
       return row
-    with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
+    with disk_errors(self.path):
+      with open(self.path, "a") as f:
+        f.write(json.dumps(row) + "\n")
     if self._tb is not None:
       for k, v in row.items():
         if k not in ("step", "split") and isinstance(v, float):
           self._tb.add_scalar(f"{split}/{k}", v, step)
     return row
+
+  def write_text(self, tag: str, text: str, step: int) -> None:
+    """Log ``text`` to TensorBoard's Text tab under ``tag`` (shown as preformatted lines)."""
+    if self.enabled and self._tb is not None:
+      self._tb.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
+
+  def write_config(self, config: Dict, step: int = 0) -> None:
+    """Log a run's config to TensorBoard: the whole JSON as text (tag ``config``) and its flat
+    scalar fields as hparams (the HParams tab)."""
+    if not (self.enabled and self._tb is not None):
+      return
+    from tensorboardX.summary import hparams  # beside SummaryWriter: imported only when writing
+    self.write_text("config", json.dumps(config, indent=2, sort_keys=True), step)
+    flat = {}
+
+    def walk(prefix, node):
+      for k, v in node.items():
+        if isinstance(v, dict):
+          walk(f"{prefix}{k}.", v)
+        elif isinstance(v, (bool, int, float, str)):
+          flat[prefix + k] = v
+    walk("", config)
+    for summary in hparams(flat, {}):  # experiment, session start, session end
+      self._tb.file_writer.add_summary(summary, step)
 
   def truncate_after(self, step: int) -> None:
     """Drop rows logged after ``step`` (a resumed run re-logs them exactly)."""

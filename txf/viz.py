@@ -210,7 +210,10 @@ def plot_loss_curves(metrics: Rows, path: Union[str, os.PathLike] = "loss_curves
                      title: str = "loss") -> str:
   """Train and eval loss against step from txf's metrics.jsonl rows {"step", "split", "loss", ...}.
 
-  One line per split that logged a ``loss`` (train drawn as a line, eval with markers).
+  One solid line per split that logged a ``loss`` (the training objective, label-smoothed when
+  label_smoothing > 0) and, beside it in the same colour, a dashed line of its ``nll`` (the
+  unsmoothed cross-entropy, -mean log p(y_t)) when logged. Train is drawn as lines, eval with
+  markers.
 
   Args:
     metrics: the path of a metrics.jsonl file, or its rows as dicts.
@@ -226,12 +229,16 @@ def plot_loss_curves(metrics: Rows, path: Union[str, os.PathLike] = "loss_curves
     raise ValueError("no row with a 'loss' to plot")
   fig = new_figure(7, 4)
   ax = fig.subplots()
-  for split in splits:
+  for i, split in enumerate(splits):
+    color = f"C{i}"
     steps, values = _series(rows, "loss", split)
     style = dict(marker="o", markersize=3) if split != "train" or steps.size == 1 else {}
-    ax.plot(steps, values, label=str(split), **style)
+    ax.plot(steps, values, label=f"{split} loss", color=color, **style)
+    steps, values = _series(rows, "nll", split)
+    if steps.size:
+      ax.plot(steps, values, label=f"{split} nll", color=color, linestyle="--", **style)
   ax.set_xlabel("step")
-  ax.set_ylabel("loss")
+  ax.set_ylabel("loss (nats per token)")
   ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend()

@@ -1,9 +1,14 @@
 """A run's working directory: config.json, task.json, tokenizer/, metrics.jsonl, params, checkpoints.
 
-A workdir that already holds a different run is never silently overwritten: it is refused with the
-differing fields named, or, with ``fresh=True``, moved aside to ``<workdir>.old-<time>``.
+A workdir that already holds a different run that has trained (a checkpoint, a metrics row or
+final parameters) is never silently overwritten: it is refused with the differing fields named, or,
+with ``fresh=True``, moved aside to ``<workdir>.old-<time>``. A start that failed before training
+leaves nothing to protect: the next command replaces its config. A disk that is full, read-only or
+not ours while txf writes gives a ``DiskError`` naming the path (``disk_errors``).
 """
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -21,7 +26,7 @@ from txf.errors import TxfError
 RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_every",
                     "checkpoint_every", "keep_checkpoints", "num_samples", "decode_examples", "eval_batches",
                     "beam_size", "alpha", "decode_max_extra", "name", "best_metric", "best_mode",
-                    "nan_policy", "data.path", "data.data_dir", "data.prefetch",
+                    "nan_policy", "divergence_factor", "data.path", "data.data_dir", "data.prefetch",
                     # the layout may change on resume: checkpoints restore onto any device count
                     "parallelism", "mesh_shape", "dcn_mesh_shape"}
 RESUMABLE_PREFIXES = ("sharding_rules.",)
@@ -29,6 +34,58 @@ RESUMABLE_PREFIXES = ("sharding_rules.",)
 
 class RunConflictError(TxfError, RuntimeError):
   """The workdir holds another run."""
+
+
+class DiskError(TxfError):
+  """A write failed because the disk is full, read-only or not writable for us."""
+
+
+# errno -> (what happened, what to do)
+_DISK_ERRNOS = {
+    errno.ENOSPC: ("no space left on the device", "free some space (or point --workdir at "
+                                                   "another disk) and run the same command again"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some space and run the same command again"),
+    errno.EROFS: ("the file system is read-only", "choose a writable --workdir"),
+    errno.EACCES: ("permission denied", "choose a --workdir you can write to"),
+    errno.EPERM: ("operation not permitted", "choose a --workdir you can write to"),
+}
+
+
+def disk_error_of(exc: BaseException) -> Optional[OSError]:
+  """The OSError with a disk errno (full, read-only, no permission) behind ``exc`` (itself, or its
+  cause/context chain, as libraries such as orbax re-raise it), or None."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    seen.add(id(exc))
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS and not isinstance(exc, DiskError):
+      return exc
+    exc = exc.__cause__ or exc.__context__
+  return None
+
+
+@contextlib.contextmanager
+def disk_errors(path: str, what: str = "writing"):
+  """Turn a disk failure (ENOSPC, EDQUOT, EROFS, EACCES, EPERM) raised inside the block into a
+  DiskError naming ``path`` and the fix; every other exception passes unchanged."""
+  try:
+    yield
+  except DiskError:
+    raise
+  except Exception as e:  # noqa: BLE001 - re-raised unless it is a disk failure
+    found = disk_error_of(e)
+    if found is None:
+      raise
+    problem, fix = _DISK_ERRNOS[found.errno]
+    raise DiskError(f"{what} {path}: {problem}; {fix}") from e
+
+
+def has_trained(workdir: str) -> bool:
+  """Whether the run in ``workdir`` has trained: a checkpoint, a metrics row or params.msgpack."""
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  checkpoints = os.path.join(workdir, "checkpoints")
+  return ((os.path.isfile(metrics) and os.path.getsize(metrics) > 0)
+          or (os.path.isdir(checkpoints) and bool(os.listdir(checkpoints)))
+          or os.path.exists(os.path.join(workdir, "params.msgpack")))
 
 
 def config_to_dict(config: ml_collections.ConfigDict) -> Dict[str, Any]:
@@ -49,10 +106,15 @@ def differing_fields(old: Dict[str, Any], new: Dict[str, Any]) -> List[Tuple[str
 def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False) -> bool:
   """Create or check the workdir; returns True when it already held this same run (resume).
 
-  Raises RunConflictError when it holds a different run (or unrelated files) and ``fresh`` is False.
+  Raises RunConflictError when it holds a different run that has trained (or unrelated files) and
+  ``fresh`` is False; DiskError when the workdir cannot be written. A resumed run's config.json is
+  left as it is: ``record_config`` rewrites it once the run trains on (resumable fields such as
+  num_train_steps may differ). A run that never trained is replaced by the new config.
   """
   path = os.path.join(workdir, "config.json")
   new = config_to_dict(config)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise TxfError(f"--workdir {workdir} is a file, not a directory: choose another --workdir")
   if os.path.isdir(workdir) and os.listdir(workdir):
     if fresh:
       aside = f"{workdir.rstrip('/')}.old-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -62,35 +124,64 @@ def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False
       raise RunConflictError(f"workdir {workdir} is not empty and holds no txf run (no config.json): "
                              f"choose another --workdir, or pass --fresh to move it aside")
     else:
-      with open(path) as f:
-        old = json.load(f)
-      diffs = differing_fields(old, new)
-      if diffs:
-        lines = "\n".join(f"  {k}: {a!r} (in workdir) != {b!r} (now)" for k, a, b in diffs)
-        raise RunConflictError(f"workdir {workdir} holds a different run:\n{lines}\n"
-                               f"use another --workdir, or --fresh to move the old run aside")
-      write_json(path, new)  # resumable fields (e.g. num_train_steps) may have changed
-      return True
-  os.makedirs(workdir, exist_ok=True)
+      if has_trained(workdir):
+        with open(path) as f:
+          old = json.load(f)
+        diffs = differing_fields(old, new)
+        if diffs:
+          lines = "\n".join(f"  {k}: {a!r} (in workdir) != {b!r} (now)" for k, a, b in diffs)
+          raise RunConflictError(f"workdir {workdir} holds a different run:\n{lines}\n"
+                                 f"use another --workdir, or --fresh to move the old run aside")
+        _check_writable(workdir)
+        return True
+  with disk_errors(workdir, "creating"):
+    os.makedirs(workdir, exist_ok=True)
+  _check_writable(workdir)
   write_json(path, new)
   return False
+
+
+def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Rewrite config.json with ``config`` (a resumed run that trains on under changed resumable
+  fields, e.g. a larger num_train_steps)."""
+  write_json(os.path.join(workdir, "config.json"), config_to_dict(config))
+
+
+def _check_writable(workdir: str) -> None:
+  """DiskError now, before anything is built, if ``workdir`` cannot be written."""
+  probe = os.path.join(workdir, f".txf-write-test-{os.getpid()}")
+  with disk_errors(workdir):
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
 
 
 def write_json(path: str, obj: Any) -> None:
   """Write JSON atomically (temp file + rename): a crash never leaves half a file."""
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  with disk_errors(path):
+    try:
+      with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
 
 
 def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
   """Write parameters (flax msgpack) atomically; returns the path."""
   path = os.path.join(workdir, name)
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(serialization.msgpack_serialize(jax.device_get(params)))
-  os.replace(tmp, path)
+  data = serialization.msgpack_serialize(jax.device_get(params))
+  with disk_errors(path):
+    try:
+      with open(tmp, "wb") as f:
+        f.write(data)
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
   return path
 
 

@@ -1,6 +1,7 @@
 """``txf train [--config experiments/X.py] [--workdir runs/x] [--config.FIELD=VALUE ...] [--fresh]``."""
 
 import os
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -15,7 +16,8 @@ config_flags.DEFINE_config_file("config", default_config_path(),
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory (default: runs/<config.name>)")
 flags.DEFINE_bool("fresh", False, "move an existing run in --workdir aside and start over")
-flags.DEFINE_bool("progress", True, "show a progress bar")
+flags.DEFINE_bool("progress", None, "show a progress bar (default: only when stdout is a terminal); "
+                  "without one, each log step prints one line")
 
 
 def main(argv):
@@ -24,4 +26,7 @@ def main(argv):
   distributed.maybe_initialize()
   config = flags.FLAGS.config
   workdir = flags.FLAGS.workdir or os.path.join("runs", config.name)
-  train(config, workdir, fresh=flags.FLAGS.fresh, progress=flags.FLAGS.progress)
+  progress = flags.FLAGS.progress
+  if progress is None:
+    progress = sys.stdout.isatty()
+  train(config, workdir, fresh=flags.FLAGS.fresh, progress=progress)

@@ -21,7 +21,7 @@ A researcher's own loss or model: ``train(config, workdir, loss_fn=..., model=..
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 from tqdm import tqdm
@@ -35,10 +35,12 @@ from txf.inference import Evaluator, make_eval_step
 from txf.metrics import MetricWriter
 from txf.models import LossFn, ModelBuilder, count_params, init_params, model_config_from, param_axes
 from txf.parallel import distributed, make_runner
-from txf.train.logs import LogWindow, unpack_rows
+from txf.train.logs import Eta, LogWindow, log_line, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
+from txf.train.samples import lm_prompts, lm_samples
 from txf.train.steps import create_train_state, make_train_step
-from txf.train.stopping import NonFiniteGuard, Preemption, TimeLimit, drop_output_on_broken_pipe
+from txf.train.stopping import (DivergenceGuard, NonFiniteGuard, Preemption, TimeLimit,
+                                 drop_output_on_broken_pipe)
 
 
 @dataclasses.dataclass
@@ -61,6 +63,7 @@ class Setup:
   resumed: bool                     # the workdir already held this run
   progress: bool                    # show a progress bar
   bar: Optional[Any] = None
+  custom_model: bool = False        # model= was given (in-loop sampling needs txf's own model)
 
 
 @dataclasses.dataclass
@@ -74,6 +77,8 @@ class LoopState:
   clock: TimeLimit
   final: Dict[str, float]           # the latest eval metrics
   stopped_by: str = ""              # "signal" or "time" when training ended early
+  eta: Optional[Eta] = None         # time left (the one-line log); set at this process's first step
+  divergence: Optional[DivergenceGuard] = None  # set at this process's first step
 
 
 def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
@@ -101,7 +106,8 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
       if loop.stopped_by != "signal":
         loop.guard.check()
     finally:
-      run.checkpointer.close()  # waits for the save in flight: it holds a state checked to be finite
+      with workdir_lib.disk_errors(run.checkpointer.directory, "saving a checkpoint to"):
+        run.checkpointer.close()  # waits for the save in flight: it holds a state checked finite
       if run.bar is not None:
         run.bar.close()
     return finish(run, loop, preemption)
@@ -161,7 +167,8 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
                         config.decode_max_extra)
   return Setup(config, workdir, task, model_cfg, runner, train_it,
                Checkpointer(workdir, config), MetricWriter(workdir, enabled=is_main), evaluator,
-               new_state, abstract_state, dropout_rng, say, is_main, resumed, progress)
+               new_state, abstract_state, dropout_rng, say, is_main, resumed, progress,
+               custom_model=model is not None)
 
 
 def _make_task(config, workdir, model):
@@ -206,11 +213,18 @@ def restore(run: Setup) -> LoopState:
 
 def take_step(run: Setup, loop: LoopState) -> None:
   """One optimizer step; the time limit is checked after it."""
+  if loop.eta is None:  # this process's first step
+    if run.resumed and run.is_main:  # it trains on: its resumable fields may have changed
+      workdir_lib.record_config(run.workdir, run.config)
+    run.writer.write_config(workdir_lib.config_to_dict(run.config), loop.step)
+    loop.eta = Eta(loop.step)
+    loop.divergence = DivergenceGuard(run.config.divergence_factor, run.checkpointer.latest_step)
   batch = next(run.train_it)
   loop.state, metrics = run.runner.train_step(loop.state, batch,
                                               jax.random.fold_in(run.dropout_rng, loop.step))
   loop.step += 1
   loop.guard.push(loop.step, metrics)  # checks the step before: the host never waits on this one
+  loop.divergence.push(loop.step, metrics)
   loop.window.add(metrics)
   if run.bar is not None:
     run.bar.update(1)
@@ -219,17 +233,23 @@ def take_step(run: Setup, loop: LoopState) -> None:
 
 
 def log(run: Setup, loop: LoopState, is_last: bool) -> None:
-  """A train row in metrics.jsonl every ``log_every`` steps and at the last step."""
+  """A train row in metrics.jsonl every ``log_every`` steps and at the last step, shown on the
+  progress bar or, without one, as one line."""
   if loop.step % run.config.log_every and not is_last:
     return
   m = loop.window.close()
   run.writer.write(loop.step, "train", m)
   if run.bar is not None:
     run.bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['accuracy']:.3f}")
+  else:
+    total = run.config.num_train_steps
+    run.say(log_line(loop.step, total, m, loop.eta(loop.step, total)), flush=True)
 
 
 def evaluate(run: Setup, loop: LoopState, is_last: bool) -> Optional[Dict[str, float]]:
-  """Evaluate every ``eval_every`` steps and at the last step; returns the metrics or None."""
+  """Evaluate every ``eval_every`` steps and at the last step; returns the metrics or None.
+  Prints ``num_samples`` samples (translations beside their references; a language model's greedy
+  continuations of fixed prompts) and logs them to TensorBoard as text."""
   every = run.config.eval_every
   if not ((every and loop.step % every == 0) or is_last):
     return None
@@ -238,12 +258,10 @@ def evaluate(run: Setup, loop: LoopState, is_last: bool) -> Optional[Dict[str, f
   state = loop.state
   metrics = run.evaluator(lambda batch: run.runner.eval_step(state, batch), lambda: state.params,
                           run.runner.rows_fn, run.runner.batch_shards)  # decoded on every device
-  if run.config.num_samples and run.evaluator.hypotheses:
-    run.say(f"  samples at step {loop.step}:")
-    pairs = list(zip(run.evaluator.examples, run.evaluator.hypotheses))[:run.config.num_samples]
-    for e, h in pairs:
-      mark = "ok " if " ".join(h.split()) == " ".join(e.reference.split()) else "   "
-      run.say(f"  {mark}src: {e.source}\n     ref: {e.reference}\n     hyp: {h}")
+  lines = _samples(run, state)
+  if lines:
+    run.say(f"  samples at step {loop.step}:\n" + "\n".join(lines))
+    run.writer.write_text("eval/samples", "\n".join(lines), loop.step)
   run.writer.write(loop.step, "eval", metrics)
   run.say(f"eval at step {loop.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
   loop.window.restart_clock()
@@ -253,7 +271,7 @@ def evaluate(run: Setup, loop: LoopState, is_last: bool) -> Optional[Dict[str, f
 
 def checkpoint(run: Setup, loop: LoopState, is_last: bool, evaluated) -> None:
   """Save every ``checkpoint_every`` steps, at the last step, on a stop, and at each evaluation
-  when ``best_metric`` is set; never a state that follows a non-finite step."""
+  when ``best_metric`` is set; never a state that follows a non-finite or diverged step."""
   config = run.config
   due = (loop.stopped_by or is_last
          or (config.checkpoint_every and loop.step % config.checkpoint_every == 0)
@@ -261,9 +279,11 @@ def checkpoint(run: Setup, loop: LoopState, is_last: bool, evaluated) -> None:
   if not due:
     return
   loop.guard.check()
-  run.checkpointer.save(loop.step, run.runner.host_state(loop.state), run.train_it.get_state(),
-                        evaluated, {"pending": loop.window.packed(),
-                                    "train_seconds": loop.clock.trained_seconds()})
+  loop.divergence.check()
+  with workdir_lib.disk_errors(run.checkpointer.directory, "saving a checkpoint to"):
+    run.checkpointer.save(loop.step, run.runner.host_state(loop.state), run.train_it.get_state(),
+                          evaluated, {"pending": loop.window.packed(),
+                                      "train_seconds": loop.clock.trained_seconds()})
 
 
 def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, float]:
@@ -286,6 +306,22 @@ def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, flo
     _write_plots(run.workdir, say)
   run.writer.close()
   return loop.final
+
+
+def _samples(run: Setup, state) -> List[str]:
+  """The sample lines of an evaluation (none when ``num_samples`` is 0 or nothing was decoded)."""
+  num = run.config.num_samples
+  if num and run.evaluator.hypotheses:
+    out = []
+    for e, h in list(zip(run.evaluator.examples, run.evaluator.hypotheses))[:num]:
+      mark = "ok " if " ".join(h.split()) == " ".join(e.reference.split()) else "   "
+      out.append(f"  {mark}src: {e.source}\n     ref: {e.reference}\n     hyp: {h}")
+    return out
+  if num and run.model_cfg.family == "decoder_lm" and not run.custom_model:
+    prompts = lm_prompts(run.evaluator.batches, num)
+    texts = lm_samples(run.model_cfg, run.task, run.runner.host_params(state), prompts)
+    return [f"  {t}" for t in texts]
+  return []
 
 
 def _restore_target(runner, abstract_state):

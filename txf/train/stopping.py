@@ -21,6 +21,10 @@ so the stop checkpoint is still written and the run exits 0. Signals keep being 
 Non-finite losses: ``train_step`` leaves the state unchanged on such a step; with
 ``nan_policy='stop'`` the ``NonFiniteGuard`` raises NonFiniteLossError naming the step before any
 later state is saved, with ``'skip'`` training carries on (the ``skipped`` metric counts them).
+
+Divergence: a finite loss that explodes (a learning rate far too high) is stopped the same way by
+the ``DivergenceGuard``: a smoothed train loss above ``divergence_factor`` times its lowest value
+(and above where it started) raises DivergenceError before any later state is saved.
 """
 
 import errno
@@ -41,6 +45,10 @@ from txf.errors import TxfError
 
 class NonFiniteLossError(TxfError, RuntimeError):
   """A NaN or Inf loss with nan_policy='stop'."""
+
+
+class DivergenceError(TxfError, RuntimeError):
+  """A train loss far above its running minimum (divergence_factor)."""
 
 
 def any_process(flag: Callable[[], bool], done: int, log_every: int) -> bool:
@@ -235,3 +243,53 @@ class NonFiniteGuard:
         + (f"its last good checkpoint (step {kept}) is kept" if kept is not None else
            "no checkpoint was written") +
         "; lower the learning rate, check the data, or set nan_policy='skip' to skip such batches")
+
+
+class DivergenceGuard:
+  """Stops a run whose loss explodes (a learning rate far too high), like the NonFiniteGuard.
+
+  Each step's train loss (checked one step late, as the NonFiniteGuard does) updates a smoothed
+  loss, an exponential moving average s_n = 0.9 s_{n-1} + 0.1 loss_n (s_1 = loss_1). The run
+  diverged when s_n > max(factor * min_{m<=n} s_m, s_1): far above its best and worse than the
+  untrained model it started from (so a loss near 0 may wobble freely). Non-finite losses are
+  left to the NonFiniteGuard; ``factor == 0`` turns the check off. The reference starts afresh
+  in each process (a resumed run starts from the loss it resumes at).
+  """
+  DECAY = 0.9
+
+  def __init__(self, factor: float, latest_kept: Callable[[], Optional[int]]):
+    self.factor, self.latest_kept = float(factor), latest_kept
+    self.previous: Optional[Tuple[int, dict]] = None
+    self.first: Optional[float] = None
+    self.smoothed: Optional[float] = None
+    self.best: Optional[Tuple[int, float]] = None
+
+  def push(self, step: int, metrics) -> None:
+    """Check the step before and remember this one (the host never waits on this step)."""
+    self.check()
+    self.previous = (step, metrics) if self.factor else None
+
+  def check(self) -> None:
+    """Take the remembered step's loss now; raises DivergenceError if the run diverged."""
+    if self.previous is None:
+      return
+    (step, metrics), self.previous = self.previous, None
+    loss = float(metrics["loss"])
+    if not np.isfinite(loss):
+      return
+    self.smoothed = loss if self.smoothed is None else (
+        self.DECAY * self.smoothed + (1.0 - self.DECAY) * loss)
+    if self.first is None:
+      self.first = self.smoothed
+    if self.best is None or self.smoothed < self.best[1]:
+      self.best = (step, self.smoothed)
+    if self.smoothed <= max(self.factor * self.best[1], self.first):
+      return
+    kept = self.latest_kept()
+    raise DivergenceError(
+        f"the loss diverged at step {step}: the smoothed loss {self.smoothed:.4g} is over "
+        f"{self.factor:g}x its lowest value ({self.best[1]:.4g} at step {self.best[0]}); the run "
+        "stopped, " + (f"its last good checkpoint (step {kept}) is kept" if kept is not None else
+                       "no checkpoint was written")
+        + "; lower the learning rate (optimizer.learning_rate_scale), or raise divergence_factor "
+          "(0 turns this check off)")
