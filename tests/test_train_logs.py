@@ -83,7 +83,7 @@ def test_divergence_guard_lets_a_small_loss_wobble_and_can_be_off():
 
 def test_loss_plot_draws_the_nll_beside_the_loss(tmp_path, monkeypatch):
   drawn = {}
-  monkeypatch.setattr(viz, "_save", lambda fig, path: drawn.setdefault("fig", fig) and str(path))
+  monkeypatch.setattr(viz, "save_figure", lambda fig, path, tight=False: drawn.setdefault("fig", fig) and str(path))
   rows = [{"step": 10, "split": "train", "loss": 3.0, "nll": 2.5},
           {"step": 20, "split": "train", "loss": 2.0, "nll": 1.5},
           {"step": 20, "split": "eval", "loss": 2.2, "nll": 1.9}]
