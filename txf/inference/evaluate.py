@@ -5,8 +5,9 @@ report from it (``evaluate_split``), notebooks call it directly.
 
 import math
 import os
+import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -126,9 +127,49 @@ def check_decoding_flags(beam: int, max_extra: int, batch_size: int) -> None:
     raise TxfError(f"--batch_size={batch_size} must be >= 1")
 
 
+class Progress:
+  """Progress lines of a long evaluation on stderr: ``txf eval: <what> <done>/<total> <unit>,
+  <elapsed> s`` after each step once ``after_s`` seconds have passed, at most one per ``every_s``
+  seconds, and a last one at the total (only if any was printed). Silent for short evaluations."""
+
+  def __init__(self, after_s: float = 5.0, every_s: float = 10.0, stream: Optional[TextIO] = None,
+               clock: Callable[[], float] = time.time):
+    self.after_s, self.every_s, self.clock = after_s, every_s, clock
+    self.stream = stream if stream is not None else sys.stderr
+    self.started = clock()
+    self._last: Optional[float] = None
+
+  def __call__(self, what: str, done: int, total: int, unit: str) -> None:
+    now = self.clock()
+    if now - self.started < self.after_s and self._last is None:
+      return
+    if done < total and self._last is not None and now - self._last < self.every_s:
+      return
+    self._last = now
+    print(f"txf eval: {what} {done:,}/{total:,} {unit}, {now - self.started:.0f} s",
+          file=self.stream, flush=True)
+
+
+def split_names(task) -> Optional[List[str]]:
+  """The splits a real-data task's data has (opening the data), or None for a task that makes
+  any split (synthetic)."""
+  sources = getattr(task, "sources", None)
+  return None if sources is None else sorted(sources)
+
+
+def default_split(run) -> str:
+  """The split ``txf eval`` scores by default: the run's test split, or its eval split when the data
+  has no test split."""
+  d = run.config.data
+  names = split_names(run.task)
+  if names is not None and d.test_split not in names and d.eval_split in names:
+    return d.eval_split
+  return d.test_split
+
+
 def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra: int = 50,
-                   max_examples: int = 0, batch_size: int = 32, warn: Warn = warn_stderr
-                   ) -> Dict[str, Any]:
+                   max_examples: int = 0, batch_size: int = 32, warn: Warn = warn_stderr,
+                   progress: Optional[Progress] = None) -> Dict[str, Any]:
   """The report of ``txf eval`` for one split of a loaded run (``txf.inference.load_run``).
 
   Every family: ``loss`` (unsmoothed NLL, nats per token; per example for classification) and
@@ -137,10 +178,12 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
   sacreBLEU ``bleu`` and ``chrf`` on detokenized text with their ``*_signature`` strings, and
   ``exact_match``, from decoding the split's first ``num_examples`` sources (default: the whole
   split as the task gives it; synthetic tasks: 1000) with greedy (beam 1) or beam search.
+  ``progress`` (default: a ``Progress`` on stderr) reports batches scored and sentences decoded.
   """
   check_decoding_flags(beam, max_extra, batch_size)
   if max_examples < 0:
     raise TxfError(f"--max_examples={max_examples} must be >= 0 (0 = the whole split)")
+  progress = progress or Progress()
   started = time.time()
   try:
     batches = run.task.eval_batches(split, batch_size, max_examples or None)
@@ -153,11 +196,15 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
     raise TxfError(f"split {split!r} has no examples")
   family = run.family
   examples = run.task.examples(split, n) if family == "encoder_decoder" else []
-  evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size)
   report: Dict[str, Any] = {"workdir": run.workdir, "params": os.path.abspath(run.params_path),
                             "split": split, "family": family, "num_examples": n}
   step = jax.jit(make_eval_step(run.model_cfg, 0.0))
-  sums = evaluator.sums(lambda b: step(run.params, b))
+  sums = None
+  for done, batch in enumerate(batches, 1):
+    s = step(run.params, batch)
+    sums = s if sums is None else jax.tree_util.tree_map(jnp.add, sums, s)
+    progress("scoring", done, len(batches), "batches")
+  sums = jax.device_get(sums)
   m = summarize(sums, family)
   report.update({"loss": m["nll"], "accuracy": m["accuracy"]})
   if "perplexity" in m:
@@ -170,7 +217,11 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
     if long:
       warn(f"{long} of {len(examples)} {split} sources are longer than data.max_input_len={limit} "
            f"tokens: truncated")
-    hyps, refs = evaluator.translate(run.params), evaluator.references
+    sources = [truncate_keep_eos(e.source_ids, limit) for e in examples]
+    hyps = translate_texts(run.model_cfg, run.params, run.task, sources, max_extra, batch_size,
+                           beam, alpha,
+                           progress=lambda k: progress("decoding", k, len(sources), "sentences"))
+    refs = [e.reference for e in examples]
     bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
     bleu_score, chrf_score = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     report.update({"bleu": float(bleu_score.score), "bleu_signature": str(bleu.get_signature()),
