@@ -4,7 +4,9 @@
 Reads lines (stdin or --input) and writes, per line, ``label<TAB>probability`` (the most probable
 class and its softmax probability; stdout or --output), in order: empty lines stay empty, so line
 counts always match. Lines longer than the model's data.max_input_len tokens are truncated with a
-warning on stderr naming the line.
+warning on stderr naming the line. Only the workdir is read (tokenizer, task.json, config,
+parameters), not the training data. On a terminal each typed line is answered at once; from a file
+or a pipe lines are batched.
 """
 
 import sys
@@ -23,6 +25,11 @@ flags.DEFINE_string("params", None, "parameter file in the workdir (default para
 flags.DEFINE_integer("batch_size", 64, "lines classified together (a fixed batch shape: one compile)")
 
 
+def _format(probs):
+  """``label<TAB>probability`` per line (empty for an empty line)."""
+  return ["" if p is None else f"{int(p.argmax())}\t{float(p.max()):.4f}" for p in probs]
+
+
 def main(argv):
   if len(argv) > 1:
     raise TxfError(f"unexpected arguments {argv[1:]}: give the text on stdin or with --input FILE")
@@ -31,10 +38,16 @@ def main(argv):
     raise TxfError(f"--batch_size={f.batch_size} must be >= 1")
   run = inference.load_run(f.workdir, f.params)
   inference.require_family(run, "encoder_classifier", "classify")
+  if inference.from_terminal(f.input):
+    print("txf classify: type a text per line (Ctrl-D ends)", file=sys.stderr, flush=True)
+    with inference.answer_stream(f.output) as out:
+      for line in inference.iter_lines():
+        inference.write_lines(_format(inference.classify_lines(run, [line], 1)), stream=out)
+    return
   lines = inference.read_lines(f.input)
   started = time.time()
   probs = inference.classify_lines(run, lines, f.batch_size)
-  out = ["" if p is None else f"{int(p.argmax())}\t{float(p.max()):.4f}" for p in probs]
+  out = _format(probs)
   inference.write_lines(out, f.output)
   print(f"txf classify: {len(lines)} lines ({sum(p is None for p in probs)} empty) in "
         f"{time.time() - started:.1f} s, params {run.params_path}", file=sys.stderr)

@@ -1,24 +1,33 @@
-"""``txf eval --workdir runs/x [--split test] [--beam 4] [--alpha 0.6] [--params params_avg5.msgpack]
+"""``txf eval --workdir runs/x [--split test] [--data_path DIR] [--beam 4] [--alpha 0.6] [--params params_avg5.msgpack]
 [--output report.json] [--max_examples N] [--max_extra 50] [--batch_size 32]``.
 
-Writes a JSON report to --output (default workdir/eval_<split>.json) and prints it:
+Writes a JSON report to --output (default workdir/eval_<split>.json; checked writable before the
+evaluation runs) and prints it:
 translation: sacreBLEU and chrF on detokenized text (with their signatures) and exact match;
 classification: accuracy; language models: perplexity and loss in nats per token. Every family also
-reports the teacher-forced loss and accuracy (see txf.inference.evaluate_split).
+reports the teacher-forced loss and accuracy (see txf.inference.evaluate_split). The data is read
+only for the split scored: from the run's config, or --data_path when it has moved. Evaluations
+longer than a few seconds print progress to stderr.
 """
 
 import json
 import os
 import sys
+import tempfile
 
 from absl import flags
 
 from txf import inference
 from txf import workdir as workdir_lib
+from txf.data.text import DataError
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained run", required=True)
-flags.DEFINE_string("split", None, "split to evaluate (default: the run's config.data.test_split)")
+flags.DEFINE_string("split", None, "split to evaluate (default: the run's config.data.test_split, "
+                    "or its eval_split when the data has no test split)")
+flags.DEFINE_string("data_path", None, "where the run's data is now, if it moved: the dataset's "
+                    "folder, or the folder holding it by name (like data.path); tfds sources: the "
+                    "prepared-data directory (default: the run's config)")
 flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
                     "params_avg5.msgpack from `txf average-checkpoints`, or a path")
 flags.DEFINE_string("output", None, "report path (default: <workdir>/eval_<split>.json)")
@@ -29,6 +38,39 @@ flags.DEFINE_integer("max_extra", None, "each output has at most source length +
 flags.DEFINE_integer("max_examples", 0, "evaluate only the first N examples (0 = the whole split; "
                      "synthetic tasks: 1000)")
 flags.DEFINE_integer("batch_size", 32, "examples per batch (fixed shape: one compile)")
+flags.DEFINE_float("progress_every", 10.0, "an evaluation that runs over 5 s prints progress to "
+                   "stderr at most every this many seconds (0: after every batch, from the start)")
+
+
+def _one_line(e: Exception) -> str:
+  return " ".join(str(e).split())
+
+
+def _split(run, wanted):
+  """The split to score, checked against the data (opened here, from the run's data or
+  --data_path): a missing split or missing data is a TxfError naming --data_path."""
+  try:
+    split = wanted or inference.default_split(run)
+    names = inference.split_names(run.task)
+    if names is not None:
+      run.task.split_name(split)
+  except DataError as e:
+    raise TxfError(f"txf eval reads the split it scores from the run's data (data.source="
+                   f"{run.config.data.source!r}): {_one_line(e)}; if the data has moved, pass "
+                   f"--data_path=/where/it/is/now") from None
+  return split
+
+
+def check_writable(path: str) -> None:
+  """TxfError, before any work, when the report cannot be written at ``path``."""
+  folder = os.path.dirname(os.path.abspath(path))
+  try:
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".txf-eval-probe-"):
+      pass
+  except OSError as e:
+    raise TxfError(f"cannot write the report to {path} ({e.strerror or e}): pass "
+                   f"--output=/a/writable/path/report.json") from None
 
 
 def main(argv):
@@ -37,17 +79,19 @@ def main(argv):
   f = flags.FLAGS
   if f.beam is not None and f.beam < 1:
     raise TxfError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
-  run = inference.load_run(f.workdir, f.params)
-  split = f.split or run.config.data.test_split
+  if f.progress_every < 0:
+    raise TxfError(f"--progress_every={f.progress_every} must be >= 0")
+  run = inference.load_run(f.workdir, f.params, data_path=f.data_path)
+  split = _split(run, f.split)
+  path = f.output or os.path.join(f.workdir, f"eval_{split}.json")
+  check_writable(path)
   report = inference.evaluate_split(
       run, split,
       beam=run.config.beam_size if f.beam is None else f.beam,
       alpha=run.config.alpha if f.alpha is None else f.alpha,
       max_extra=run.config.decode_max_extra if f.max_extra is None else f.max_extra,
-      max_examples=f.max_examples, batch_size=f.batch_size)
-  path = f.output or os.path.join(f.workdir, f"eval_{split}.json")
-  if os.path.dirname(path):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+      max_examples=f.max_examples, batch_size=f.batch_size,
+      progress=inference.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every))
   workdir_lib.write_json(path, report)
   print(json.dumps(report, indent=2, sort_keys=True))
   print(f"report written to {path}", file=sys.stderr)

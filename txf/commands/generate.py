@@ -1,9 +1,17 @@
-"""``txf generate --workdir runs/lm [--prompt "..."] [--max_new_tokens 200] [--temperature 0.8]
-[--top_k 0] [--top_p 0.95] [--seed 0] [--num_samples 1] [--params ...]``.
+"""``txf generate --workdir runs/lm [--prompt "..." [--prompt "..."]] [--input FILE]
+[--max_new_tokens 200] [--temperature 0.8] [--top_k 0] [--top_p 0.95] [--seed 0] [--num_samples 1]
+[--params ...]``.
 
-Samples continuations from a decoder_lm run and prints prompt + continuation (each sample under a
-``--- sample i`` header when there are several). Refuses other model families.
+Samples continuations from a decoder_lm run and prints prompt + continuation. Prompts come from
+``--prompt`` (repeatable), or one per line from --input or stdin; prompts of different lengths are
+sampled together in one batch, and each gets what it would get alone with the same seed. On a
+terminal each typed line is answered at once. Without any prompt (empty input), one sample starts
+from nothing. Each output is under a ``--- prompt p, sample s`` header when there are several.
+Refuses other model families.
 """
+
+import sys
+from typing import List
 
 from absl import flags
 
@@ -11,7 +19,9 @@ from txf import inference
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run", required=True)
-flags.DEFINE_string("prompt", "", "text to continue (empty: sample from the start)")
+flags.DEFINE_multi_string("prompt", None, "text to continue; repeat for several prompts (default: "
+                          "one prompt per line of --input or stdin)")
+flags.DEFINE_string("input", None, "file of prompts, one per line (default: stdin unless --prompt)")
 flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
                     "params_avg5.msgpack from `txf average-checkpoints`, or a path")
 flags.DEFINE_integer("max_new_tokens", 200, "most tokens to generate (lowered to fit the context "
@@ -20,18 +30,40 @@ flags.DEFINE_float("temperature", 0.8, "softmax temperature (0 = greedy)")
 flags.DEFINE_integer("top_k", 0, "sample among the k most likely tokens (0 = off)")
 flags.DEFINE_float("top_p", 0.95, "nucleus sampling: the smallest set with this much mass (1 = off)")
 flags.DEFINE_integer("seed", 0, "random seed")
-flags.DEFINE_integer("num_samples", 1, "how many continuations to sample")
+flags.DEFINE_integer("num_samples", 1, "how many continuations to sample per prompt")
+
+
+def _print(samples: List[List[str]]) -> None:
+  """Each prompt's samples; headers name the prompt (several prompts) or the sample (several)."""
+  for p, texts in enumerate(samples, 1):
+    for s, text in enumerate(texts, 1):
+      if len(samples) > 1:
+        print(f"--- prompt {p}, sample {s}")
+      elif len(texts) > 1:
+        print(f"--- sample {s}")
+      print(text)
+  sys.stdout.flush()
 
 
 def main(argv):
   if len(argv) > 1:
     raise TxfError(f"unexpected arguments {argv[1:]}: quote the prompt, --prompt \"...\"")
   f = flags.FLAGS
+  if f.prompt and f.input:
+    raise TxfError("--prompt and --input both give prompts: use one of them")
   run = inference.load_run(f.workdir, f.params)
   inference.require_family(run, "decoder_lm", "generate")
-  texts = inference.sample_texts(run, f.prompt, f.max_new_tokens, f.temperature, f.top_k, f.top_p,
-                                    f.seed, f.num_samples)
-  for i, text in enumerate(texts):
-    if len(texts) > 1:
-      print(f"--- sample {i + 1}")
-    print(text, flush=True)
+
+  def sample(prompts):
+    return inference.sample_prompts(run, prompts, f.max_new_tokens, f.temperature, f.top_k,
+                                    f.top_p, f.seed, f.num_samples)
+
+  if not f.prompt and inference.from_terminal(f.input):
+    print("txf generate: type a prompt per line (Ctrl-D ends)", file=sys.stderr, flush=True)
+    for line in inference.iter_lines():
+      _print(sample([line]))
+    return
+  prompts = list(f.prompt) if f.prompt else inference.read_lines(f.input)
+  if not prompts:
+    prompts = [""]
+  _print(sample(prompts))

@@ -4,6 +4,8 @@
 Reads lines (stdin or --input), writes one detokenized translation per line (stdout or --output),
 in order: empty lines stay empty, so line counts always match. Lines longer than the model's
 data.max_input_len tokens are truncated with a warning on stderr naming the line and its length.
+Only the workdir is read (tokenizer, task.json, config, parameters), not the training data. On a
+terminal each typed line is translated at once; from a file or a pipe lines are batched.
 """
 
 import sys
@@ -38,6 +40,13 @@ def main(argv):
   alpha = run.config.alpha if f.alpha is None else f.alpha
   max_extra = run.config.decode_max_extra if f.max_extra is None else f.max_extra
   inference.check_decoding_flags(beam, max_extra, f.batch_size)
+  if inference.from_terminal(f.input):
+    print("txf translate: type a sentence per line (Ctrl-D ends)", file=sys.stderr, flush=True)
+    with inference.answer_stream(f.output) as out:
+      for line in inference.iter_lines():
+        answer = inference.translate_lines(run, [line], beam, alpha, max_extra, batch_size=1)
+        inference.write_lines(answer, stream=out)
+    return
   lines = inference.read_lines(f.input)
   started = time.time()
   out = inference.translate_lines(run, lines, beam, alpha, max_extra, f.batch_size)

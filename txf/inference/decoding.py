@@ -43,12 +43,14 @@ def decode_buffer_len(model_cfg: TransformerConfig, task: Task, max_extra: int) 
 
 def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.ndarray], input_len: int,
                   max_len: int, batch_size: int = 64, beam_size: int = 1, alpha: float = 0.6,
-                  max_extra: Optional[int] = None, wrap: Callable = jax.jit) -> List[np.ndarray]:
+                  max_extra: Optional[int] = None, wrap: Callable = jax.jit,
+                  progress: Optional[Callable[[int], None]] = None) -> List[np.ndarray]:
   """Decode source id rows (each ending with EOS) -> generated id rows (EOS kept, padding dropped).
 
   Sources are padded to [batch_size, input_len]; output length is at most ``max_len`` (the decode
   buffer, fixed for every batch: one compile), and with ``max_extra`` at most each row's own source
-  length (EOS counted) + max_extra. ``wrap`` compiles the decoder (see ``_compiled_decoder``).
+  length (EOS counted) + max_extra. ``wrap`` compiles the decoder (see ``_compiled_decoder``);
+  ``progress(rows_done)`` is called after each batch.
   """
   fn = _compiled_decoder(model_cfg, batch_size, max_len, beam_size, float(alpha), wrap)
   out = []
@@ -60,16 +62,20 @@ def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.nda
         row = row[:len(source) + max_extra]
       end = np.nonzero(row == EOS_ID)[0]
       out.append(row[: end[0] + 1] if len(end) else row)
+    if progress is not None:
+      progress(len(out))
   return out
 
 
 def translate_texts(model_cfg: TransformerConfig, params, task: Task, sources: Sequence[np.ndarray],
                     max_extra: int = 50, batch_size: int = 64, beam_size: int = 1,
-                    alpha: float = 0.6, wrap: Callable = jax.jit) -> List[str]:
-  """Detokenized translations of source id rows (each at most its source length + max_extra)."""
+                    alpha: float = 0.6, wrap: Callable = jax.jit,
+                    progress: Optional[Callable[[int], None]] = None) -> List[str]:
+  """Detokenized translations of source id rows (each at most its source length + max_extra);
+  ``progress(rows_done)`` is called after each batch."""
   ids = translate_ids(model_cfg, params, sources, task.max_input_len,
                       decode_buffer_len(model_cfg, task, max_extra), batch_size, beam_size, alpha,
-                      max_extra=max_extra, wrap=wrap)
+                      max_extra=max_extra, wrap=wrap, progress=progress)
   return [task.decode_target(i) for i in ids]
 
 
@@ -82,5 +88,22 @@ def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len:
     cache = init_cache(model_cfg, params, num_samples, prompt_len + max_new_tokens)
     return decode.sample(make_logits_fn(model_cfg, params), cache, prompts, rng, max_new_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p)
+
+  return jax.jit(run_sampler)
+
+
+@functools.lru_cache(maxsize=8)
+def compiled_ragged_sampler(model_cfg: TransformerConfig, rows: int, prompt_len: int,
+                            max_new_tokens: int, temperature: float, top_k: int, top_p: float):
+  """jit'd (params, prompts int [rows, prompt_len] right-padded, lengths int [rows], keys [rows])
+  -> int [rows, max_new_tokens]: row b continues ``prompts[b, :lengths[b]]`` drawing with its own
+  key ``keys[b]`` (``decode.sample`` with ``prompt_lengths``), so a row's tokens do not depend on
+  the other rows of the batch."""
+
+  def run_sampler(params, prompts, lengths, keys):
+    cache = init_cache(model_cfg, params, rows, prompt_len + max_new_tokens)
+    return decode.sample(make_logits_fn(model_cfg, params), cache, prompts, keys, max_new_tokens,
+                         temperature=temperature, top_k=top_k, top_p=top_p,
+                         prompt_lengths=lengths)
 
   return jax.jit(run_sampler)

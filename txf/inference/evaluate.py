@@ -5,8 +5,9 @@ report from it (``evaluate_split``), notebooks call it directly.
 
 import math
 import os
+import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -82,26 +83,33 @@ class Evaluator:
   def references(self) -> List[str]:
     return [e.reference for e in self.examples]
 
-  def sums(self, sums_fn: Callable[[Batch], Dict[str, Any]]) -> Optional[Dict[str, float]]:
-    """Metric sums over every eval batch (None when there are no batches)."""
+  def sums(self, sums_fn: Callable[[Batch], Dict[str, Any]],
+           progress: Optional[Callable[[int], None]] = None) -> Optional[Dict[str, float]]:
+    """Metric sums over every eval batch (None when there are no batches); ``progress(done)``
+    after each batch."""
     total = None
-    for batch in self.batches:
+    for done, batch in enumerate(self.batches, 1):
       s = sums_fn(batch)
       total = s if total is None else jax.tree_util.tree_map(jnp.add, total, s)
+      if progress is not None:
+        progress(done)
     return None if total is None else jax.device_get(total)
 
-  def translate(self, params, rows_fn: Optional[Callable] = None, shards: int = 1) -> List[str]:
+  def translate(self, params, rows_fn: Optional[Callable] = None, shards: int = 1,
+                progress: Optional[Callable[[int], None]] = None) -> List[str]:
     """Hypotheses for the held-out examples (sources longer than data.max_input_len truncated).
 
     ``rows_fn`` (a runner's, with its ``batch_shards`` as ``shards``) decodes on all the runner's
     devices and processes: each decodes its share of every batch of sentences (the batch size
     rounded up to a multiple of ``shards``), ``params`` stay where they are (sharded, replicated)
     and only the ids are gathered. Without it, ``params`` are decoded on the default device.
+    ``progress(sentences_done)`` after each decoded batch.
     """
     sources = [truncate_keep_eos(e.source_ids, self.task.max_input_len) for e in self.examples]
     batch_size = -(-self.decode_batch_size // shards) * shards
     return translate_texts(self.model_cfg, params, self.task, sources, self.max_extra,
-                           batch_size, self.beam_size, self.alpha, wrap=rows_fn or jax.jit)
+                           batch_size, self.beam_size, self.alpha, wrap=rows_fn or jax.jit,
+                           progress=progress)
 
   def __call__(self, sums_fn: Callable[[Batch], Dict[str, Any]], params: Callable[[], Any],
                rows_fn: Optional[Callable] = None, shards: int = 1) -> Dict[str, Any]:
@@ -133,9 +141,49 @@ def check_decoding_flags(beam: int, max_extra: int, batch_size: int) -> None:
     raise TxfError(f"--batch_size={batch_size} must be >= 1")
 
 
+class Progress:
+  """Progress lines of a long evaluation on stderr: ``txf eval: <what> <done>/<total> <unit>,
+  <elapsed> s`` after each step once ``after_s`` seconds have passed, at most one per ``every_s``
+  seconds, and a last one at the total (only if any was printed). Silent for short evaluations."""
+
+  def __init__(self, after_s: float = 5.0, every_s: float = 10.0, stream: Optional[TextIO] = None,
+               clock: Callable[[], float] = time.time):
+    self.after_s, self.every_s, self.clock = after_s, every_s, clock
+    self.stream = stream if stream is not None else sys.stderr
+    self.started = clock()
+    self._last: Optional[float] = None
+
+  def __call__(self, what: str, done: int, total: int, unit: str) -> None:
+    now = self.clock()
+    if now - self.started < self.after_s and self._last is None:
+      return
+    if done < total and self._last is not None and now - self._last < self.every_s:
+      return
+    self._last = now
+    print(f"txf eval: {what} {done:,}/{total:,} {unit}, {now - self.started:.0f} s",
+          file=self.stream, flush=True)
+
+
+def split_names(task) -> Optional[List[str]]:
+  """The splits a real-data task's data has (opening the data), or None for a task that makes
+  any split (synthetic)."""
+  sources = getattr(task, "sources", None)
+  return None if sources is None else sorted(sources)
+
+
+def default_split(run) -> str:
+  """The split ``txf eval`` scores by default: the run's test split, or its eval split when the data
+  has no test split."""
+  d = run.config.data
+  names = split_names(run.task)
+  if names is not None and d.test_split not in names and d.eval_split in names:
+    return d.eval_split
+  return d.test_split
+
+
 def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra: int = 50,
-                   max_examples: int = 0, batch_size: int = 32, warn: Warn = warn_stderr
-                   ) -> Dict[str, Any]:
+                   max_examples: int = 0, batch_size: int = 32, warn: Warn = warn_stderr,
+                   progress: Optional[Progress] = None) -> Dict[str, Any]:
   """The report of ``txf eval`` for one split of a loaded run (``txf.inference.load_run``).
 
   Every family: ``loss`` (unsmoothed NLL, nats per token; per example for classification) and
@@ -144,10 +192,12 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
   sacreBLEU ``bleu`` and ``chrf`` on detokenized text with their ``*_signature`` strings, and
   ``exact_match``, from decoding the split's first ``num_examples`` sources (default: the whole
   split as the task gives it; synthetic tasks: 1000) with greedy (beam 1) or beam search.
+  ``progress`` (default: a ``Progress`` on stderr) reports batches scored and sentences decoded.
   """
   check_decoding_flags(beam, max_extra, batch_size)
   if max_examples < 0:
     raise TxfError(f"--max_examples={max_examples} must be >= 0 (0 = the whole split)")
+  progress = progress or Progress()
   started = time.time()
   try:
     batches = run.task.eval_batches(split, batch_size, max_examples or None)
@@ -160,11 +210,12 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
     raise TxfError(f"split {split!r} has no examples")
   family = run.family
   examples = run.task.examples(split, n) if family == "encoder_decoder" else []
-  evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size)
   report: Dict[str, Any] = {"workdir": run.workdir, "params": os.path.abspath(run.params_path),
                             "split": split, "family": family, "num_examples": n}
+  evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size)
   step = jax.jit(make_eval_step(run.model_cfg, 0.0))
-  sums = evaluator.sums(lambda b: step(run.params, b))
+  sums = evaluator.sums(lambda b: step(run.params, b),
+                        progress=lambda k: progress("scoring", k, len(batches), "batches"))
   m = summarize(sums, family)
   report.update({"loss": m["nll"], "accuracy": m["accuracy"]})
   if "perplexity" in m:
@@ -177,7 +228,9 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
     if long:
       warn(f"{long} of {len(examples)} {split} sources are longer than data.max_input_len={limit} "
            f"tokens: truncated")
-    hyps, refs = evaluator.translate(run.params), evaluator.references
+    hyps = evaluator.translate(
+        run.params, progress=lambda k: progress("decoding", k, len(examples), "sentences"))
+    refs = evaluator.references
     bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
     bleu_score, chrf_score = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     report.update({"bleu": float(bleu_score.score), "bleu_signature": str(bleu.get_signature()),

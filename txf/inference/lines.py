@@ -3,10 +3,11 @@ batches, sample continuations from a language model. ``txf translate``, ``txf cl
 ``txf generate`` are thin wrappers of these; no absl flags here, so tests and notebooks call them.
 """
 
+import contextlib
 import functools
 import os
 import sys
-from typing import List, Optional, Sequence, TextIO
+from typing import Iterator, List, Optional, Sequence, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,9 @@ import numpy as np
 from txf.data.base import PAD_ID, UNK_ID, Task, truncate_keep_eos
 from txf.data.tokenizer import Codec
 from txf.errors import TxfError
-from txf.inference.decoding import compiled_sampler, decode_buffer_len, translate_ids
+from txf.decode.sampling import row_keys
+from txf.inference.decoding import (compiled_ragged_sampler, compiled_sampler, decode_buffer_len,
+                                    translate_ids)
 from txf.inference.evaluate import check_decoding_flags
 from txf.inference.run import Run, Warn, require_family, warn_stderr
 from txf.models import build_model
@@ -52,6 +55,48 @@ def read_lines(path: Optional[str] = None, stream=None) -> List[str]:
   return lines
 
 
+def from_terminal(path: Optional[str] = None, stream=None) -> bool:
+  """True when the input is stdin (``path`` None or "-") and stdin is a terminal: then the commands
+  answer each line as it is typed instead of reading everything first."""
+  if path and path != "-":
+    return False
+  stream = stream if stream is not None else sys.stdin
+  try:
+    return stream.isatty()
+  except (AttributeError, ValueError):
+    return False
+
+
+def iter_lines(stream=None) -> Iterator[str]:
+  """Lines of ``stream`` (default stdin) one at a time, as they arrive, until end of input
+  (Ctrl-D on a terminal); decoded as ``read_lines`` does."""
+  stream = stream if stream is not None else sys.stdin
+  raw = getattr(stream, "buffer", stream)
+  lineno = 0
+  while True:
+    piece = raw.readline()
+    if not piece:
+      return
+    lineno += 1
+    if isinstance(piece, str):
+      piece = piece.encode("utf-8")
+    try:
+      yield piece.removesuffix(b"\n").decode("utf-8").removesuffix("\r")
+    except UnicodeDecodeError as e:
+      raise TxfError(f"stdin:{lineno}: not UTF-8 (byte {piece[e.start]:#04x} at column "
+                     f"{e.start + 1})") from None
+
+
+@contextlib.contextmanager
+def answer_stream(path: Optional[str] = None):
+  """The stream answers go to: the file ``path`` (opened once, UTF-8, LF) or stdout."""
+  if not path or path == "-":
+    yield sys.stdout
+    return
+  with open(path, "w", encoding="utf-8", newline="\n") as f:
+    yield f
+
+
 def write_lines(lines: Sequence[str], path: Optional[str] = None, stream: Optional[TextIO] = None) -> None:
   """Write one line per item (UTF-8, LF) to ``path``, or to ``stream``/stdout."""
   text = "".join(line + "\n" for line in lines)
@@ -66,6 +111,7 @@ def write_lines(lines: Sequence[str], path: Optional[str] = None, stream: Option
     stream.buffer.flush()
   else:
     stream.write(text)
+    stream.flush()
 
 
 def _full_source_ids(task: Task, text: str) -> np.ndarray:
@@ -144,6 +190,78 @@ def classify_lines(run: Run, lines: Sequence[str], batch_size: int = 64,
   return out
 
 
+def _check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+                    num_samples: int) -> None:
+  if max_new_tokens < 1 or num_samples < 1:
+    raise TxfError(f"--max_new_tokens={max_new_tokens} and --num_samples={num_samples} must be >= 1")
+  if temperature < 0:
+    raise TxfError(f"--temperature={temperature} must be >= 0 (0 = greedy)")
+  if top_k < 0:
+    raise TxfError(f"--top_k={top_k} must be >= 0 (0 = off)")
+  if not 0.0 < top_p <= 1.0:
+    raise TxfError(f"--top_p={top_p} must be in (0, 1] (1 = off)")
+
+
+def _context(run: Run):
+  """(context tokens, BOS included, that prompt + continuation share; how to name it)."""
+  trained = int(run.task.max_target_len or run.model_cfg.max_len)
+  context = min(run.model_cfg.max_len, trained)
+  where = (f"model.max_len={context}" if context < trained else
+           f"the training window data.max_target_len={context}")
+  return context, where
+
+
+def _prompt_ids(run: Run, prompt: str, what: str, warn: Warn) -> np.ndarray:
+  ids = np.asarray(run.task.encode_source(prompt), np.int32) if prompt else np.zeros((0,), np.int32)
+  unknown = int(np.sum(ids == UNK_ID))
+  if unknown:
+    warn(f"{what} has {unknown} token(s) outside the model's vocabulary (read as <unk>)")
+  return ids
+
+
+def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
+                   temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95, seed: int = 0,
+                   num_samples: int = 1, warn: Warn = warn_stderr) -> List[List[str]]:
+  """``num_samples`` continuations of each prompt (prompts of any lengths, one batch of
+  len(prompts) * num_samples rows): per prompt, its samples as prompt + continuation.
+
+  Sample s of every prompt draws with the key ``fold_in(key(seed), s)``, so a prompt gets the same
+  continuations in any batch as alone (``decode.sample`` with ``prompt_lengths``). The context is
+  shared as in ``sample_texts``; ``max_new_tokens`` is lowered, with a warning, to what the longest
+  prompt leaves.
+  """
+  require_family(run, "decoder_lm", "generate")
+  _check_sampling(max_new_tokens, temperature, top_k, top_p, num_samples)
+  if not prompts:
+    return []
+  many = len(prompts) > 1
+  ids = [_prompt_ids(run, p, f"prompt {i + 1}" if many else "the prompt", warn)
+         for i, p in enumerate(prompts)]
+  context, where = _context(run)
+  longest = max(len(i) for i in ids)
+  room = context - 1 - longest  # BOS + prompt + new tokens, minus the last one never fed
+  if room < 1:
+    which = f"prompt {[len(i) for i in ids].index(longest) + 1}" if many else "the prompt"
+    raise TxfError(f"{which} has {longest} tokens; the model's context is {where} tokens (BOS "
+                   f"included): shorten it")
+  if max_new_tokens > room + 1:
+    warn(f"--max_new_tokens={max_new_tokens} does not fit the model's context ({where} tokens) "
+         f"with a {longest}-token prompt: generating at most {room + 1}")
+    max_new_tokens = room + 1
+  rows = [i for i in ids for _ in range(num_samples)]
+  width = max(longest, 1)
+  batch = np.zeros((len(rows), width), np.int32)
+  for r, row in enumerate(rows):
+    batch[r, :len(row)] = row
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  keys = row_keys(jax.random.key(seed), num_samples)[np.tile(np.arange(num_samples), len(ids))]
+  sampler = compiled_ragged_sampler(run.model_cfg, len(rows), width, max_new_tokens,
+                                    float(temperature), int(top_k), float(top_p))
+  new = np.asarray(sampler(run.params, jnp.asarray(batch), jnp.asarray(lengths), keys))
+  texts = [run.task.decode_target(np.concatenate([row, out])) for row, out in zip(rows, new)]
+  return [texts[p * num_samples:(p + 1) * num_samples] for p in range(len(ids))]
+
+
 def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
                  top_k: int = 0, top_p: float = 0.95, seed: int = 0, num_samples: int = 1,
                  warn: Warn = warn_stderr) -> List[str]:
@@ -155,22 +273,9 @@ def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200, temperature: 
   lowered, with a warning, to fit.
   """
   require_family(run, "decoder_lm", "generate")
-  if max_new_tokens < 1 or num_samples < 1:
-    raise TxfError(f"--max_new_tokens={max_new_tokens} and --num_samples={num_samples} must be >= 1")
-  if temperature < 0:
-    raise TxfError(f"--temperature={temperature} must be >= 0 (0 = greedy)")
-  if top_k < 0:
-    raise TxfError(f"--top_k={top_k} must be >= 0 (0 = off)")
-  if not 0.0 < top_p <= 1.0:
-    raise TxfError(f"--top_p={top_p} must be in (0, 1] (1 = off)")
-  prompt_ids = np.asarray(run.task.encode_source(prompt), np.int32) if prompt else np.zeros((0,), np.int32)
-  unknown = int(np.sum(prompt_ids == UNK_ID))
-  if unknown:
-    warn(f"the prompt has {unknown} token(s) outside the model's vocabulary (read as <unk>)")
-  trained = int(run.task.max_target_len or run.model_cfg.max_len)
-  context = min(run.model_cfg.max_len, trained)
-  where = (f"model.max_len={context}" if context < trained else
-           f"the training window data.max_target_len={context}")
+  _check_sampling(max_new_tokens, temperature, top_k, top_p, num_samples)
+  prompt_ids = _prompt_ids(run, prompt, "the prompt", warn)
+  context, where = _context(run)
   room = context - 1 - len(prompt_ids)  # BOS + prompt + new tokens, minus the last one never fed
   if room < 1:
     raise TxfError(f"the prompt has {len(prompt_ids)} tokens; the model's context is {where} "

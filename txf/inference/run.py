@@ -4,6 +4,7 @@
 notebooks all use it.
 """
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 from flax import traverse_util
 
 from txf import workdir as workdir_lib
-from txf.data import make_task
+from txf.data import make_task, saved
 from txf.data.base import Task
 from txf.errors import TxfError
 from txf.models import init_params, model_config_from
@@ -88,15 +89,31 @@ def check_params(model_cfg, task: Task, params, path: str) -> None:
                    f"{model_cfg.d_model}): {'; '.join(problems[:3])}{more}; is it from another run?")
 
 
-def load_run(workdir: str, params_name: Optional[str] = None) -> Run:
+def load_task(config, workdir: str) -> Task:
+  """A trained run's task: from the workdir alone (tokenizer/, task.json) when the run has them, so
+  the training data is not needed until a split is read; else rebuilt from the data (older runs,
+  synthetic tasks). Anything the data preparation prints goes to stderr."""
+  task = saved.task_from_workdir(config, workdir)
+  if task is None:
+    with contextlib.redirect_stdout(sys.stderr):
+      task = make_task(config, workdir)
+  return task
+
+
+def load_run(workdir: str, params_name: Optional[str] = None, data_path: Optional[str] = None
+             ) -> Run:
   """Load a run's config, task and parameters (final, or ``params_name``, e.g. an average).
 
+  Only the workdir is read (see ``load_task``); the data is opened when a split is first read,
+  from the config's data.path, or from ``data_path`` when it has moved (``saved.point_at_data``).
   The parameter file is located before the task is built, so a run without trained parameters
   fails fast; parameters of another model raise TxfError naming the mismatch.
   """
   config = workdir_lib.load_config(workdir)
+  if data_path:
+    saved.point_at_data(config, data_path)
   path = resolve_params_path(workdir, params_name)
-  task = make_task(config, workdir)
+  task = load_task(config, workdir)
   model_cfg = model_config_from(config, task)
   params = workdir_lib.load_params(workdir, os.path.abspath(path))
   check_params(model_cfg, task, params, path)

@@ -1,0 +1,126 @@
+"""A trained run's task rebuilt from its workdir alone: ``tokenizer/``, ``task.json`` and the config.
+
+Inference (``txf translate``, ``classify``, ``generate``) needs the codecs and the sizes, not the
+dataset: ``task_from_workdir`` gives the same Task class training used, with the run's own tokenizer
+and the sizes training recorded, and opens the data only when a split is read (``txf eval``,
+``task.examples``). That happens at most once, from ``data.path`` (which ``txf eval --data_path``
+overrides) and ``data.data_dir``; tfds' preparation output goes to stderr, never to stdout.
+"""
+
+import collections.abc
+import contextlib
+import json
+import os
+import sys
+from typing import Any, Dict, Optional
+
+from txf.data import builders, real, tokenizer
+from txf.data.base import Task
+from txf.data.text import DataError
+
+TASK_FILE = "task.json"
+
+
+class LazySources(collections.abc.Mapping):
+  """split name -> record source, opened from the config's data on first use (then kept).
+
+  ``opened`` tells whether the data has been opened; until then nothing touches the disk.
+  """
+
+  def __init__(self, config):
+    self.config = config
+    self._sources: Optional[Dict[str, Any]] = None
+    self._adapt = None
+
+  @property
+  def opened(self) -> bool:
+    return self._sources is not None
+
+  def _open(self) -> Dict[str, Any]:
+    if self._sources is None:
+      data_dir = builders.resolve_data_dir(self.config.data.data_dir)
+      with contextlib.redirect_stdout(sys.stderr):   # tfds progress lines are not results
+        _, sources, adapt, _, _ = real._open_source(self.config, data_dir)
+      self._sources, self._adapt = dict(sources), adapt
+    return self._sources
+
+  def adapt(self, record: Any) -> Dict[str, Any]:
+    """A raw record of the opened data -> str / int values (the source's own adapter)."""
+    self._open()
+    return self._adapt(record)
+
+  def __getitem__(self, split: str):
+    return self._open()[split]
+
+  def __iter__(self):
+    return iter(self._open())
+
+  def __len__(self) -> int:
+    return len(self._open())
+
+
+def read_task_json(workdir: str) -> Optional[Dict[str, Any]]:
+  """The sizes training recorded in ``workdir/task.json`` (None if the run has none)."""
+  path = os.path.join(workdir, TASK_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def task_from_workdir(config, workdir: str) -> Optional[Task]:
+  """The real-data Task of a trained run from its workdir, without reading its data.
+
+  Returns None when the run is not a real-data run with a saved tokenizer and task.json (synthetic
+  tasks need no data: ``make_task`` builds them). The family and sizes come from task.json; a
+  mismatch with the config (an edited config.json) raises DataError naming both.
+  """
+  d = config.data
+  scheme = d.source.partition(":")[0]
+  if scheme not in ("text", "tfds"):
+    return None
+  codec = tokenizer.load_codec(os.path.join(workdir, "tokenizer"))
+  sizes = read_task_json(workdir)
+  if codec is None or sizes is None:
+    return None
+  family = config.model.family
+  if sizes.get("family", family) != family:
+    raise DataError(f"{workdir}: task.json says family {sizes['family']!r} but config.json says "
+                    f"model.family={family!r}: restore the run's own config.json")
+  sources = LazySources(config)
+  args = (d, sources, sources.adapt, codec, f"workdir:{os.path.abspath(workdir)}")
+  if family == "encoder_decoder":
+    task = real.TranslationTask(*args)
+  elif family == "encoder_classifier":
+    task = real.ClassificationTask(*args, num_classes=int(sizes.get("num_classes", 0)))
+  elif scheme == "tfds":
+    task = real.SentenceLMTask(*args)
+  else:
+    task = real.StreamLMTask(*args)
+  for key in ("max_input_len", "max_target_len"):   # the lengths the model was trained with
+    if key in sizes:
+      setattr(task, key, int(sizes[key]))
+  if hasattr(task, "features"):
+    task.features = {k: (task.max_input_len if k == "inputs" else task.max_target_len)
+                     for k in task.features}
+  return task
+
+
+
+def point_at_data(config, data_path: str) -> None:
+  """Point ``config`` (in place) at data that has moved: for a ``text:`` source, ``data_path`` is
+  the folder that holds the dataset's files, or the root that holds it by name (like data.path);
+  for a ``tfds:`` source it is the prepared-data directory (data.data_dir)."""
+  d = config.data
+  scheme, _, rest = d.source.partition(":")
+  path = os.path.abspath(os.path.expanduser(data_path))
+  if not os.path.isdir(path):
+    raise DataError(f"--data_path {data_path}: no such directory")
+  if scheme == "tfds":
+    d.data_dir = path
+  elif scheme == "text":
+    name = os.path.basename(os.path.normpath(rest))
+    if os.path.isdir(os.path.join(path, name)):
+      d.path, d.source = path, f"text:{name}"
+    else:
+      d.source = f"text:{path}"
