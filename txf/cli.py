@@ -16,6 +16,11 @@ import sys
 import traceback
 from typing import List, Optional
 
+import txf
+from txf import config as config_lib
+from txf import runtime
+from txf.commands import common
+
 COMMANDS = {
     "train": ("txf.commands.train", "train a model from an experiment config"),
     "translate": ("txf.commands.translate", "translate lines with a trained run (stdin or --input)"),
@@ -40,7 +45,6 @@ def version() -> str:
   try:
     return metadata.version("txf")
   except metadata.PackageNotFoundError:
-    import txf
     return txf.__version__
 
 
@@ -74,7 +78,6 @@ def _config_arg(args: List[str]) -> Optional[tuple]:
 def resolve_config_args(args: List[str]) -> List[str]:
   """Replace ``--config NAME`` by the experiment file it names (txf.config.experiment_path) and
   check every ``--config.FIELD=VALUE`` override names a field txf knows; raise UsageError."""
-  from txf import config as config_lib
   args = list(args)
   found = _config_arg(args)
   if found:
@@ -184,7 +187,6 @@ def fit_config(name: str) -> None:
   (txf.config.fit_cooldown); an explicit ``--config.optimizer.cooldown_steps`` is left alone."""
   from absl import flags
   from ml_collections import config_flags
-  from txf import config as config_lib
   flag = next((f for f in flags.FLAGS.get_flags_for_module(COMMANDS[name][0]) if f.name == "config"),
               None)
   if flag is None or "optimizer.cooldown_steps" in config_flags.get_override_values(flag):
@@ -205,7 +207,6 @@ def _prepare(fn, name: str):
   the config's cooldown fits a shortened run."""
 
   def run(argv):
-    from txf import runtime
     runtime.quiet_logging()
     fit_config(name)
     return fn(argv)
@@ -214,7 +215,6 @@ def _prepare(fn, name: str):
 
 
 def main(argv=None) -> None:
-  from txf import runtime
   if argv is None:  # the console script / python -m txf.cli (not an in-process call)
     try:
       runtime.maybe_reexec_with_tcmalloc(list(sys.argv))
@@ -258,7 +258,6 @@ def main(argv=None) -> None:
     print(command_help(name, module))
     sys.exit(0)
   from absl import app
-  from txf.commands import common
   app.run(_prepare(common.guarded(module.main), name), argv=sys.argv,
           flags_parser=lambda a: parse_flags(a, name, verbose_errors))
 

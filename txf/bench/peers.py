@@ -27,6 +27,10 @@ import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from txf.errors import TxfError
+from txf.bench import train as train_bench
+from txf.bench.decode import decoder
+from txf.models import init_params
+from txf.runtime import find_tcmalloc
 
 SYSTEMS = ("txf", "flax-wmt", "torch-eager", "marian")
 PEERS = SYSTEMS[1:]
@@ -247,8 +251,6 @@ def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: st
   """txf's measurements at one config, printed as JSON lines in the peers' format; with
   ``bf16_decode`` also beam 4 with bfloat16 weights (method "beam-bf16")."""
   import jax
-  from txf.bench import train as train_bench
-  from txf.bench.decode import decoder
 
   cfg = train_bench.config_for(config, dtype, "auto")
   shape = train_bench.BENCH_CONFIGS[config]
@@ -276,7 +278,6 @@ def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: st
   del state, runner
 
   import jax.numpy as jnp
-  from txf.models import init_params
   params = init_params(cfg, jax.random.key(0), {k: v[:1] for k, v in batch.items()})
   inputs = jax.random.randint(jax.random.key(2), (DECODE_BATCH, DECODE_SRC), 4, cfg.vocab_size,
                               jnp.int32)
@@ -333,7 +334,6 @@ def main(argv=None) -> int:
     check_args(a.harness, a.peers_venv, a.flaxwmt, systems, configs, a.repeats)
     preload = None
     if a.malloc == "tcmalloc":
-      from txf.runtime import find_tcmalloc
       preload = find_tcmalloc()
   except TxfError as e:
     print(f"txf: error: {e}", file=sys.stderr)

@@ -27,6 +27,7 @@ from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.steps import create_train_state, make_eval_step, make_train_step
+from txf.config import ConfigError
 
 
 def model_config(config, vocab_size: int, target_vocab_size: int = 0) -> TransformerConfig:
@@ -81,7 +82,6 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   ways = int(np.prod([mesh.shape[a] for a in sharding_lib.MESH_AXES
                       if a in sharding_lib.parse_rules(rules)["batch"]]))
   if rows % ways:
-    from txf.config import ConfigError
     raise ConfigError(f"a batch of {rows} rows does not split over the {ways} batch shards of mesh "
                       f"{dict(mesh.shape)}: make batch_size (or tokens_per_batch / max_target_len) a "
                       f"multiple of {ways}")

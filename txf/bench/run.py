@@ -21,6 +21,8 @@ from typing import Dict, List, Optional, Sequence
 
 from txf.bench import train as train_bench
 from txf.config import ConfigError
+from txf.bench.decode import decode_benchmark
+from txf.nn.attention import resolve_impl
 
 
 def uptime() -> str:
@@ -46,7 +48,6 @@ def run_benchmarks(configs: Sequence[str] = ("small", "base"), steps: int = 5,
       ``decode_length`` output tokens; first dtype and attention_impl).
   """
   import jax
-  from txf.nn.attention import resolve_impl
 
   started = time.time()
   results: Dict[str, object] = {"command": " ".join(sys.argv), "machine": train_bench.machine_info(),
@@ -73,7 +74,6 @@ def run_benchmarks(configs: Sequence[str] = ("small", "base"), steps: int = 5,
         results["train"].append(row)
         say("  " + _train_line(row))
     if decode:
-      from txf.bench.decode import decode_benchmark
       cfg = train_bench.config_for(name, dtypes[0], attention_impls[0])
       say(f"decode {name}: batch {decode_batch}, {decode_length} tokens, greedy and beam {beam_size} ...")
       load = train_bench.load_average()

@@ -38,6 +38,11 @@ import numpy as np
 from txf import runtime
 from txf.bench.decode import CONFIGS as MODEL_SIZES
 from txf.nn import TransformerConfig
+from txf import config as config_lib
+from txf.models import init_params
+from txf.parallel.runners import SingleDeviceRunner
+from txf.train.optimizer import inverse_sqrt_schedule, make_optimizer
+from txf.train.steps import create_train_state, make_eval_step, make_train_step
 
 # The benchmarked shapes: model sizes shared with txf/bench/decode.py, plus batch and lengths.
 BENCH_CONFIGS = {
@@ -196,11 +201,6 @@ def build_step(model_cfg: TransformerConfig, batch: Dict[str, np.ndarray], seed:
   The optimizer and loss are the base experiment config's (Adam 0.9/0.98/1e-9, inverse-sqrt
   warmup, label smoothing 0.1): the step is the one ``txf train`` runs.
   """
-  from txf import config as config_lib
-  from txf.models import init_params
-  from txf.parallel.runners import SingleDeviceRunner
-  from txf.train.optimizer import inverse_sqrt_schedule, make_optimizer
-  from txf.train.steps import create_train_state, make_eval_step, make_train_step
 
   opt = config_lib.base_config().optimizer
   schedule = inverse_sqrt_schedule(model_cfg.d_model, opt.warmup_steps, opt.learning_rate_scale)

@@ -8,6 +8,7 @@ import traceback
 from absl import flags
 
 from txf.errors import TxfError
+from txf.config import experiment_path
 
 flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user errors")
 
@@ -37,5 +38,4 @@ def repo_experiments_dir() -> str:
 
 def default_config_path() -> str:
   """experiments/default.py of the checkout, or the copy packaged with an installed txf."""
-  from txf.config import experiment_path
   return experiment_path("default")
