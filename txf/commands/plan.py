@@ -15,6 +15,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from txf.commands.common import default_config_path
+from txf.errors import TxfError
 
 config_flags.DEFINE_config_file("config", default_config_path(),
                                 "experiment config file (a get_config() file in experiments/)",
@@ -32,12 +33,13 @@ def _reexec_with_fake_devices(n: int) -> None:
   """Run this command again with ``n`` fake CPU devices (XLA reads XLA_FLAGS once, at start)."""
   xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(FAKE_FLAG))
   env = dict(os.environ, XLA_FLAGS=f"{xla} {FAKE_FLAG}={n}".strip(), TXF_PLAN_FAKE_DEVICES=str(n))
-  os.execve(sys.executable, [sys.executable, "-m", "txf.cli"] + sys.argv[1:], env)
+  # sys.argv is ["txf plan", flags...] here (txf.cli sets it before importing the command)
+  os.execve(sys.executable, [sys.executable, "-m", "txf.cli", "plan"] + sys.argv[1:], env)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments {argv[1:]}: flags look like --config.mesh_shape=(1,8,1)")
+    raise TxfError(f"unexpected arguments {argv[1:]}: flags look like --config.mesh_shape=(1,8,1)")
   f = flags.FLAGS
   from txf.config import ConfigError, validate
   config = f.config
