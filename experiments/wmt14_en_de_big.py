@@ -13,21 +13,11 @@ averaged the last 20 checkpoints of its big models; this keeps the base's 5: rai
 keep_checkpoints to 20 to do the same with `txf average-checkpoints --last 20`.)
 """
 
-import importlib.util
-import os
-
-
-def _base_config():
-  """get_config() of wmt14_en_de_base.py, the file next to this one."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wmt14_en_de_base.py")
-  spec = importlib.util.spec_from_file_location("wmt14_en_de_base", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from txf.config import load_experiment
 
 
 def get_config():
-  config = _base_config()
+  config = load_experiment("wmt14_en_de_base")
   config.name = "wmt14_en_de_big"            # workdir defaults to runs/wmt14_en_de_big
   config.num_train_steps = 300000            # the paper's big schedule (base: 100k)
   config.model.d_model = 1024                # the paper's big model (base: 512)

@@ -5,6 +5,7 @@ that is not defined here is an error (catches typos such as ``model.num_head``).
 """
 
 import difflib
+import importlib.util
 import os
 from typing import Iterable, List, Optional, Tuple
 
@@ -164,6 +165,16 @@ def experiment_path(spec: str) -> str:
         return path
   raise ConfigError(f"no config file {spec}: give the path of an experiment file, or the name of an "
                     f"experiment shipped with txf ({', '.join(experiment_names())})")
+
+
+def load_experiment(spec: str) -> ml_collections.ConfigDict:
+  """``get_config()`` of the experiment ``spec`` names (see ``experiment_path``): how one experiment
+  file derives from another (``wmt14_en_de_big`` from ``wmt14_en_de_base``)."""
+  path = experiment_path(spec)
+  module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
