@@ -12,9 +12,12 @@ from txf.bench import peers
 from txf.errors import TxfError
 
 
-def train(peer, config, step, tok, first=None):
-  return dict(peer=peer, config=config, phase="train", step_s=dict(median=step),
-              tokens_per_s=dict(median=tok), first_step_s=first)
+def train(peer, config, step, tok, first=None, cpu=None):
+  r = dict(peer=peer, config=config, phase="train", step_s=dict(median=step),
+           tokens_per_s=dict(median=tok), first_step_s=first)
+  if cpu is not None:  # (CPU-s, wall-s) of the whole process
+    r.update(process_cpu_s=cpu[0], process_wall_s=cpu[1])
+  return r
 
 
 def decode(peer, config, tok, method=None):
@@ -26,8 +29,10 @@ def decode(peer, config, tok, method=None):
 
 RECORDS = [
     # three rounds of txf and two peers at small; medians: txf 2600 tok/s, flax 2500, marian 2900
-    train("txf", "small", 0.80, 2600, 10.0), train("txf", "small", 0.70, 2900, 12.0),
-    train("txf", "small", 0.90, 2300, 11.0),
+    # cores used by txf's processes: 1.9, 1.5, 1.8 -> median 1.8
+    train("txf", "small", 0.80, 2600, 10.0, (95.0, 50.0)),
+    train("txf", "small", 0.70, 2900, 12.0, (60.0, 40.0)),
+    train("txf", "small", 0.90, 2300, 11.0, (54.0, 30.0)),
     train("flax-wmt", "small", 0.82, 2500, 22.0), train("flax-wmt", "small", 0.83, 2490, 20.0),
     train("flax-wmt", "small", 0.81, 2510, 24.0),
     train("marian", "small", 0.70, 2900), train("marian", "small", 0.71, 2880),
@@ -47,7 +52,7 @@ def test_summarize_takes_medians_per_config_and_system():
   assert txf["step_s"] == pytest.approx(0.80) and txf["tok_s"] == pytest.approx(2600)
   assert txf["first_s"] == pytest.approx(11.0) and txf["rounds"] == 3
   assert txf["beam_tok_s"] == pytest.approx(1600) and txf["greedy_tok_s"] == pytest.approx(4000)
-  assert txf["beam_bf16_tok_s"] == pytest.approx(2500)
+  assert txf["beam_bf16_tok_s"] == pytest.approx(2500) and txf["cores"] == pytest.approx(1.8)
   assert cells[("small", "flax-wmt")]["beam_tok_s"] == pytest.approx(1050)
   assert "first_s" not in cells[("small", "marian")]
 
@@ -63,9 +68,9 @@ def test_format_table_rows_and_ratio_line():
   text = peers.format_table(peers.summarize(RECORDS))
   lines = text.splitlines()
   assert lines[0].startswith("| config | system | train step s | target tok/s")
-  assert lines[2] == "| small | txf | 0.800 | 2600 | 11.0 | 1600 | 4000 | 2500 |"
-  assert lines[3] == "| small | flax-wmt | 0.820 | 2500 | 22.0 | 1050 | - | - |"
-  assert lines[4] == "| small | marian | 0.700 | 2900 | - | 1200 | - | - |"
+  assert lines[2] == "| small | txf | 0.800 | 2600 | 11.0 | 1600 | 4000 | 2500 | 1.80 |"
+  assert lines[3] == "| small | flax-wmt | 0.820 | 2500 | 22.0 | 1050 | - | - | - |"
+  assert lines[4] == "| small | marian | 0.700 | 2900 | - | 1200 | - | - | - |"
   assert ("small: txf / best peer: train 0.90x (best peer marian); beam-4 decode 1.33x "
           "(best peer marian); first step: flax-wmt's / txf's = 2.00") in text
 

@@ -20,6 +20,7 @@ Table cells are medians over the rounds of each process's median; ratios = txf /
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,7 +58,8 @@ def summarize(records: Iterable[dict]) -> Dict[tuple, Dict[str, float]]:
   """Medians per (config, system) over the rounds: records are the JSON lines of every process.
 
   Returns {(config, system): {"step_s", "tok_s", "first_s", "beam_tok_s", "greedy_tok_s",
-  "beam_bf16_tok_s", "rounds"}} (absent keys: not measured). A train record has phase "train", ``step_s.median`` and
+  "beam_bf16_tok_s", "cores", "rounds"}} (absent keys: not measured; "cores": the process's
+  CPU-seconds / wall-seconds, 2.0 = both cores of this machine busy throughout). A train record has phase "train", ``step_s.median`` and
   ``tokens_per_s.median``; a decode record phase "decode", ``out_tokens_per_s.median`` and
   ``method`` ("beam" when missing, as the peers' decode is beam 4; "greedy"; "beam-bf16": beam 4
   with bfloat16 weights).
@@ -72,6 +74,8 @@ def summarize(records: Iterable[dict]) -> Dict[tuple, Dict[str, float]]:
       c.setdefault("tok_s", []).append(r["tokens_per_s"]["median"])
       if r.get("first_step_s") is not None:
         c.setdefault("first_s", []).append(r["first_step_s"])
+      if r.get("process_wall_s"):  # one train record per process: its CPU-s per wall-second
+        c.setdefault("cores", []).append(r["process_cpu_s"] / r["process_wall_s"])
     elif r["phase"] == "decode":
       key = {"greedy": "greedy_tok_s", "beam-bf16": "beam_bf16_tok_s"}.get(r.get("method"),
                                                                           "beam_tok_s")
@@ -115,9 +119,9 @@ def table_from_file(path: str) -> str:
 
 def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> str:
   """The issue's markdown table (train step s, target tok/s, first step s, beam-4 and greedy
-  decode tok/s per config and system) and one line of ratios per config."""
+  decode tok/s, cores used per config and system) and one line of ratios per config."""
   lines = ["| config | system | train step s | target tok/s | first step s | beam-4 decode tok/s "
-           "| greedy decode tok/s | beam-4, bf16 weights |", "|---|---|---|---|---|---|---|---|"]
+           "| greedy decode tok/s | beam-4, bf16 weights | cores used |", "|---|---|---|---|---|---|---|---|---|"]
   order = {s: i for i, s in enumerate(SYSTEMS)}
   configs = list(dict.fromkeys(k[0] for k in cells))
   configs.sort(key=lambda c: CONFIGS.index(c) if c in CONFIGS else len(CONFIGS))
@@ -126,7 +130,8 @@ def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> s
       c = cells[(config, s)]
       lines.append(f"| {config} | {s} | {_f(c.get('step_s'), '.3f')} | {_f(c.get('tok_s'), '.0f')} "
                    f"| {_f(c.get('first_s'), '.1f')} | {_f(c.get('beam_tok_s'), '.0f')} "
-                   f"| {_f(c.get('greedy_tok_s'), '.0f')} | {_f(c.get('beam_bf16_tok_s'), '.0f')} |")
+                   f"| {_f(c.get('greedy_tok_s'), '.0f')} | {_f(c.get('beam_bf16_tok_s'), '.0f')} "
+                   f"| {_f(c.get('cores'), '.2f')} |")
   lines.append("")
   for config, r in ratios(cells, system).items():
     parts = []
@@ -219,20 +224,29 @@ def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, ha
         argv = command(system, config, harness, peers_venv, flaxwmt, steps, decode_reps,
                        bf16_decode)
         load = os.getloadavg()[0]
+        cpu0 = _children_cpu_s()
         start = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - start
+        cpu = _children_cpu_s() - cpu0
         got = parse_records(proc.stdout)
-        say(f"round {rnd} {config} {system}: {len(got)} records in {wall:.0f}s "
-            f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})"
+        say(f"round {rnd} {config} {system}: {len(got)} records in {wall:.0f}s, "
+            f"{cpu:.0f} CPU-s = {cpu / wall:.2f} cores (load {load:.1f} -> {os.getloadavg()[0]:.1f})"
             + ("" if proc.returncode == 0 else f", exit {proc.returncode}: "
                f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}"))
         for r in got:
-          r.update(round=rnd, load_before=load, load_after=os.getloadavg()[0])
+          r.update(round=rnd, load_before=load, load_after=os.getloadavg()[0],
+                   process_wall_s=wall, process_cpu_s=cpu)
         records += got
         if progress is not None:
           progress(records)
   return records
+
+
+def _children_cpu_s() -> float:
+  """User + system CPU-seconds of every child process waited for so far."""
+  r = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return r.ru_utime + r.ru_stime
 
 
 # ---------------------------------------------------------------- txf's worker
