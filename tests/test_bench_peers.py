@@ -142,3 +142,43 @@ def test_sitting_interleaves_systems_and_saves_after_every_process(monkeypatch):
   assert [r["peer"] for r in records] == ["txf", "flax-wmt", "marian"] * 2
   assert [r["round"] for r in records] == [1, 1, 1, 2, 2, 2]
   assert saved == [1, 2, 3, 4, 5, 6] and len(calls) == 6
+
+
+def test_variants_are_rows_but_not_the_best_peer():
+  # txf with bf16 compute and torch under bf16 autocast: their own ratio line, never "the best peer"
+  records = RECORDS + [train("torch-bf16", "small", 0.40, 5000), train("txf-bf16", "small", 0.50, 4000),
+                       train("txf-attn-dropout", "small", 0.90, 2300)]
+  cells = peers.summarize(records)
+  r = peers.ratios(cells)["small"]
+  assert r["vs_train"] == "marian" and r["train"] == pytest.approx(2600 / 2900)
+  text = peers.format_table(cells)
+  assert "small: bf16 compute, txf-bf16 / torch-bf16: train 0.80x" in text
+  rows = [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| small")]
+  assert rows == ["txf", "flax-wmt", "marian", "txf-attn-dropout", "txf-bf16", "torch-bf16"]
+
+
+def test_variant_commands():
+  txf_bf16 = peers.command("txf-bf16", "base", "H", "V", None, 3, 2)
+  assert txf_bf16[1:4] == ["-m", "txf.bench.peers", "--worker"]
+  assert txf_bf16[txf_bf16.index("--dtype") + 1] == "bfloat16" and "--nodecode" in txf_bf16
+  assert txf_bf16[txf_bf16.index("--name") + 1] == "txf-bf16"
+  drop = peers.command("txf-attn-dropout", "base", "H", "V", None, 3, 2, bf16_decode=True)
+  assert drop[drop.index("--attention_dropout") + 1] == "0.1" and "--bf16_decode" not in drop
+  torch_bf16 = peers.command("torch-bf16", "small", "H", "V", None, 3, 2)
+  assert torch_bf16[0] == "V/bin/python" and torch_bf16[1] == "-c"
+  assert "torch.autocast('cpu', dtype=torch.bfloat16)" in torch_bf16[2]
+  assert torch_bf16[3] == "H/bench_torch.py"
+  assert torch_bf16[torch_bf16.index("--peer") + 1] == "torch-eager"
+
+
+def test_before_tree_runs_the_old_worker_and_gets_its_own_ratio_line(tmp_path):
+  argv = peers.command("txf-before", "small", "H", "V", None, 3, 2, bf16_decode=True,
+                       before_tree="/old/txf")
+  assert argv[1] == "-c" and "sys.path.insert(0, sys.argv.pop(1))" in argv[2]
+  assert argv[3] == "/old/txf" and argv[4:6] == ["--worker", "--configs"] and "--bf16_decode" in argv
+  records = RECORDS + [train("txf-before", "small", 1.0, 2000), decode("txf-before", "small", 800, "beam")]
+  cells = peers.summarize(records)
+  assert peers.ratios(cells)["small"]["vs_train"] == "marian"  # the old code is not a peer
+  assert "small: txf / txf-before (the same sitting): train 1.30x, beam-4 2.00x" in peers.format_table(cells)
+  assert peers.main(["--systems", "txf,txf-before", "--output", ""]) == 2  # no --before_tree
+  assert peers.main(["--before_tree", str(tmp_path), "--systems", "txf", "--output", ""]) == 2

@@ -18,6 +18,7 @@ Table cells are medians over the rounds of each process's median; ratios = txf /
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -35,6 +36,19 @@ from txf.runtime import find_tcmalloc
 
 SYSTEMS = ("txf", "flax-wmt", "torch-eager", "marian")
 PEERS = SYSTEMS[1:]
+# Variants, measured for the record beside the float32 rows (train only): txf with the peers'
+# attention-weight dropout (0.1; HF Marian's placement), txf with bfloat16 compute
+# (model.dtype=bfloat16, float32 parameters), and PyTorch eager under bf16 autocast.
+VARIANTS = ("txf-attn-dropout", "txf-bf16", "torch-bf16", "txf-before")
+BEFORE = "txf-before"  # txf's worker run from another source tree (--before_tree): the old code
+BF16_PAIR = ("txf-bf16", "torch-bf16")
+TXF_FLAGS = {"txf": [], "txf-attn-dropout": ["--attention_dropout", "0.1", "--nodecode"],
+             "txf-bf16": ["--dtype", "bfloat16", "--nodecode"]}
+# torch-eager's harness run inside torch.autocast("cpu", bfloat16) (matmuls in bf16, weights and
+# optimizer in float32), its records renamed; txf itself never imports torch.
+_TORCH_AUTOCAST = ("import runpy, sys, torch; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
+                   "torch.autocast('cpu', dtype=torch.bfloat16).__enter__(); "
+                   "runpy.run_path(path, run_name='__main__')")
 CONFIGS = ("small", "base")
 DECODE_BATCH, DECODE_SRC, DECODE_OUT, DECODE_BEAM = 16, 32, 32, 4
 
@@ -93,7 +107,8 @@ def ratios(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> Dict[st
   out: Dict[str, Dict[str, float]] = {}
   for config in dict.fromkeys(k[0] for k in cells):
     mine = cells.get((config, system), {})
-    peers = {s: c for (cfg, s), c in cells.items() if cfg == config and s != system}
+    peers = {s: c for (cfg, s), c in cells.items()
+             if cfg == config and s != system and s not in VARIANTS}
     row: Dict[str, float] = {}
     for name, field in (("train", "tok_s"), ("beam", "beam_tok_s")):
       have = {s: c[field] for s, c in peers.items() if field in c}
@@ -122,7 +137,7 @@ def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> s
   decode tok/s, cores used per config and system) and one line of ratios per config."""
   lines = ["| config | system | train step s | target tok/s | first step s | beam-4 decode tok/s "
            "| greedy decode tok/s | beam-4, bf16 weights | cores used |", "|---|---|---|---|---|---|---|---|---|"]
-  order = {s: i for i, s in enumerate(SYSTEMS)}
+  order = {s: i for i, s in enumerate(SYSTEMS + VARIANTS)}
   configs = list(dict.fromkeys(k[0] for k in cells))
   configs.sort(key=lambda c: CONFIGS.index(c) if c in CONFIGS else len(CONFIGS))
   for config in configs:
@@ -142,6 +157,16 @@ def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> s
     if "first_step" in r:
       parts.append(f"first step: flax-wmt's / {system}'s = {r['first_step']:.2f}")
     lines.append(f"{config}: {system} / best peer: " + ("; ".join(parts) if parts else "n/a"))
+    old = cells.get((config, BEFORE), {})
+    now = cells.get((config, system), {})
+    parts = [f"{name} {now[k] / old[k]:.2f}x" for name, k in (
+        ("train", "tok_s"), ("beam-4", "beam_tok_s"), ("greedy", "greedy_tok_s")) if k in now and k in old]
+    if parts:
+      lines.append(f"{config}: {system} / {BEFORE} (the same sitting): " + ", ".join(parts))
+    mine, theirs = (cells.get((config, s), {}).get("tok_s") for s in BF16_PAIR)
+    if mine and theirs:
+      lines.append(f"{config}: bf16 compute, {BF16_PAIR[0]} / {BF16_PAIR[1]}: train "
+                   f"{mine / theirs:.2f}x")
   return "\n".join(lines)
 
 
@@ -151,18 +176,19 @@ def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> s
 def check_args(harness: str, peers_venv: Optional[str], flaxwmt: Optional[str],
                systems: Sequence[str], configs: Sequence[str], repeats: int) -> None:
   """Raise TxfError naming the problem and the fix for arguments that cannot work."""
-  unknown = [s for s in systems if s not in SYSTEMS]
+  unknown = [s for s in systems if s not in SYSTEMS + VARIANTS]
   if unknown:
-    raise TxfError(f"unknown system(s) {unknown}: choose from {', '.join(SYSTEMS)}")
+    raise TxfError(f"unknown system(s) {unknown}: choose from {', '.join(SYSTEMS + VARIANTS)}")
   bad = [c for c in configs if c not in CONFIGS]
   if bad:
     raise TxfError(f"unknown config(s) {bad}: choose from {', '.join(CONFIGS)}")
   if repeats < 1:
     raise TxfError(f"--repeats must be >= 1, got {repeats}")
-  peers = [s for s in systems if s != "txf"]
+  peers = [s for s in systems if s not in TXF_FLAGS and s != BEFORE]
   if not peers:
     return
-  need = {"flax-wmt": "bench_flax.py", "torch-eager": "bench_torch.py", "marian": "bench_torch.py"}
+  need = {"flax-wmt": "bench_flax.py", "torch-eager": "bench_torch.py", "marian": "bench_torch.py",
+          "torch-bf16": "bench_torch.py"}
   for s in peers:
     if not os.path.isfile(os.path.join(harness or "", need[s])):
       raise TxfError(f"--harness={harness!r} holds no {need[s]} (for {s}): pass the peer harness "
@@ -176,14 +202,22 @@ def check_args(harness: str, peers_venv: Optional[str], flaxwmt: Optional[str],
 
 
 def command(system: str, config: str, harness: str, peers_venv: Optional[str],
-            flaxwmt: Optional[str], steps: int, decode_reps: int, bf16_decode: bool = False
-            ) -> List[str]:
+            flaxwmt: Optional[str], steps: int, decode_reps: int, bf16_decode: bool = False,
+            before_tree: Optional[str] = None) -> List[str]:
   """argv of one measurement process (train and decode of one system at one config)."""
-  if system == "txf":
+  if system == BEFORE:  # the worker of the txf found in before_tree (its records say "txf")
+    return [sys.executable, "-c", "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "runpy.run_module('txf.bench.peers', run_name='__main__', alter_sys=True)",
+            before_tree, "--worker", "--configs", config, "--steps", str(steps),
+            "--decode_reps", str(decode_reps)] + (["--bf16_decode"] if bf16_decode else [])
+  if system in TXF_FLAGS:
     return [sys.executable, "-m", "txf.bench.peers", "--worker", "--configs", config,
-            "--steps", str(steps), "--decode_reps", str(decode_reps)] + (
-                ["--bf16_decode"] if bf16_decode else [])
+            "--steps", str(steps), "--decode_reps", str(decode_reps), "--name", system
+            ] + TXF_FLAGS[system] + (["--bf16_decode"] if bf16_decode and system == "txf" else [])
   python = os.path.join(peers_venv, "bin", "python")
+  if system == "torch-bf16":
+    return [python, "-c", _TORCH_AUTOCAST, os.path.join(harness, "bench_torch.py"), "--peer",
+            "torch-eager", "--config", config, "--phase", "train", "--steps", str(steps)]
   if system == "flax-wmt":
     return [python, os.path.join(harness, "bench_flax.py"), "--wmt_dir", flaxwmt, "--config", config,
             "--phase", "both", "--steps", str(steps), "--decode-reps", str(decode_reps)]
@@ -208,7 +242,7 @@ def parse_records(stdout: str) -> List[dict]:
 def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, harness: str,
                 peers_venv: Optional[str], flaxwmt: Optional[str], steps: int, decode_reps: int,
                 preload: Optional[str], bf16_decode: bool = False, say=print,
-                progress=None) -> List[dict]:
+                progress=None, before_tree: Optional[str] = None) -> List[dict]:
   """Run every (round, config, system) process in turn; returns all records (with round, load).
 
   ``progress(records so far)`` is called after every process (to save partial results)."""
@@ -222,7 +256,7 @@ def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, ha
     for config in configs:
       for system in systems:
         argv = command(system, config, harness, peers_venv, flaxwmt, steps, decode_reps,
-                       bf16_decode)
+                       bf16_decode, before_tree)
         load = os.getloadavg()[0]
         cpu0 = _children_cpu_s()
         start = time.perf_counter()
@@ -235,6 +269,8 @@ def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, ha
             + ("" if proc.returncode == 0 else f", exit {proc.returncode}: "
                f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}"))
         for r in got:
+          if system in VARIANTS:
+            r["peer"] = system
           r.update(round=rnd, load_before=load, load_after=os.getloadavg()[0],
                    process_wall_s=wall, process_cpu_s=cpu)
         records += got
@@ -261,12 +297,16 @@ def _rate(n: int, st: Dict[str, float]) -> Dict[str, float]:
 
 
 def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: str = "float32",
-           bf16_decode: bool = False, say=print) -> None:
-  """txf's measurements at one config, printed as JSON lines in the peers' format; with
-  ``bf16_decode`` also beam 4 with bfloat16 weights (method "beam-bf16")."""
+           bf16_decode: bool = False, attention_dropout: float = 0.0, decode: bool = True,
+           name: str = "txf", say=print) -> None:
+  """txf's measurements at one config, printed as JSON lines in the peers' format (``peer`` =
+  ``name``); with ``bf16_decode`` also beam 4 with bfloat16 weights (method "beam-bf16").
+  ``dtype``: the compute dtype; ``attention_dropout``: dropout on the attention weights (the
+  peers' placement; 0 = the paper's); ``decode=False``: the train step only."""
   import jax
 
-  cfg = train_bench.config_for(config, dtype, "auto")
+  cfg = dataclasses.replace(train_bench.config_for(config, dtype, "auto"),
+                            attention_dropout_rate=attention_dropout)
   shape = train_bench.BENCH_CONFIGS[config]
   b, s, t = shape["batch"], shape["source_len"], shape["target_len"]
   batch = train_bench.random_batch(cfg, b, s, t)
@@ -286,10 +326,12 @@ def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: st
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
   st = _stats(times)
-  say(json.dumps(dict(peer="txf", config=config, phase="train", dtype=dtype, jax=jax.__version__,
-                      first_step_s=first, step_s=st, tokens_per_s=_rate(b * t, st),
-                      loss=float(metrics["loss"]))), flush=True)
+  say(json.dumps(dict(peer=name, config=config, phase="train", dtype=dtype, jax=jax.__version__,
+                      attention_dropout=attention_dropout, first_step_s=first, step_s=st,
+                      tokens_per_s=_rate(b * t, st), loss=float(metrics["loss"]))), flush=True)
   del state, runner
+  if not decode:
+    return
 
   import jax.numpy as jnp
   params = init_params(cfg, jax.random.key(0), {k: v[:1] for k, v in batch.items()})
@@ -308,8 +350,8 @@ def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: st
       jax.block_until_ready(run(inputs))
       times.append(time.perf_counter() - start)
     st = _stats(times)
-    say(json.dumps(dict(peer="txf", config=config, phase="decode", method=method,
-                        beam=DECODE_BEAM if method == "beam" else 1, batch=DECODE_BATCH,
+    say(json.dumps(dict(peer=name, config=config, phase="decode", method=method,
+                        beam=1 if method == "greedy" else DECODE_BEAM, batch=DECODE_BATCH,
                         src_len=DECODE_SRC, first_call_s=first, batch_s=st,
                         out_tokens_per_s=_rate(DECODE_BATCH * DECODE_OUT, st))), flush=True)
 
@@ -328,7 +370,8 @@ def main(argv=None) -> int:
   p.add_argument("--peers_venv", default=None, help="venv with torch, transformers, jax, flax")
   p.add_argument("--flaxwmt", default=os.environ.get("FLAXWMT"),
                  help="copy of google/flax examples/wmt (setup_flaxwmt.sh)")
-  p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated: {','.join(SYSTEMS)}")
+  p.add_argument("--systems", default=",".join(SYSTEMS),
+                 help=f"comma-separated: {','.join(SYSTEMS)}; variants: {','.join(VARIANTS)}")
   p.add_argument("--configs", default="small,base")
   p.add_argument("--repeats", type=int, default=3, help="rounds of A B C D")
   p.add_argument("--steps", type=int, default=10, help="timed train steps per process")
@@ -338,13 +381,28 @@ def main(argv=None) -> int:
                  help="allocator preloaded into every process")
   p.add_argument("--bf16_decode", action="store_true",
                  help="also time txf's beam 4 with bfloat16 weights (an option, not the default)")
+  p.add_argument("--before_tree", default=None,
+                 help=f"a checkout of older txf code: adds the system {BEFORE}, its worker, to the "
+                      f"sitting (before/after in one sitting)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--name", default="txf", help=argparse.SUPPRESS)
+  p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+  p.add_argument("--attention_dropout", type=float, default=0.0, help=argparse.SUPPRESS)
+  p.add_argument("--nodecode", action="store_true", help=argparse.SUPPRESS)
   a = p.parse_args(argv)
   try:
     if a.worker:
-      worker(_csv(a.configs)[0], a.steps, a.decode_reps, bf16_decode=a.bf16_decode)
+      worker(_csv(a.configs)[0], a.steps, a.decode_reps, dtype=a.dtype, bf16_decode=a.bf16_decode,
+             attention_dropout=a.attention_dropout, decode=not a.nodecode, name=a.name)
       return 0
     systems, configs = _csv(a.systems), _csv(a.configs)
+    if a.before_tree:
+      if not os.path.isfile(os.path.join(a.before_tree, "txf", "bench", "peers.py")):
+        raise TxfError(f"--before_tree={a.before_tree!r} holds no txf/bench/peers.py: pass a "
+                       f"checkout of txf (e.g. git worktree add DIR OLD_COMMIT)")
+      systems = [s for s in systems if s != BEFORE] + [BEFORE]
+    elif BEFORE in systems:
+      raise TxfError(f"the system {BEFORE} needs --before_tree=DIR, a checkout of older txf code")
     check_args(a.harness, a.peers_venv, a.flaxwmt, systems, configs, a.repeats)
     preload = None
     if a.malloc == "tcmalloc":
@@ -367,7 +425,8 @@ def main(argv=None) -> int:
                   indent=1)
 
   records = run_sitting(systems, configs, a.repeats, a.harness, a.peers_venv, a.flaxwmt, a.steps,
-                        a.decode_reps, preload, a.bf16_decode, progress=save)
+                        a.decode_reps, preload, a.bf16_decode, progress=save,
+                        before_tree=a.before_tree)
   print()
   print(format_table(summarize(records)))
   if a.output:
