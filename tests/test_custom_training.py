@@ -79,6 +79,34 @@ def test_l2_penalty_changes_one_sgd_step_by_exactly_its_gradient():
   assert float(mb["nll"]) == pytest.approx(float(ma["nll"]))  # the terms are the plain CE's
 
 
+def test_a_non_finite_step_leaves_params_and_adam_state_bit_for_bit():
+  """The step's guard: a NaN loss skips the optimizer (params and Adam moments unchanged, bit for
+  bit; the step counter advances); a finite step moves every parameter and both moments."""
+  config = _config()
+  task = make_task(config)
+  cfg = model_config_from(config, task)
+  batch = next(task.train_iterator(config.batch_size, 0))
+  params = init_params(cfg, jax.random.key(0), batch)
+  tx = optax.adam(1e-3)
+
+  def nan_loss(model, params, batch, rng):
+    loss_sum, terms = cross_entropy_loss(0.0)(model, params, batch, rng)
+    return loss_sum * jnp.nan, terms
+
+  for loss_fn, finite in ((nan_loss, False), (None, True)):
+    step = jax.jit(make_train_step(cfg, tx, 0.0, loss_fn=loss_fn))
+    before = create_train_state(jax.tree_util.tree_map(jnp.copy, params), tx)
+    keep = jax.tree_util.tree_map(np.asarray, (before.params, before.opt_state))
+    after, metrics = step(before, batch, jax.random.key(1))
+    assert float(metrics["finite"]) == float(finite) and int(after.step) == 1
+    pairs = zip(jax.tree_util.tree_leaves(keep), jax.tree_util.tree_leaves((after.params, after.opt_state)))
+    same = [np.array_equal(a, np.asarray(b)) for a, b in pairs]
+    if finite:  # the Adam count and every float leaf change
+      assert not any(same)
+    else:
+      assert all(same)
+
+
 @pytest.mark.slow
 def test_train_takes_a_custom_loss_and_model(tmp_path):
   """The loop trains ScaledLM under the penalised loss: its scalar is a parameter that moved, and
