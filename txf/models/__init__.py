@@ -121,13 +121,14 @@ LossFn = Callable[[nn.Module, Any, Dict[str, jnp.ndarray], Optional[jax.Array]],
 
 
 def cross_entropy_loss(label_smoothing: float = 0.0, fused: bool = True,
-                       chunk_rows: Optional[int] = None) -> LossFn:
+                       chunk_rows: Optional[int] = 512) -> LossFn:
   """The default loss: sum_t w_t * LS-CE_t (label smoothing epsilon_ls), with the unsmoothed NLL
   and the argmax-correct count as terms; w_t = 0 on padding (see ``forward``).
 
   ``fused``: for the built-in translation and LM models (exactly ``EncoderDecoder`` /
   ``DecoderLM``, not subclasses), the output projection, the loss terms and their gradients run
-  as one op (``txf.ops.head_cross_entropy``, rows in blocks of ``chunk_rows``); the same maths as
+  as one op (``txf.ops.head_cross_entropy``, rows in blocks of ``chunk_rows``: 512 measured best
+  at the small and base bench configs, BENCHMARKS.md); the same maths as
   the reference path (``forward`` + ``txf.ops.label_smoothed_cross_entropy``), taken by every
   other model and by ``fused=False``, up to float32 rounding.
   """

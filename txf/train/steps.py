@@ -31,6 +31,19 @@ def create_train_state(params, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
 
 
+def guarded_update(tx: optax.GradientTransformation, finite: jnp.ndarray, grads, params, opt_state):
+  """(new params, new opt_state) after ``tx``'s update when ``finite`` (a bool scalar), else the
+  old ones unchanged. A ``lax.cond``: the update writes its results once, where selecting between
+  the updated and the old trees would read both and write a third copy."""
+
+  def update(operands):
+    grads, params, opt_state = operands
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return jax.lax.cond(finite, update, lambda operands: operands[1:], (grads, params, opt_state))
+
+
 def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformation,
                     label_smoothing: float = 0.0, schedule: Optional[Callable] = None,
                     axis_name: Optional[str] = None, grad_accum_steps: int = 1, *,
@@ -73,14 +86,11 @@ def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformati
       loss_sum, terms, grads = jax.lax.psum((loss_sum, terms, grads), axis_name)
     count = jnp.maximum(terms["count"], 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / count, grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
     grad_norm = optax.tree.norm(grads)
     mean_loss = loss_sum / count
     finite = jnp.isfinite(mean_loss) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new, old)
-    new_state = TrainState(step=state.step + 1, params=keep(params, state.params),
-                           opt_state=keep(opt_state, state.opt_state))
+    params, opt_state = guarded_update(tx, finite, grads, state.params, state.opt_state)
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = {"loss": mean_loss, "nll": terms["nll_sum"] / count,
                "accuracy": terms["correct"] / count, "tokens": terms["count"],
                "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
