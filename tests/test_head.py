@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from txf import ops
+from txf import models, ops
 from txf.models import EncoderDecoder, build_model, cross_entropy_loss, init_params
 from txf.nn import TransformerConfig
 from txf.train.steps import create_train_state, make_train_step
@@ -128,7 +128,7 @@ def test_default_loss_fused_equals_reference(overrides):
   rng = jax.random.key(5)
   out = {}
   for fused in (True, False):
-    loss = cross_entropy_loss(0.1, fused=fused, chunk_rows=8)
+    loss = cross_entropy_loss(0.1, fused=fused, chunk_rows=8)   # V = 31: fused only when asked
     out[fused] = jax.value_and_grad(lambda p: loss(model, p, batch, rng), has_aux=True)(params)
   (l1, t1), g1 = out[True]
   (l0, t0), g0 = out[False]
@@ -156,15 +156,37 @@ def test_subclassed_model_takes_the_reference_path(monkeypatch):
   np.testing.assert_allclose(loss_sum, expected, rtol=1e-6)
 
 
-def test_train_step_fused_equals_reference_step():
+def _spy_fused(monkeypatch):
+  """Counts the calls of the fused op (it still runs)."""
+  calls = []
+  real = ops.head_cross_entropy
+  monkeypatch.setattr(ops, "head_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+  return calls
+
+
+@pytest.mark.parametrize("min_vocab, expect_fused", [(32, False), (31, True)])
+def test_default_loss_fuses_from_a_vocabulary_size(monkeypatch, min_vocab, expect_fused):
+  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12)
+  batch = _batch(cfg)
+  params = init_params(cfg, jax.random.key(0), batch)
+  monkeypatch.setattr(models, "FUSED_HEAD_MIN_VOCAB", min_vocab)
+  calls = _spy_fused(monkeypatch)
+  cross_entropy_loss(0.1)(build_model(cfg, deterministic=True), params, batch, None)
+  assert bool(calls) == expect_fused
+
+
+def test_train_step_fused_equals_reference_step(monkeypatch):
   cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, dropout_rate=0.1)
   batch = _batch(cfg)
+  monkeypatch.setattr(models, "FUSED_HEAD_MIN_VOCAB", 16)   # the default step fuses this head
+  calls = _spy_fused(monkeypatch)
   tx = optax.sgd(0.1)   # (Adam would turn rounding-level gradient differences into +-lr steps)
   state = create_train_state(init_params(cfg, jax.random.key(0), batch), tx)
   ref = jax.jit(make_train_step(cfg, tx, loss_fn=cross_entropy_loss(0.1, fused=False)))
   new = jax.jit(make_train_step(cfg, tx, 0.1))
   s0, m0 = ref(state, batch, jax.random.key(1))
   s1, m1 = new(state, batch, jax.random.key(1))
+  assert calls, "the default step did not take the fused head"
   for k in ("loss", "nll", "accuracy", "grad_norm"):
     np.testing.assert_allclose(m1[k], m0[k], rtol=1e-5)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),

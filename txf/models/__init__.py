@@ -120,7 +120,11 @@ LossFn = Callable[[nn.Module, Any, Dict[str, jnp.ndarray], Optional[jax.Array]],
                   Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]]
 
 
-def cross_entropy_loss(label_smoothing: float = 0.0, fused: bool = True,
+# Target vocabularies from which the default loss fuses the output head (see cross_entropy_loss).
+FUSED_HEAD_MIN_VOCAB = 1024
+
+
+def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = None,
                        chunk_rows: Optional[int] = 512) -> LossFn:
   """The default loss: sum_t w_t * LS-CE_t (label smoothing epsilon_ls), with the unsmoothed NLL
   and the argmax-correct count as terms; w_t = 0 on padding (see ``forward``).
@@ -128,13 +132,20 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: bool = True,
   ``fused``: for the built-in translation and LM models (exactly ``EncoderDecoder`` /
   ``DecoderLM``, not subclasses), the output projection, the loss terms and their gradients run
   as one op (``txf.ops.head_cross_entropy``, rows in blocks of ``chunk_rows``: 512 measured best
-  at the small and base bench configs, BENCHMARKS.md); the same maths as
-  the reference path (``forward`` + ``txf.ops.label_smoothed_cross_entropy``), taken by every
-  other model and by ``fused=False``, up to float32 rounding.
+  at the small and base bench configs); the same maths as the reference path (``forward`` +
+  ``txf.ops.label_smoothed_cross_entropy``), taken by every other model and by ``fused=False``,
+  up to float32 rounding. ``None`` (default): fused when the target vocabulary has at least
+  ``FUSED_HEAD_MIN_VOCAB`` entries, where the [N, V] logits dominate the head's cost; smaller
+  heads keep the reference path and its exact rounding.
   """
 
+  def use_fused(model) -> bool:
+    if fused is False or type(model) not in TOKEN_HEAD_FAMILIES:
+      return False
+    return bool(fused) or model.config.tgt_vocab_size >= FUSED_HEAD_MIN_VOCAB
+
   def loss_fn(model, params, batch, rng):
-    if fused and type(model) in TOKEN_HEAD_FAMILIES:
+    if use_fused(model):
       h, table, targets, weights = forward_hidden(model, params, batch, rng)
       loss_sum, nll_sum, correct, count = ops.head_cross_entropy(
           h, table, targets, weights, label_smoothing, chunk_rows)
