@@ -18,7 +18,11 @@ class DecoderLM(nn.Module):
     """One cached step (decode config): ids [B, L] -> logits [B, L, V]."""
     return self.decoder(ids)
 
-  def __call__(self, targets, targets_segmentation=None, targets_position=None):
-    """targets int [B, T] (0-padded) -> next-token logits [B, T, V] over shift_right(targets)."""
+  def __call__(self, targets, targets_segmentation=None, targets_position=None,
+               project: bool = True):
+    """targets int [B, T] (0-padded) -> next-token logits [B, T, V] over shift_right(targets).
+
+    ``project=False``: (final states h [B, T, d], output table W [V, d]), logits = h W^T.
+    """
     return self.decoder(shift_right(targets, targets_segmentation), None, None,
-                        targets_segmentation, targets_position)
+                        targets_segmentation, targets_position, project=project)

@@ -49,18 +49,22 @@ class EncoderDecoder(nn.Module):
     return self.encoder(inputs, inputs_segmentation, inputs_position)
 
   def decode(self, encoded, encoded_valid, decoder_inputs, targets_segmentation=None,
-             targets_position=None, inputs_segmentation=None):
-    """Decoder over already-shifted inputs [B, T] attending to encoded [B, S, d] -> logits [B, T, V]."""
+             targets_position=None, inputs_segmentation=None, project: bool = True):
+    """Decoder over already-shifted inputs [B, T] attending to encoded [B, S, d] -> logits [B, T, V]
+    (``project=False``: (h [B, T, d], output table [V, d]), see ``Decoder``)."""
     return self.decoder(decoder_inputs, encoded, encoded_valid, targets_segmentation,
-                        targets_position, inputs_segmentation)
+                        targets_position, inputs_segmentation, project=project)
 
   def decode_step(self, ids):
     """One cached step (decode config): ids [B, L] -> logits [B, L, V]; cross K/V come from the cache."""
     return self.decoder(ids)
 
   def __call__(self, inputs, targets, inputs_segmentation=None, targets_segmentation=None,
-               inputs_position=None, targets_position=None):
-    """Teacher-forced logits: inputs [B, S], targets [B, T] (ending in EOS, 0-padded) -> [B, T, V]."""
+               inputs_position=None, targets_position=None, project: bool = True):
+    """Teacher-forced logits: inputs [B, S], targets [B, T] (ending in EOS, 0-padded) -> [B, T, V].
+
+    ``project=False``: (final decoder states h [B, T, d], output table W [V, d]), logits = h W^T.
+    """
     encoded, valid = self.encode(inputs, inputs_segmentation, inputs_position)
     return self.decode(encoded, valid, shift_right(targets, targets_segmentation),
-                       targets_segmentation, targets_position, inputs_segmentation)
+                       targets_segmentation, targets_position, inputs_segmentation, project)

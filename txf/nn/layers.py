@@ -157,10 +157,12 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, decoder_inputs, memory=None, memory_valid=None, segmentation=None,
-               positions=None, memory_segmentation=None):
+               positions=None, memory_segmentation=None, project: bool = True):
     """decoder_inputs int [B, T] (already shifted right) -> logits [B, T, V_target].
 
     memory [B, S, d_model] and memory_valid bool [B, S] for cross-attention (None at cached steps).
+    ``project=False``: (final hidden states h [B, T, d_model], output table W [V_target, d_model])
+    instead, logits = h W^T (for a loss that fuses the projection, ``txf.ops.tied_cross_entropy``).
     """
     cfg = self.config
     length = decoder_inputs.shape[1]
@@ -179,9 +181,13 @@ class Decoder(nn.Module):
     if cfg.pre_ln:
       y = LayerNorm(cfg, name="final_norm")(y)
     if cfg.tie_output:
+      if not project:
+        return y, self.embed.table.astype(y.dtype)
       logits = self.embed.attend(y)
     else:
       w = self.param("logits_kernel", nn.with_logical_partitioning(xavier, ("embed", "vocab")),
                      (cfg.d_model, cfg.tgt_vocab_size))
+      if not project:
+        return y, w.astype(y.dtype).T
       logits = y @ w.astype(y.dtype)
     return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

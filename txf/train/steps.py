@@ -31,6 +31,19 @@ def create_train_state(params, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
 
 
+def guarded_update(tx: optax.GradientTransformation, finite: jnp.ndarray, grads, params, opt_state):
+  """(new params, new opt_state) after ``tx``'s update when ``finite`` (a bool scalar), else the
+  old ones unchanged. A ``lax.cond``: the update writes its results once, where selecting between
+  the updated and the old trees would read both and write a third copy."""
+
+  def update(operands):
+    grads, params, opt_state = operands
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return jax.lax.cond(finite, update, lambda operands: operands[1:], (grads, params, opt_state))
+
+
 def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformation,
                     label_smoothing: float = 0.0, schedule: Optional[Callable] = None,
                     axis_name: Optional[str] = None, grad_accum_steps: int = 1, *,
@@ -76,16 +89,7 @@ def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformati
     grad_norm = optax.tree.norm(grads)
     mean_loss = loss_sum / count
     finite = jnp.isfinite(mean_loss) & jnp.isfinite(grad_norm)
-
-    def update(params, opt_state, grads):
-      updates, opt_state = tx.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state
-
-    # The optimizer runs only when the step is finite: one pass over parameters and moments
-    # (a select between the new and the old state after an unconditional update was a second
-    # pass over all of them, ~5% of a step on CPU; BENCHMARKS.md).
-    params, opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
-                                     state.params, state.opt_state, grads)
+    params, opt_state = guarded_update(tx, finite, grads, state.params, state.opt_state)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = {"loss": mean_loss, "nll": terms["nll_sum"] / count,
                "accuracy": terms["correct"] / count, "tokens": terms["count"],
