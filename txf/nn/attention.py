@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from txf.nn.config import TransformerConfig
+from txf.nn.dropout import Dropout
 from txf.ops import attention as attn_ops
 
 xavier = nn.initializers.xavier_uniform()
@@ -125,7 +126,7 @@ class MultiHeadAttention(nn.Module):
       if cfg.attention_dropout_rate and not cfg.deterministic:
         # dropout on the attention weights needs the weights: reference path
         _, weights = attend(q, k, v, mask, "reference")
-        dropped = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
+        dropped = Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
         return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
       return attend(q, k, v, mask, cfg.attention_impl)
 

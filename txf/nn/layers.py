@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from txf import ops
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig
+from txf.nn.dropout import Dropout
 
 
 class Embed(nn.Module):
@@ -58,7 +59,7 @@ class AddPositions(nn.Module):
       table = self.param("pos_embedding", nn.with_logical_partitioning(
           nn.initializers.normal(0.02), ("length", "embed")), (cfg.max_len, cfg.d_model))
       x = x + jnp.take(table, positions, axis=0).astype(x.dtype)
-    return nn.Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
+    return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
 class LayerNorm(nn.Module):
@@ -94,7 +95,7 @@ def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) 
   post-LN (paper): LayerNorm(x + Dropout(Sublayer(x)));  pre-LN: x + Dropout(Sublayer(LayerNorm(x))).
   """
   y = sublayer(norm(x) if cfg.pre_ln else x)
-  y = nn.Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
+  y = Dropout(cfg.dropout_rate)(y, deterministic=cfg.deterministic)
   return x + y if cfg.pre_ln else norm(x + y)
 
 
