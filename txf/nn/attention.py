@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from txf.nn.config import TransformerConfig
 from txf.ops import attention as attn_ops
+from txf.ops import dots
 
 xavier = nn.initializers.xavier_uniform()
 # logical axes of the weights (txf/parallel/sharding.py maps them onto the mesh)
@@ -130,7 +131,8 @@ class MultiHeadAttention(nn.Module):
       return attend(q, k, v, mask, cfg.attention_impl)
 
     out, weights = attn_ops.multi_head_attention(
-        x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn)
+        x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,
+        matmul=dots.matmul_for(dt))
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
     return constrain(out, HIDDEN_AXES)

@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf import ops
+from txf.ops import dots
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig
 
@@ -27,6 +28,8 @@ class Embed(nn.Module):
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
     """h [B, L, d_model] -> logits [B, L, V] = h E^T."""
+    if dots.uses_bf16_units(h.dtype):  # f32 logits from the bf16 dot units
+      return dots.dense_nt(h, self.table.astype(h.dtype))
     return ops.tied_logits(h, self.table.astype(h.dtype))
 
 
@@ -85,7 +88,8 @@ class FeedForward(nn.Module):
     b1 = self.param("bi", axes(nn.initializers.zeros, "mlp"), (cfg.d_ff,)).astype(dt)
     w2 = self.param("wo", axes(xavier, "mlp", "embed"), (cfg.d_ff, cfg.d_model)).astype(dt)
     b2 = self.param("bo", axes(nn.initializers.zeros, "norm"), (cfg.d_model,)).astype(dt)
-    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2), HIDDEN_AXES)
+    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2, matmul=dots.matmul_for(dt)),
+                     HIDDEN_AXES)
 
 
 def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
@@ -183,5 +187,5 @@ class Decoder(nn.Module):
     else:
       w = self.param("logits_kernel", nn.with_logical_partitioning(xavier, ("embed", "vocab")),
                      (cfg.d_model, cfg.tgt_vocab_size))
-      logits = y @ w.astype(y.dtype)
+      logits = (dots.matmul_for(y.dtype) or jnp.matmul)(y, w.astype(y.dtype))
     return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

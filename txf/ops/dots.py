@@ -1,0 +1,110 @@
+"""Matrix products for bfloat16 compute on CPU, laid out for the CPU's bf16 dot units.
+
+XLA:CPU (jaxlib 0.10.2) runs a dot on YNNPACK's bf16 kernels (AVX512-BF16 where the CPU has it)
+only when (measured, and read in the compiled HLO; BENCHMARKS.md):
+
+* both operands are bf16 and the result is **float32** (``preferred_element_type``): a dot with a
+  bf16 result has both operands converted to f32 first, and runs at the f32 rate;
+* the lhs is contracted on its last dimension, row-major: ``x W`` ("NN") and ``g Wᵀ`` ("NT", the
+  rhs contracted on its last dimension) qualify, ``xᵀ g`` ("TN", a weight gradient) does not;
+* no operand is a transpose that XLA may turn into a layout change: a plain ``x.T`` becomes a
+  column-major view, which again sends the dot to f32. A transposed copy pinned to row-major with
+  ``with_layout_constraint`` is kept as a real copy, and the dot on it runs in bf16.
+
+:func:`dense` and :func:`dense_nt` compute the same products as ``x @ w`` and ``h @ e.T`` with
+every dot of the forward and the backward pass in one of the accepted forms: float32
+accumulation, results rounded to the compute dtype (the logits of :func:`dense_nt` stay float32).
+"""
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.layout import Layout, with_layout_constraint
+
+NN = ((1,), (0,))  # contract lhs dim 1 with rhs dim 0: a @ b
+NT = ((1,), (1,))  # contract lhs dim 1 with rhs dim 1: a @ b.T
+
+
+def uses_bf16_units(dtype) -> bool:
+  """True when the model's dots in ``dtype`` go through :func:`dense`/:func:`dense_nt`: bfloat16
+  compute on the CPU backend (elsewhere XLA's own dots are used unchanged)."""
+  return jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu"
+
+
+def matmul_for(dtype) -> Optional[Callable]:
+  """:func:`dense` where :func:`uses_bf16_units` (the ``matmul`` the ops take), else None
+  (their default ``x @ w``)."""
+  return dense if uses_bf16_units(dtype) else None
+
+
+def transposed(x: jnp.ndarray) -> jnp.ndarray:
+  """xᵀ of a matrix [a, b] as a row-major [b, a] array (a real copy that XLA keeps)."""
+  return with_layout_constraint(x.T, Layout(major_to_minor=(0, 1)))
+
+
+def _dot(a: jnp.ndarray, b: jnp.ndarray, contract) -> jnp.ndarray:
+  """Matrix product of 2-d a and b over the ``contract`` dims, accumulated and returned in f32."""
+  return lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
+
+
+def _weight_grad(x2: jnp.ndarray, g2: jnp.ndarray) -> jnp.ndarray:
+  """xᵀ g for x [N, K], g [N, M] -> [K, M] f32: an NN dot on a transposed copy of x."""
+  return _dot(transposed(x2), g2, NN)
+
+
+@jax.custom_vjp
+def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+  """y = x W, accumulated in float32, returned in x's dtype.
+
+  Args:
+    x: [..., K]; w: [K, M] (same dtype as x).
+  Returns:
+    [..., M]. Gradients: dx = g Wᵀ (an NT dot), dW = xᵀ g (an NN dot on a transposed copy).
+  """
+  y = _dot(x.reshape(-1, x.shape[-1]), w, NN)
+  return y.astype(x.dtype).reshape(*x.shape[:-1], w.shape[1])
+
+
+def _dense_fwd(x, w):
+  return dense(x, w), (x, w)
+
+
+def _dense_bwd(res, g):
+  x, w = res
+  x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1]).astype(x.dtype)
+  dx = _dot(g2, w, NT).astype(x.dtype).reshape(x.shape)
+  return dx, _weight_grad(x2, g2).astype(w.dtype)
+
+
+dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+@jax.custom_vjp
+def dense_nt(h: jnp.ndarray, e: jnp.ndarray) -> jnp.ndarray:
+  """logits = h Eᵀ (the tied output projection), accumulated and returned in float32.
+
+  Args:
+    h: [..., d]; e: E, [V, d] (same dtype as h).
+  Returns:
+    float32 [..., V]. Gradients: dh = g E (NN), dE = gᵀ h (NN on a transposed copy of g; the
+    cheaper (hᵀ g)ᵀ is not used: XLA rewrites a transposed dot result into a TN dot, which it
+    then cannot run in bf16).
+  """
+  y = _dot(h.reshape(-1, h.shape[-1]), e, NT)
+  return y.reshape(*h.shape[:-1], e.shape[0])
+
+
+def _dense_nt_fwd(h, e):
+  return dense_nt(h, e), (h, e)
+
+
+def _dense_nt_bwd(res, g):
+  h, e = res
+  h2, g2 = h.reshape(-1, h.shape[-1]), g.reshape(-1, g.shape[-1]).astype(h.dtype)
+  dh = _dot(g2, e, NN).astype(h.dtype).reshape(h.shape)
+  return dh, _weight_grad(g2, h2).astype(e.dtype)
+
+
+dense_nt.defvjp(_dense_nt_fwd, _dense_nt_bwd)
