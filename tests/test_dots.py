@@ -16,6 +16,12 @@ RNG = np.random.default_rng(0)
 BF16_EPS = 2.0 ** -8  # relative rounding of one bf16 value
 
 
+@pytest.fixture(autouse=True)
+def _fresh_rng():
+  global RNG  # every test draws the same inputs whatever ran before it
+  RNG = np.random.default_rng(0)
+
+
 def _bf16(shape, scale=1.0):
   return jnp.asarray(RNG.standard_normal(shape) * scale, jnp.bfloat16)
 
@@ -61,15 +67,35 @@ def test_dense_nt_gives_float32_logits_and_the_tied_gradients():
   _close(de, gb.reshape(-1, 50).T @ hf.reshape(-1, 32), 2 * BF16_EPS)
 
 
+def test_attention_products_and_their_gradients_equal_float64():
+  # S = Q K^T (float32), O = P V per (batch, head); dQ = gS K, dK = gS^T Q, dP = gO V^T, dV = P^T gO
+  q, k, v = _bf16((2, 3, 5, 8)), _bf16((2, 3, 7, 8)), _bf16((2, 3, 7, 8))
+  p = _bf16((2, 3, 5, 7))
+  gs = jnp.asarray(RNG.standard_normal((2, 3, 5, 7)), jnp.float32)
+  go = _bf16((2, 3, 5, 8))
+  s, vjp_s = jax.vjp(dots.scores, q, k)
+  o, vjp_o = jax.vjp(dots.weighted, p, v)
+  (dq, dk), (dp, dv) = vjp_s(gs), vjp_o(go)
+  assert s.dtype == jnp.float32 and o.dtype == dq.dtype == dv.dtype == jnp.bfloat16
+  qf, kf, vf, pf, gof = (_f64(t) for t in (q, k, v, p, go))
+  gsb = _f64(gs.astype(jnp.bfloat16))
+  _close(s, np.einsum("bhqd,bhkd->bhqk", qf, kf), 1e-5)
+  _close(o, np.einsum("bhqk,bhkd->bhqd", pf, vf), 2 * BF16_EPS)
+  _close(dq, np.einsum("bhqk,bhkd->bhqd", gsb, kf), 2 * BF16_EPS)
+  _close(dk, np.einsum("bhqk,bhqd->bhkd", gsb, qf), 2 * BF16_EPS)
+  _close(dp, np.einsum("bhqd,bhkd->bhqk", gof, vf), 2 * BF16_EPS)
+  _close(dv, np.einsum("bhqk,bhqd->bhkd", pf, gof), 2 * BF16_EPS)
+
+
 def test_dense_matches_the_reference_bf16_product_under_jit_and_grad():
   # the same function as x @ w in bf16 (XLA's path), also when the cotangent is a broadcast
   # constant (loss = sum): a transposed dot result there once became a dot XLA could not run
   x, w = _bf16((64, 48)), _bf16((48, 40), 48 ** -0.5)
   for loss in (lambda f: lambda x, w: jnp.sum(f(x, w).astype(jnp.float32)),
                lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w).astype(jnp.float32)))):
-    got = jax.jit(jax.value_and_grad(loss(dots.dense), argnums=(0, 1)))(x, w)
-    want = jax.jit(jax.value_and_grad(loss(jnp.matmul), argnums=(0, 1)))(x, w)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    got = jax.jit(jax.grad(loss(dots.dense), argnums=(0, 1)))(x, w)
+    want = jax.jit(jax.grad(loss(jnp.matmul), argnums=(0, 1)))(x, w)
+    for a, b in zip(got, want):
       _close(a, _f64(b), 4 * BF16_EPS)
 
 

@@ -82,7 +82,8 @@ def attend(q, k, v, mask, impl: str):
   if impl == "fused":
     t = lambda x: x.transpose(0, 2, 1, 3)
     return t(_fused_attention(t(q), t(k), t(v), mask)), None
-  return attn_ops.scaled_dot_product_attention(q, k, v, mask)
+  products = (dots.scores, dots.weighted) if dots.uses_bf16_units(q.dtype) else None
+  return attn_ops.scaled_dot_product_attention(q, k, v, mask, products)
 
 
 class MultiHeadAttention(nn.Module):

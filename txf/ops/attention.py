@@ -63,7 +63,8 @@ def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
 
 
 def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                                 mask: Optional[jnp.ndarray] = None
+                                 mask: Optional[jnp.ndarray] = None,
+                                 products: Optional[Tuple[Callable, Callable]] = None
                                  ) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V.
 
@@ -73,17 +74,24 @@ def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   Args:
     q: [..., L_q, d_k]; k: [..., L_k, d_k]; v: [..., L_k, d_v].
     mask: bool, broadcastable to [..., L_q, L_k]; True = may attend.
+    products: optional ``(scores(q, k) = Q Kᵀ, weighted(p, v) = P V)`` (txf.ops.dots.scores,
+      .weighted: float32 logits); default einsums in q's dtype.
   Returns:
     (output [..., L_q, d_v], weights [..., L_q, L_k]) with each unmasked row of weights summing to 1.
   """
   d_k = q.shape[-1]
-  logits = jnp.einsum("...qd,...kd->...qk", q, k) / jnp.sqrt(jnp.asarray(d_k, q.dtype))
+  if products is not None:
+    logits = products[0](q, k) / jnp.sqrt(jnp.float32(d_k))
+  else:
+    logits = jnp.einsum("...qd,...kd->...qk", q, k) / jnp.sqrt(jnp.asarray(d_k, q.dtype))
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
   weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   if mask is not None:
     weights = jnp.where(mask, weights, 0.0)  # a fully masked row becomes all zeros
   weights = weights.astype(v.dtype)
+  if products is not None:
+    return products[1](weights, v), weights
   return jnp.einsum("...qk,...kd->...qd", weights, v), weights
 
 

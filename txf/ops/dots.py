@@ -108,3 +108,71 @@ def _dense_nt_bwd(res, g):
 
 
 dense_nt.defvjp(_dense_nt_fwd, _dense_nt_bwd)
+
+
+def _bdot(a: jnp.ndarray, b: jnp.ndarray, contract) -> jnp.ndarray:
+  """Batched matrix product of 3-d a, b (batch dim 0) over ``contract``, f32 accumulation and result."""
+  return lax.dot_general(a, b, (contract, ((0,), (0,))), preferred_element_type=jnp.float32)
+
+
+def _btransposed(x: jnp.ndarray) -> jnp.ndarray:
+  """[n, a, b] -> [n, b, a] as a row-major copy (see :func:`transposed`)."""
+  return with_layout_constraint(jnp.swapaxes(x, 1, 2), Layout(major_to_minor=(0, 1, 2)))
+
+
+_BNN = ((2,), (1,))  # [n, a, k] x [n, k, b]
+_BNT = ((2,), (2,))  # [n, a, k] x [n, b, k]
+
+
+def _flat3(x: jnp.ndarray) -> jnp.ndarray:
+  return x.reshape(-1, *x.shape[-2:])
+
+
+@jax.custom_vjp
+def scores(q: jnp.ndarray, k: jnp.ndarray) -> jnp.ndarray:
+  """S = Q Kᵀ per leading index: q [..., L_q, d], k [..., L_k, d] -> float32 [..., L_q, L_k].
+
+  Gradients: dQ = g K (NN), dK = gᵀ Q (NN on a transposed copy of g); q's dtype.
+  """
+  s = _bdot(_flat3(q), _flat3(k), _BNT)
+  return s.reshape(*q.shape[:-1], k.shape[-2])
+
+
+def _scores_fwd(q, k):
+  return scores(q, k), (q, k)
+
+
+def _scores_bwd(res, g):
+  q, k = res
+  g3 = _flat3(g).astype(q.dtype)
+  dq = _bdot(g3, _flat3(k), _BNN).astype(q.dtype).reshape(q.shape)
+  dk = _bdot(_btransposed(g3), _flat3(q), _BNN).astype(k.dtype).reshape(k.shape)
+  return dq, dk
+
+
+scores.defvjp(_scores_fwd, _scores_bwd)
+
+
+@jax.custom_vjp
+def weighted(p: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
+  """O = P V per leading index: p [..., L_q, L_k], v [..., L_k, d] -> [..., L_q, d] in v's dtype.
+
+  Gradients: dP = g Vᵀ (NT), dV = Pᵀ g (NN on a transposed copy of P).
+  """
+  o = _bdot(_flat3(p), _flat3(v), _BNN)
+  return o.astype(v.dtype).reshape(*p.shape[:-1], v.shape[-1])
+
+
+def _weighted_fwd(p, v):
+  return weighted(p, v), (p, v)
+
+
+def _weighted_bwd(res, g):
+  p, v = res
+  g3 = _flat3(g).astype(v.dtype)
+  dp = _bdot(g3, _flat3(v), _BNT).astype(p.dtype).reshape(p.shape)
+  dv = _bdot(_btransposed(_flat3(p)), g3, _BNN).astype(v.dtype).reshape(v.shape)
+  return dp, dv
+
+
+weighted.defvjp(_weighted_fwd, _weighted_bwd)
