@@ -11,9 +11,13 @@ only when (measured, and read in the compiled HLO; BENCHMARKS.md):
   column-major view, which again sends the dot to f32. A transposed copy pinned to row-major with
   ``with_layout_constraint`` is kept as a real copy, and the dot on it runs in bf16.
 
-:func:`dense` and :func:`dense_nt` compute the same products as ``x @ w`` and ``h @ e.T`` with
-every dot of the forward and the backward pass in one of the accepted forms: float32
-accumulation, results rounded to the compute dtype (the logits of :func:`dense_nt` stay float32).
+:func:`dense`, :func:`dense_nt` (tied output projection), :func:`scores` and :func:`weighted`
+(attention's Q Kᵀ and P V) compute the same products as ``x @ w``, ``h @ e.T`` and the attention
+einsums with every dot of the forward and the backward pass in one of the accepted forms: float32
+accumulation, results rounded to the compute dtype (logits, of the output and of attention, stay
+float32). A transposed dot *result* is never used: XLA rewrites ``(a b)ᵀ`` into a dot that
+contracts the lhs on dim 0 after it has decided the dtypes, and that bf16 dot then fails at run
+time (``Unsupported element type for DotThunk``).
 """
 
 from typing import Callable, Optional
