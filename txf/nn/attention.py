@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from txf.nn.config import TransformerConfig
 from txf.nn.dropout import Dropout
 from txf.ops import attention as attn_ops
+from txf.ops import dots
 
 xavier = nn.initializers.xavier_uniform()
 # logical axes of the weights (txf/parallel/sharding.py maps them onto the mesh)
@@ -82,7 +83,8 @@ def attend(q, k, v, mask, impl: str):
   if impl == "fused":
     t = lambda x: x.transpose(0, 2, 1, 3)
     return t(_fused_attention(t(q), t(k), t(v), mask)), None
-  return attn_ops.scaled_dot_product_attention(q, k, v, mask)
+  products = (dots.scores, dots.weighted) if dots.uses_bf16_units(q.dtype) else None
+  return attn_ops.scaled_dot_product_attention(q, k, v, mask, products)
 
 
 class MultiHeadAttention(nn.Module):
@@ -131,7 +133,8 @@ class MultiHeadAttention(nn.Module):
       return attend(q, k, v, mask, cfg.attention_impl)
 
     out, weights = attn_ops.multi_head_attention(
-        x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn)
+        x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,
+        matmul=dots.matmul_for(dt))
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
     return constrain(out, HIDDEN_AXES)

@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf import ops
+from txf.ops import dots
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig
 from txf.nn.dropout import Dropout
@@ -28,6 +29,8 @@ class Embed(nn.Module):
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
     """h [B, L, d_model] -> logits [B, L, V] = h E^T."""
+    if dots.uses_bf16_units(h.dtype):  # f32 logits from the bf16 dot units
+      return dots.dense_nt(h, self.table.astype(h.dtype))
     return ops.tied_logits(h, self.table.astype(h.dtype))
 
 
@@ -86,7 +89,8 @@ class FeedForward(nn.Module):
     b1 = self.param("bi", axes(nn.initializers.zeros, "mlp"), (cfg.d_ff,)).astype(dt)
     w2 = self.param("wo", axes(xavier, "mlp", "embed"), (cfg.d_ff, cfg.d_model)).astype(dt)
     b2 = self.param("bo", axes(nn.initializers.zeros, "norm"), (cfg.d_model,)).astype(dt)
-    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2), HIDDEN_AXES)
+    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2, matmul=dots.matmul_for(dt)),
+                     HIDDEN_AXES)
 
 
 def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
@@ -163,7 +167,7 @@ class Decoder(nn.Module):
 
     memory [B, S, d_model] and memory_valid bool [B, S] for cross-attention (None at cached steps).
     ``project=False``: (final hidden states h [B, T, d_model], output table W [V_target, d_model])
-    instead, logits = h W^T (for a loss that fuses the projection, ``txf.ops.tied_cross_entropy``).
+    instead, logits = h W^T (for a loss that fuses the projection, ``txf.ops.head_cross_entropy``).
     """
     cfg = self.config
     length = decoder_inputs.shape[1]
@@ -190,5 +194,5 @@ class Decoder(nn.Module):
                      (cfg.d_model, cfg.tgt_vocab_size))
       if not project:
         return y, w.astype(y.dtype).T
-      logits = y @ w.astype(y.dtype)
+      logits = (dots.matmul_for(y.dtype) or jnp.matmul)(y, w.astype(y.dtype))
     return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

@@ -63,7 +63,8 @@ def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
 
 
 def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                                 mask: Optional[jnp.ndarray] = None
+                                 mask: Optional[jnp.ndarray] = None,
+                                 products: Optional[Tuple[Callable, Callable]] = None
                                  ) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V.
 
@@ -73,17 +74,24 @@ def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   Args:
     q: [..., L_q, d_k]; k: [..., L_k, d_k]; v: [..., L_k, d_v].
     mask: bool, broadcastable to [..., L_q, L_k]; True = may attend.
+    products: optional ``(scores(q, k) = Q Kᵀ, weighted(p, v) = P V)`` (txf.ops.dots.scores,
+      .weighted: float32 logits); default einsums in q's dtype.
   Returns:
     (output [..., L_q, d_v], weights [..., L_q, L_k]) with each unmasked row of weights summing to 1.
   """
   d_k = q.shape[-1]
-  logits = jnp.einsum("...qd,...kd->...qk", q, k) / jnp.sqrt(jnp.asarray(d_k, q.dtype))
+  if products is not None:
+    logits = products[0](q, k) / jnp.sqrt(jnp.float32(d_k))
+  else:
+    logits = jnp.einsum("...qd,...kd->...qk", q, k) / jnp.sqrt(jnp.asarray(d_k, q.dtype))
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
   weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   if mask is not None:
     weights = jnp.where(mask, weights, 0.0)  # a fully masked row becomes all zeros
   weights = weights.astype(v.dtype)
+  if products is not None:
+    return products[1](weights, v), weights
   return jnp.einsum("...qk,...kd->...qd", weights, v), weights
 
 
@@ -115,7 +123,8 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
                          w_k: jnp.ndarray, w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
                          mask: Optional[jnp.ndarray] = None, *,
                          kv_hook: Optional[Callable] = None,
-                         attention_fn: Callable = scaled_dot_product_attention
+                         attention_fn: Callable = scaled_dot_product_attention,
+                         matmul: Optional[Callable] = None
                          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -136,11 +145,16 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
       appends this step's keys and returns all cached positions with their mask.
     attention_fn: ``(q, k, v, mask) -> (out [B, h, L_q, d_v], weights [B, h, L_q, L_k] or None)``;
       default :func:`scaled_dot_product_attention`.
+    matmul: ``(x [..., K], w [K, M]) -> [..., M]`` (e.g. txf.ops.dots.dense): the projections
+      then run as products with the flattened kernels [d_model, h*d_k] and [h*d_v, d_model];
+      default: einsums with the per-head kernels.
   Returns:
     (output [B, L_q, d_model], weights [B, h, L_q, L_k] or whatever ``attention_fn`` returns).
   """
   def heads(x, w):  # [B, L, d_model] -> [B, h, L, d_k]: the h projections, then split
     b, l, _ = x.shape
+    if matmul is not None:
+      return split_heads(matmul(x, w.reshape(w.shape[0], -1)), num_heads)
     projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1))
     return split_heads(projected.reshape(b, l, -1), num_heads)
 
@@ -152,5 +166,7 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
     k, v, mask = kv_hook(k, v, mask)
   out, weights = attention_fn(q, k, v, mask)
   concat = merge_heads(out)  # [B, L_q, h*d_v]
+  if matmul is not None:
+    return matmul(concat, w_o.reshape(-1, w_o.shape[-1])), weights
   w_o = _per_head(w_o, num_heads, 0)
   return jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o), weights
