@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from txf import models, ops
+from txf.ops import dots
 from txf.models import EncoderDecoder, build_model, cross_entropy_loss, init_params
 from txf.nn import TransformerConfig
 from txf.train.steps import create_train_state, make_train_step
@@ -87,9 +88,10 @@ def test_head_bfloat16_states_match_the_reference_path():
   h, table, targets, weights = _inputs(3, (2, 8), 16, 29)
   h = jnp.asarray(h, jnp.bfloat16)
 
-  def reference(a, b):
-    return ops.label_smoothed_cross_entropy(ops.tied_logits(a, b.astype(a.dtype)).astype(jnp.float32),
-                                            targets, weights, 0.1)[0]
+  def reference(a, b):  # the model's unfused bf16 head: Embed.attend's logits (f32 from the bf16 dot units on CPU)
+    b = b.astype(a.dtype)
+    logits = dots.dense_nt(a, b) if dots.uses_bf16_units(a.dtype) else ops.tied_logits(a, b)
+    return ops.label_smoothed_cross_entropy(logits.astype(jnp.float32), targets, weights, 0.1)[0]
 
   fused = lambda a, b: ops.head_cross_entropy(a, b, targets, weights, 0.1)[0]
   np.testing.assert_allclose(fused(h, table), reference(h, table), rtol=1e-5)

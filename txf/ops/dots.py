@@ -58,6 +58,21 @@ def _weight_grad(x2: jnp.ndarray, g2: jnp.ndarray) -> jnp.ndarray:
   return _dot(transposed(x2), g2, NN)
 
 
+def dot_nn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """a b for a [N, K], b [K, M] -> float32 [N, M] (an NN dot)."""
+  return _dot(a, b, NN)
+
+
+def dot_nt(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """a bᵀ for a [N, K], b [M, K] -> float32 [N, M] (an NT dot)."""
+  return _dot(a, b, NT)
+
+
+def dot_tn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """aᵀ b for a [N, K], b [N, M] -> float32 [K, M] (an NN dot on a transposed copy of a)."""
+  return _weight_grad(a, b)
+
+
 @jax.custom_vjp
 def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
   """y = x W, accumulated in float32, returned in x's dtype.

@@ -8,12 +8,15 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from txf.ops import dots
+
 
 def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool):
   """Loss terms of one block of rows (and, with ``grads``, the unit-cotangent gradient g of the
   loss sum w.r.t. the logits, and g E, g^T h). h [R, d]; table [V, d]; targets int [R]; weights [R]."""
   vocab = table.shape[0]
-  z = jnp.dot(h, table.T).astype(jnp.float32)                    # [R, V]
+  bf16 = dots.uses_bf16_units(h.dtype)  # bf16 compute on CPU: the dot forms of txf.ops.dots
+  z = dots.dot_nt(h, table) if bf16 else jnp.dot(h, table.T).astype(jnp.float32)  # [R, V]
   m = jnp.max(z, axis=-1)
   e = jnp.exp(z - m[:, None])
   s = jnp.sum(e, axis=-1)
@@ -39,6 +42,8 @@ def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool):
   q = jnp.where(hit, 1.0 - epsilon if smooth else 1.0, smooth)
   g = (weights / s)[:, None] * e - weights[:, None] * q
   g = g.astype(h.dtype)
+  if bf16:
+    return terms, (dots.dot_nn(g, table).astype(h.dtype), dots.dot_tn(g, h).astype(h.dtype))
   return terms, (jnp.dot(g, table), jnp.dot(g.T, h))
 
 
