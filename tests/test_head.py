@@ -102,6 +102,8 @@ def test_head_bfloat16_states_match_the_reference_path():
     np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=2e-2, atol=2e-3)
 
 
+SMALL = dict(num_encoder_layers=1, num_decoder_layers=1)   # one layer each: quick to compile
+
 FAMILIES = [
     dict(family="encoder_decoder"),
     dict(family="encoder_decoder", share_embeddings=False, target_vocab_size=23, tie_output=False),
@@ -122,7 +124,7 @@ def _batch(cfg):
 
 @pytest.mark.parametrize("overrides", FAMILIES)
 def test_default_loss_fused_equals_reference(overrides):
-  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12,
+  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, **SMALL,
                           dropout_rate=0.1, **overrides)
   batch = _batch(cfg)
   params = init_params(cfg, jax.random.key(0), batch)
@@ -131,7 +133,7 @@ def test_default_loss_fused_equals_reference(overrides):
   out = {}
   for fused in (True, False):
     loss = cross_entropy_loss(0.1, fused=fused, chunk_rows=8)   # V = 31: fused only when asked
-    out[fused] = jax.value_and_grad(lambda p: loss(model, p, batch, rng), has_aux=True)(params)
+    out[fused] = jax.jit(jax.value_and_grad(lambda p: loss(model, p, batch, rng), has_aux=True))(params)
   (l1, t1), g1 = out[True]
   (l0, t0), g0 = out[False]
   np.testing.assert_allclose(l1, l0, rtol=1e-5)
@@ -145,12 +147,12 @@ def test_subclassed_model_takes_the_reference_path(monkeypatch):
     def __call__(self, *args, **kwargs):
       return 2.0 * super().__call__(*args, **kwargs)
 
-  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12)
+  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, **SMALL)
   batch = _batch(cfg)
   params = init_params(cfg, jax.random.key(0), batch)
   monkeypatch.setattr(ops, "head_cross_entropy", None)   # any call of the fused op would fail
   model = Scaled(dataclasses.replace(cfg, deterministic=True))
-  loss_sum, terms = cross_entropy_loss(0.1)(model, params, batch, None)
+  loss_sum, _ = jax.jit(lambda p: cross_entropy_loss(0.1)(model, p, batch, None))(params)
   logits = 2.0 * build_model(cfg, deterministic=True).apply({"params": params}, batch["inputs"],
                                                             batch["targets"])
   weights = (batch["targets"] != 0).astype(np.float32)
@@ -168,7 +170,7 @@ def _spy_fused(monkeypatch):
 
 @pytest.mark.parametrize("min_vocab, expect_fused", [(32, False), (31, True)])
 def test_default_loss_fuses_from_a_vocabulary_size(monkeypatch, min_vocab, expect_fused):
-  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12)
+  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, **SMALL)
   batch = _batch(cfg)
   params = init_params(cfg, jax.random.key(0), batch)
   monkeypatch.setattr(models, "FUSED_HEAD_MIN_VOCAB", min_vocab)
@@ -178,7 +180,8 @@ def test_default_loss_fuses_from_a_vocabulary_size(monkeypatch, min_vocab, expec
 
 
 def test_train_step_fused_equals_reference_step(monkeypatch):
-  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, dropout_rate=0.1)
+  cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, **SMALL,
+                          dropout_rate=0.1)
   batch = _batch(cfg)
   monkeypatch.setattr(models, "FUSED_HEAD_MIN_VOCAB", 16)   # the default step fuses this head
   calls = _spy_fused(monkeypatch)
