@@ -13,6 +13,11 @@ The uncached baseline uses the same greedy/beam code with txf.models.inference's
 that fixed-size buffer (positions after the current one are masked by causality), so one compiled
 step serves all steps. Only the needed position goes through the output projection. Decoding is forced to the
 asked length with ``eos_id=-1`` (never produced). The model is randomly initialised.
+
+The cached decoder runs as a user runs it: parameters prepared once
+(:func:`~txf.models.inference.prepare_for_decoding`: optional bf16 cast, transposed output table)
+and passed to the jit'd call as arguments, beam search with the model's beam-layout cache
+(:func:`~txf.models.inference.expand_cache` / :func:`~txf.models.inference.reorder_cache`).
 """
 
 import argparse
