@@ -11,8 +11,9 @@ import pytest
 
 from txf.decode import beam_rows, beam_search, expand_to_beams, gather_rows, greedy_decode, sample
 from txf.models import build_model, init_params
-from txf.models.inference import (cast_for_decoding, init_cache, init_uncached_cache,
-                                  make_logits_fn, make_uncached_logits_fn, reorder_cache)
+from txf.models.inference import (OUTPUT_KERNEL, cast_for_decoding, expand_cache, init_cache,
+                                  init_uncached_cache, make_logits_fn, make_uncached_logits_fn,
+                                  prepare_for_decoding, reorder_cache)
 from txf.nn import TransformerConfig
 
 BOS, EOS = 1, 2
@@ -140,7 +141,8 @@ def translation():
     batch = src.shape[0]
     cache = init_cache(cfg, params, batch, MAX_LEN, src)  # a pytree: both decoders start from it
     greedy = greedy_decode(fn, cache, batch, MAX_LEN)
-    ids, scores = beam_search(fn, cache, batch, BEAM, MAX_LEN, reorder_cache=reorder_cache)
+    ids, scores = beam_search(fn, cache, batch, BEAM, MAX_LEN, expand_cache=expand_cache,
+                              reorder_cache=reorder_cache)
     return greedy, ids, scores
 
   outputs = decode(sources())
@@ -181,8 +183,9 @@ def test_lm_sampling_at_temperature_zero_continues_prompt_greedily():
 
 
 def test_cached_beam_equals_recomputing_beam(translation):
-  # the uncached callback, every cache leaf reordered (the default), against the KV cache with its
-  # per-source entries left in place (reorder_cache): ids and scores must agree
+  # the uncached callback, every cache leaf reordered (the default), against the KV cache in the
+  # beam layout (expand_cache: per-source entries at one row per source, self-attention buffers
+  # never reordered, only their slot tables): ids and scores must agree
   cfg, params = translation["cfg"], translation["params"]
   recompute = jax.jit(lambda src: beam_search(
       make_uncached_logits_fn(cfg, params), init_uncached_cache(cfg, params, 3, MAX_LEN, src),
@@ -250,3 +253,92 @@ def test_bfloat16_decode_weights_give_the_float32_logits_to_bf16_rounding():
   scale = float(jnp.abs(l32).max())
   np.testing.assert_allclose(l16, l32, atol=0.05 * scale)
   assert not np.array_equal(l16, l32)  # the rounding is real
+
+
+@pytest.mark.parametrize("family,overrides", VARIANTS[:2] + VARIANTS[3:])
+def test_beam_layout_cache_equals_gathered_cache(family, overrides):
+  # expand_cache's layout (slots per beam + reordered slot tables, per-source memory) against the
+  # generic cache (every per-row leaf repeated, then gathered per step): same ids, same scores;
+  # beam 1 of the beam layout is greedy
+  cfg = small_config(family, **overrides)
+  params = setup_model(cfg, seed=12)
+  inputs = sources() if family == "encoder_decoder" else None
+
+  @jax.jit
+  def run(src):
+    cache, fn = init_cache(cfg, params, 3, MAX_LEN, src), make_logits_fn(cfg, params)
+    generic = beam_search(fn, cache, 3, 3, MAX_LEN, reorder_cache=gather_rows)
+    layout = beam_search(fn, cache, 3, 3, MAX_LEN, expand_cache=expand_cache,
+                         reorder_cache=reorder_cache)
+    one = beam_search(fn, cache, 3, 1, MAX_LEN, length_penalty="none", expand_cache=expand_cache,
+                      reorder_cache=reorder_cache)[0][:, 0]
+    return generic, layout, one, greedy_decode(fn, cache, 3, MAX_LEN)
+
+  generic, layout, one, greedy = run(inputs)
+  assert varied(generic[0]) and len({tuple(r) for r in np.asarray(generic[0]).reshape(9, -1)}) >= 3
+  np.testing.assert_array_equal(layout[0], generic[0])
+  np.testing.assert_allclose(layout[1], generic[1], atol=1e-5)
+  np.testing.assert_array_equal(one, greedy)
+
+
+def test_expand_cache_layout_and_reorder():
+  # the self-attention buffers get one slot of T positions per beam (copies of the source's),
+  # the per-source entries keep one row per source, and reorder_cache moves only the slot tables
+  cfg = small_config("encoder_decoder", layers=2)
+  params = setup_model(cfg, seed=4)
+  cache = jit_cache(cfg, params, 3, MAX_LEN, sources())
+  cache = jax.tree_util.tree_map(  # make the self-attention buffers differ between rows
+      lambda x: x + jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
+      if x.ndim == 4 and x.shape[2] == MAX_LEN else x, cache)
+  beams = expand_cache(cache, BEAM)
+  for layer in ("layer_0", "layer_1"):
+    before, after = cache["decoder"][layer], beams["decoder"][layer]
+    key = np.asarray(before["self_attention"]["cached_key"])  # [3, h, T, d]
+    got = np.asarray(after["self_attention"]["cached_key"])  # [3, h, 2T, d]
+    assert got.shape == (3, key.shape[1], BEAM * MAX_LEN, key.shape[3])
+    for slot in range(BEAM):
+      np.testing.assert_array_equal(got[:, :, slot * MAX_LEN:(slot + 1) * MAX_LEN], key)
+    np.testing.assert_array_equal(after["self_attention"]["beam_slots"],
+                                  np.tile(np.arange(BEAM), 3)[:, None].repeat(MAX_LEN, 1))
+    for name in ("cross_key", "cross_value", "cross_valid"):
+      np.testing.assert_array_equal(after["cross_attention"][name],
+                                    before["cross_attention"][name])
+  rows = beam_rows(jnp.array([[1, 1], [1, 0], [0, 0]]), BEAM)
+  slots = beams["decoder"]["layer_0"]["self_attention"]["beam_slots"].at[:, 0].set(jnp.arange(6))
+  beams["decoder"]["layer_0"]["self_attention"]["beam_slots"] = slots
+  moved = reorder_cache(beams, rows)
+  np.testing.assert_array_equal(moved["decoder"]["layer_0"]["self_attention"]["beam_slots"][:, 0],
+                                [1, 1, 3, 2, 4, 4])
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(beams)[0],
+                          jax.tree_util.tree_leaves(moved)):
+    if "beam_slots" not in jax.tree_util.keystr(path):
+      assert a is b  # nothing else is copied
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_prepared_parameters_give_the_model_logits(tie):
+  # prepare_for_decoding adds E^T [d, V] for a tied output layer (nothing otherwise); the first
+  # cached step's logits with it equal those of the model's own parameters and those of the
+  # teacher-forced forward pass at position 0 (fed BOS)
+  cfg = small_config("encoder_decoder", tie_output=tie)
+  params = setup_model(cfg, seed=7)
+  cfg2, prepared = prepare_for_decoding(cfg, params)
+  assert cfg2 == cfg
+  if not tie:
+    assert OUTPUT_KERNEL not in prepared
+    return
+  np.testing.assert_array_equal(prepared[OUTPUT_KERNEL], np.asarray(params["embed"]["embedding"]).T)
+  model = build_model(cfg, deterministic=True)
+  bos = jnp.full((3, 1), BOS, jnp.int32)
+
+  @jax.jit
+  def step(src):
+    out = [model.apply({"params": params}, src, jnp.ones((3, 2), jnp.int32))[:, 0]]
+    for p in (params, prepared):
+      out.append(make_logits_fn(cfg, p)(bos, init_cache(cfg, p, 3, MAX_LEN, src))[0])
+    return out
+
+  full, plain, fast = step(sources())
+  assert not np.allclose(full[0], full[1], atol=1e-3)  # the rows see different sources
+  np.testing.assert_allclose(fast, full, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)

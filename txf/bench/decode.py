@@ -13,6 +13,11 @@ The uncached baseline uses the same greedy/beam code with txf.models.inference's
 that fixed-size buffer (positions after the current one are masked by causality), so one compiled
 step serves all steps. Only the needed position goes through the output projection. Decoding is forced to the
 asked length with ``eos_id=-1`` (never produced). The model is randomly initialised.
+
+The cached decoder runs as a user runs it: parameters prepared once
+(:func:`~txf.models.inference.prepare_for_decoding`: optional bf16 cast, transposed output table)
+and passed to the jit'd call as arguments, beam search with the model's beam-layout cache
+(:func:`~txf.models.inference.expand_cache` / :func:`~txf.models.inference.reorder_cache`).
 """
 
 import argparse
@@ -27,8 +32,9 @@ import jax.numpy as jnp
 
 from txf.decode import beam_search, gather_rows, greedy_decode
 from txf.models import init_params
-from txf.models.inference import (cast_for_decoding, init_cache, init_uncached_cache, make_logits_fn,
-                                  make_uncached_logits_fn, reorder_cache)
+from txf.models.inference import (cast_for_decoding, expand_cache, init_cache, init_uncached_cache,
+                                  make_logits_fn, make_uncached_logits_fn, prepare_for_decoding,
+                                  reorder_cache)
 from txf.nn import TransformerConfig
 
 CONFIGS = {
@@ -39,18 +45,11 @@ CONFIGS = {
 }
 
 
-def decoder(cfg, params, method: str, cached: bool, batch: int, length: int, beam: int,
-            weights_dtype: Optional[str] = None):
-  """jit'd ``run(inputs [B, S]) -> ids``: build the cache (encoder included), decode ``length``.
-
-  ``weights_dtype`` (e.g. "bfloat16"): decode with weights cast once to that dtype
-  (txf.models.inference.cast_for_decoding)."""
-  def run(inputs):
-    cfg_, params_ = (cfg, params) if weights_dtype is None else cast_for_decoding(
-        cfg, params, weights_dtype)
-    return _run(cfg_, params_, inputs)
-
-  def _run(cfg, params, inputs):
+def decode_fn(cfg, method: str, cached: bool, batch: int, length: int, beam: int):
+  """jit'd ``run(params, inputs [B, S]) -> ids``: build the cache (encoder included), decode
+  ``length`` tokens. ``params``: the model's, or :func:`~txf.models.inference.prepare_for_decoding`'s
+  (with its ``cfg``)."""
+  def run(params, inputs):
     if cached:
       cache, fn = init_cache(cfg, params, batch, length, inputs), make_logits_fn(cfg, params)
     else:
@@ -58,9 +57,35 @@ def decoder(cfg, params, method: str, cached: bool, batch: int, length: int, bea
       fn = make_uncached_logits_fn(cfg, params)
     if method == "greedy":
       return greedy_decode(fn, cache, batch, length, eos_id=-1)
-    return beam_search(fn, cache, batch, beam, length, eos_id=-1,
-                       reorder_cache=reorder_cache if cached else gather_rows)[0]
+    if not cached:
+      return beam_search(fn, cache, batch, beam, length, eos_id=-1, reorder_cache=gather_rows)[0]
+    return beam_search(fn, cache, batch, beam, length, eos_id=-1, expand_cache=expand_cache,
+                       reorder_cache=reorder_cache)[0]
   return jax.jit(run)
+
+
+def prepared(cfg, params, cached: bool = True, weights_dtype: Optional[str] = None):
+  """(cfg, params) as a user decodes with them: made once, before any timed call.
+
+  Cached decoding takes :func:`~txf.models.inference.prepare_for_decoding`'s (weights cast to
+  ``weights_dtype`` if given, the transposed output table); the uncached baseline the model's own
+  parameters (cast if asked)."""
+  if cached:
+    cfg, params = prepare_for_decoding(cfg, params, weights_dtype)
+  elif weights_dtype is not None:
+    cfg, params = cast_for_decoding(cfg, params, weights_dtype)
+  return cfg, jax.block_until_ready(params)
+
+
+def decoder(cfg, params, method: str, cached: bool, batch: int, length: int, beam: int,
+            weights_dtype: Optional[str] = None):
+  """``run(inputs [B, S]) -> ids``: one call builds the cache (encoder included) and decodes.
+
+  The parameters are prepared once here (:func:`prepared`: ``weights_dtype`` e.g. "bfloat16"
+  casts them), outside the call, and passed to the jit'd function as arguments."""
+  cfg, params = prepared(cfg, params, cached, weights_dtype)
+  fn = decode_fn(cfg, method, cached, batch, length, beam)
+  return lambda inputs: fn(params, inputs)
 
 
 def decode_benchmark(model_cfg: TransformerConfig, batch_size: int,
@@ -96,14 +121,15 @@ def decode_benchmark(model_cfg: TransformerConfig, batch_size: int,
   for method in ("greedy", f"beam{beam_size}"):
     for cached in (True, False):
       for length in output_lengths:
-        run = decoder(cfg, params, method, cached, batch_size, length, beam_size)
+        cfg_, params_ = prepared(cfg, params, cached)
+        run = decode_fn(cfg_, method, cached, batch_size, length, beam_size)
         start = time.perf_counter()
-        compiled = run.lower(inputs).compile()
+        compiled = run.lower(params_, inputs).compile()
         compile_s = time.perf_counter() - start
         times = []
         while len(times) < max(repeats, 1) and (not times or sum(times) < max_seconds):
           start = time.perf_counter()
-          jax.block_until_ready(compiled(inputs))
+          jax.block_until_ready(compiled(params_, inputs))
           times.append(time.perf_counter() - start)
         seconds = statistics.median(times)
         rows.append(dict(method=method, cached=cached, length=length, batch=batch_size,

@@ -13,7 +13,7 @@ Scores: a finished hypothesis y of length |y| (EOS counted) scores log p(y) / lp
   none:    lp(L) = 1
 """
 
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -102,15 +102,63 @@ def _take(x: jnp.ndarray, indices: jnp.ndarray) -> jnp.ndarray:
   return jnp.take_along_axis(x, idx, axis=1)
 
 
+def blocked_top_k(x: jnp.ndarray, n: int, block: int) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """``jax.lax.top_k(x, n)`` over the last axis through block maxima: the same values and ids.
+
+  x [..., V] with V = M * block, M >= n. The n largest entries lie in the n blocks of largest
+  maximum (a block holding one of them has a maximum at least the n-th largest value, and at most n
+  blocks do, ties going to the lower index as in top_k); so: maxima of the M blocks, the n best
+  blocks (put back in index order, keeping top_k's rule that equal values rank by index), then
+  top-n of their n * block entries. Costs one vectorised pass over x instead of a per-row
+  partial sort of V entries.
+  """
+  *lead, vocab = x.shape
+  blocks = x.reshape(*lead, vocab // block, block)
+  _, best = jax.lax.top_k(jnp.max(blocks, axis=-1), n)  # [..., n]
+  best = jnp.sort(best, axis=-1)
+  kept = jnp.take_along_axis(blocks, best[..., None], axis=-2).reshape(*lead, n * block)
+  values, at = jax.lax.top_k(kept, n)
+  return values, jnp.take_along_axis(best, at // block, axis=-1) * block + at % block
+
+
+def _block_size(vocab: int, n: int) -> int:
+  """A block length for :func:`blocked_top_k` over ``vocab`` entries (0: use plain top_k)."""
+  for block in (128, 125, 100, 96, 80, 64, 50, 40, 32):
+    if vocab % block == 0 and vocab // block >= 4 * n:
+      return block
+  return 0
+
+
+def top_log_probs(logits: jnp.ndarray, n: int) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """The ``n`` largest log-probabilities of each row of logits and their token ids.
+
+  logits float [..., V] -> (log_softmax(logits)[..., top n] float32 [..., n], ids int32 [..., n]),
+  best first. log_softmax(x)_v = (x_v - m) - log sum_u exp(x_u - m) with m = max_u x_u is monotone
+  in x_v, so the top-n of the logits are the top-n of the log-probabilities: the top-k runs on
+  the logits and the normaliser is subtracted from the n kept values only, with the same
+  operations as ``jax.nn.log_softmax`` (one pass over [..., V] instead of writing and re-reading
+  the [..., V] log-probabilities).
+  """
+  logits = logits.astype(jnp.float32)
+  block = _block_size(logits.shape[-1], n)
+  top, ids = blocked_top_k(logits, n, block) if block else jax.lax.top_k(logits, n)
+  # m from its own max-reduction: taking it from ``top`` (its first value) makes XLA lower the
+  # top-k as a full sort of each row (its TopK rewrite wants the sorted values used only once)
+  peak = jnp.max(logits, axis=-1, keepdims=True)
+  log_norm = jnp.log(jnp.sum(jnp.exp(logits - peak), axis=-1, keepdims=True))
+  return (top - peak) - log_norm, ids
+
+
 def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int, max_len: int,
                 alpha: float = 0.6, eos_id: int = EOS_ID, bos_id: int = BOS_ID,
                 length_penalty: str = "gnmt",
-                reorder_cache: Callable[[Any, jnp.ndarray], Any] = gather_rows
+                reorder_cache: Callable[[Any, jnp.ndarray], Any] = gather_rows,
+                expand_cache: Optional[Callable[[Any, int], Any]] = None
                 ) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """Beam search for argmax_y log p(y | x) / lp(|y|), batched, jit-compatible.
 
-  The cache is given for ``batch_size`` rows and expanded to B * beam_size rows inside
-  (:func:`expand_to_beams`); when beams are reordered, ``reorder_cache(cache, rows)`` follows
+  The cache is given for ``batch_size`` rows and expanded for B * beam_size beams inside
+  (``expand_cache``, default :func:`expand_to_beams`); when beams are reordered, ``reorder_cache(cache, rows)`` follows
   them (default :func:`gather_rows`: every per-row leaf gathered, 0-d leaves untouched). ``logits_fn`` is called on
   ids [B * K, 1] once per step, at most ``max_len`` times (a cache must hold ``max_len``
   positions). The loop stops early once, in every row, K hypotheses are finished and no alive
@@ -132,6 +180,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     reorder_cache: ``(cache, rows int32 [B * K]) -> cache`` with row i of the result taken from
       row rows[i]; a model may skip entries that are equal for every beam of a source
       (txf.models.inference.reorder_cache).
+    expand_cache: ``(cache, K) -> cache`` for B * K beams, called once before the loop; default
+      :func:`expand_to_beams` (every per-row leaf repeated K times). A model may lay its cache out
+      for beams its own way (txf.models.inference.expand_cache); ``reorder_cache`` must match it.
   Returns:
     (ids int32 [B, K, max_len], scores float32 [B, K]), best first per row; ids exclude BOS,
     include EOS, PAD (0) after it.
@@ -158,11 +209,10 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
                      jax.lax.dynamic_index_in_dim(alive_seqs, jnp.maximum(step - 1, 0), 2, False))
     logits, cache = logits_fn(last.reshape(b * k, 1), cache)
     vocab = logits.shape[-1]
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, k, vocab)
     # the 2K best of the K*V extensions lie among each beam's 2K best tokens: top-k in two stages,
     # over [B*K, V] then [B, K*2K], instead of one over [B, K*V] rows
     n = min(2 * k, vocab)
-    beam_logp, beam_token = jax.lax.top_k(logp, n)  # [B, K, n]
+    beam_logp, beam_token = top_log_probs(logits.reshape(b, k, vocab), n)  # [B, K, n]
     candidates = (alive_logp[:, :, None] + beam_logp).reshape(b, k * n)
     top_logp, top_index = jax.lax.top_k(candidates, min(2 * k, k * n))  # [B, 2K]
     top_beam = top_index // n
@@ -190,7 +240,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
   alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1))
   state = (jnp.array(0, jnp.int32), jnp.zeros((b, k, max_len), jnp.int32), alive_logp,
            jnp.zeros((b, k, max_len), jnp.int32), jnp.full((b, k), NEG_INF, jnp.float32),
-           jnp.zeros((b, k), bool), expand_to_beams(cache, k, b))
+           jnp.zeros((b, k), bool),
+           expand_to_beams(cache, k, b) if expand_cache is None else expand_cache(cache, k))
   step, alive_seqs, alive_logp, finished_seqs, finished_scores, _, _ = jax.lax.while_loop(
       cond, body, state)
 

@@ -5,7 +5,8 @@ that callback for the encoder-decoder (encoder run once, cross K/V cached) and t
 """
 
 import dataclasses
-from typing import Callable, Dict, Tuple
+from collections.abc import Mapping
+from typing import Callable, Dict, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -32,6 +33,7 @@ def init_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int, in
                      f"size, but model.max_len={cfg.max_len}: decode fewer tokens or train with a "
                      f"larger model.max_len")
   model = build_model(cfg, decode=True)
+  params = _model_params(params)
   dummy = jnp.zeros((batch_size, max_len), jnp.int32)
   if cfg.family == "encoder_decoder":
     if inputs is None:
@@ -47,37 +49,132 @@ def init_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int, in
 
 
 def make_logits_fn(cfg: TransformerConfig, params) -> Callable:
-  """logits_fn(ids int [B, L], cache) -> (logits float32 [B, V] at the last position, new cache)."""
+  """logits_fn(ids int [B, L], cache) -> (logits float32 [B, V] at the last position, new cache).
+
+  ``params``: the model's parameters, or those of :func:`prepare_for_decoding`."""
   model = build_model(cfg, decode=True)
+  kernel = params.get(OUTPUT_KERNEL) if isinstance(params, dict) else None
+  params = _model_params(params)
 
   def logits_fn(ids: jnp.ndarray, cache) -> Tuple[jnp.ndarray, dict]:
-    logits, variables = model.apply({"params": params, "cache": cache}, ids,
-                                    method=model.decode_step, mutable=["cache"])
+    apply = lambda: model.apply({"params": params, "cache": cache}, ids,
+                                method=model.decode_step, mutable=["cache"])
+    if kernel is None:
+      logits, variables = apply()
+    else:
+      with nn.intercept_methods(_output_kernel(kernel)):
+        logits, variables = apply()
     return logits[:, -1], variables["cache"]
 
   return logits_fn
 
 
+# Entry that prepare_for_decoding adds to the parameters: the tied output table transposed, E^T
+# [d_model, V], so that the decode step's output projection h E^T is a plain [N, d] @ [d, V] dot.
+OUTPUT_KERNEL = "decode_output_kernel"
+
+
+def prepare_for_decoding(cfg: TransformerConfig, params, dtype: Optional[str] = None):
+  """(cfg, params) for decoding, made once outside the decode call: the same model, laid out for it.
+
+  - ``dtype`` (e.g. "bfloat16"): the weights cast to it once and the compute dtype set to it (as
+    :func:`cast_for_decoding`); None keeps them.
+  - With a tied output layer (``cfg.tie_output``), a transposed copy of the target embedding table,
+    E^T [d_model, V], under :data:`OUTPUT_KERNEL`: :func:`make_logits_fn` then computes the logits
+    h E^T as h @ E^T, a dot whose right operand is contracted on its first axis. XLA:CPU runs that
+    layout on the bf16 dot instructions (the [V, d] table contracted on its last axis is converted
+    to float32 first) and reads it as contiguous rows; the values are those of h E^T.
+
+  Pass the result to :func:`init_cache` and :func:`make_logits_fn` (both accept plain parameters
+  too). Costs one extra copy of the table in memory. Call it outside jit (under jit XLA may fold
+  the transpose back into the dot).
+  """
+  if dtype is not None:
+    cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    cfg, params = dataclasses.replace(cfg, dtype=dtype), jax.tree_util.tree_map(cast, params)
+  if cfg.tie_output:
+    name = "embed" if cfg.share_embeddings or cfg.family == "decoder_lm" else "target_embed"
+    params = dict(params, **{OUTPUT_KERNEL: jnp.asarray(params[name]["embedding"]).T.copy()})
+  return cfg, params
+
+
 def cast_for_decoding(cfg: TransformerConfig, params, dtype: str = "bfloat16"):
   """(cfg with compute dtype ``dtype``, params cast to ``dtype`` once): decoding with low-precision
-  weights. Pass both to :func:`init_cache` and :func:`make_logits_fn`.
+  weights; :func:`prepare_for_decoding` with a dtype. Pass both to :func:`init_cache` and
+  :func:`make_logits_fn`.
 
   The model's maths is unchanged (LayerNorm statistics and softmax stay in float32, matmuls
   accumulate in float32); only the weights and activations are rounded to ``dtype``. Casting once,
   outside the decode loop, keeps every step from re-reading the float32 weights; with bfloat16
   weights XLA:CPU can use the bf16 dot instructions where the CPU has them (AVX512-BF16).
   """
-  cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-  return dataclasses.replace(cfg, dtype=dtype), jax.tree_util.tree_map(cast, params)
+  return prepare_for_decoding(cfg, params, dtype)
+
+
+def _model_params(params):
+  """The model's own parameters: ``params`` without the entry :func:`prepare_for_decoding` adds."""
+  if isinstance(params, dict) and OUTPUT_KERNEL in params:
+    return {k: v for k, v in params.items() if k != OUTPUT_KERNEL}
+  return params
+
+
+def _output_kernel(kernel):
+  """Flax interceptor: the tied output projection h E^T computed as h @ kernel, kernel = E^T."""
+  def interceptor(next_fun, args, kwargs, context):
+    if isinstance(context.module, Embed) and context.method_name == "attend":
+      h = args[0]
+      # float32 results (the decoder casts the logits to float32 anyway): XLA:CPU then runs a
+      # bfloat16 h @ E^T on the bf16 dot instructions instead of converting both operands
+      logits = jnp.dot(h.reshape(-1, h.shape[-1]), kernel.astype(h.dtype),
+                       preferred_element_type=jnp.float32)
+      return logits.reshape(*h.shape[:-1], kernel.shape[1])
+    return next_fun(*args, **kwargs)
+  return interceptor
+
+
+def expand_cache(cache, beam: int):
+  """Beam search's initial cache for txf's models: the cache of B sources laid out for B*beam beams.
+
+  - Causal self-attention buffers [B, h, T, d_k] become [B, h, beam*T, d_k], one slot of T
+    positions per beam (each a copy of the source's), with ``beam_slots`` int32 [B*beam, T] (beam
+    k of a source reads every position from slot k): the beam layout of
+    :class:`txf.nn.attention.MultiHeadAttention`, where beams read the slots their history was
+    written in and :func:`reorder_cache` reorders that table instead of copying the buffers.
+  - Per-source entries (:data:`~txf.nn.attention.PER_SOURCE_CACHE`, the encoder memory's
+    keys/values) stay at B rows: each is read once per source for all its beams.
+  - Any other per-row leaf is repeated (as :func:`txf.decode.expand_to_beams`); 0-d leaves kept.
+
+  Pass as ``beam_search(..., expand_cache=expand_cache, reorder_cache=reorder_cache)``; the
+  decoded ids and scores are those of the generic expand-and-gather cache (tests/test_kv_cache.py).
+  """
+  def expand(tree):
+    if not isinstance(tree, Mapping):
+      return jnp.repeat(tree, beam, axis=0) if tree.ndim >= 1 else tree
+    if "cached_key" not in tree:
+      return {name: value if name in PER_SOURCE_CACHE else expand(value)
+              for name, value in tree.items()}
+    out = dict(tree)
+    for name in ("cached_key", "cached_value"):
+      b, h, t, d = tree[name].shape
+      out[name] = jnp.broadcast_to(tree[name][:, :, None], (b, h, beam, t, d)).reshape(
+          b, h, beam * t, d)
+    rows = jnp.arange(b * beam, dtype=jnp.int32) % beam
+    out["beam_slots"] = jnp.broadcast_to(rows[:, None], (b * beam, t))
+    return out
+
+  return expand(cache)
 
 
 def reorder_cache(cache, rows: jnp.ndarray):
   """Beam search's cache reorder for txf's models: out[i] = cache[rows[i]] for every per-row leaf
   [N, ...] except the per-source entries (:data:`txf.nn.attention.PER_SOURCE_CACHE`: the encoder
   memory's cross-attention keys/values and mask, equal for every beam of a source, so the gather
-  would copy them for nothing). 0-d leaves (counters) are unchanged. rows: int [N].
+  would copy them for nothing). 0-d leaves (counters) and leaves of another leading size (the
+  per-source rows of :func:`expand_cache`'s layout, whose ``beam_slots`` tables are reordered
+  instead) are unchanged. rows: int [N].
 
-  Pass as ``beam_search(..., reorder_cache=reorder_cache)``.
+  Pass as ``beam_search(..., expand_cache=expand_cache, reorder_cache=reorder_cache)`` (or with
+  the default expansion, every per-row leaf repeated).
   """
   n = rows.shape[0]
 

@@ -87,6 +87,22 @@ def attend(q, k, v, mask, impl: str):
   return attn_ops.scaled_dot_product_attention(q, k, v, mask, products)
 
 
+def per_source_attention(attend_fn, q, k, v, mask):
+  """Attention where each key row serves G consecutive query rows (the G beams of a source).
+
+  q [B*G, h, L, d_k]; k, v [B, h, L_k, d_k]; mask broadcastable to [B, h, G*L, L_k], True = may
+  attend; ``attend_fn(q, k, v, mask) -> (out, weights)``. The G query rows of a source are attended
+  as G*L query positions of one row (same softmax(Q K^T / sqrt(d_k) + M) V per query, each key
+  read once per source). Returns [B*G, h, L, d_v].
+  """
+  n, h, l, dk = q.shape
+  b = k.shape[0]
+  g = n // b
+  folded = q.reshape(b, g, h, l, dk).transpose(0, 2, 1, 3, 4).reshape(b, h, g * l, dk)
+  out, _ = attend_fn(folded, k, v, mask)
+  return out.reshape(b, h, g, l, -1).transpose(0, 2, 1, 3, 4).reshape(n, h, l, -1)
+
+
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with d_k = d_v = d_model / h.
 
@@ -124,6 +140,8 @@ class MultiHeadAttention(nn.Module):
       kv_hook = self._update_cache
 
     def attention_fn(q, k, v, mask):
+      if k.shape[0] != q.shape[0]:  # beam search: a source's keys serve the queries of its beams
+        return per_source_attention(lambda *a: attend(*a, cfg.attention_impl), q, k, v, mask), None
       q, k, v = (constrain(t, HEADS_AXES) for t in (q, k, v))
       if cfg.attention_dropout_rate and not cfg.deterministic:
         # dropout on the attention weights needs the weights: reference path
@@ -151,6 +169,8 @@ class MultiHeadAttention(nn.Module):
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialized:
       return k, v, mask
+    if self.has_variable("cache", "beam_slots"):
+      return self._update_beam_cache(k, v, cached_k, cached_v, index)
     i = index.value
     cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, 0, i, 0))
     cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, 0, i, 0))
@@ -160,6 +180,36 @@ class MultiHeadAttention(nn.Module):
     q_pos = i + jnp.arange(k.shape[2])[:, None]
     step_mask = (jnp.arange(max_len)[None, :] <= q_pos)[None, None]  # [1, 1, L_q, max_len]
     return cached_k.value, cached_v.value, step_mask
+
+  def _update_beam_cache(self, k, v, cached_k, cached_v, index):
+    """The cache in beam search's layout (made by txf.models.inference.expand_cache), never reordered.
+
+    The G beams of a source keep their keys/values side by side in the source's row,
+    [B, h, G*T, d_k] (beam slot g holds positions g*T .. g*T + T - 1), and ``beam_slots`` int
+    [B*G, T] says, for each beam, which slot holds each position of its history: beam search
+    reorders that table only. This step's keys/values [B*G, h, L, d_k] go to each beam's own slot at
+    ``cache_index``; returns the source's keys/values and the mask [B, 1, G*L, G*T] by which beam
+    q's query at position i + p sees slot s at position u iff u <= i + p and beam_slots[q, u] == s
+    (the keys of the gather-reordered cache, at the same positions).
+    """
+    slots = self.variable("cache", "beam_slots", None)
+    n, l = k.shape[0], k.shape[2]
+    b, t = cached_k.value.shape[0], slots.value.shape[1]
+    g, i = n // b, index.value
+
+    def write(buffer, x):  # x [B*G, h, L, d] into buffer [B, h, G*T, d] at slot g, positions i..
+      x = x.reshape((b, g) + x.shape[1:]).transpose(0, 2, 1, 3, 4).astype(buffer.dtype)
+      grouped = buffer.reshape(b, buffer.shape[1], g, t, buffer.shape[3])
+      return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, i, 0)).reshape(buffer.shape)
+
+    cached_k.value, cached_v.value = write(cached_k.value, k), write(cached_v.value, v)
+    own = jnp.broadcast_to((jnp.arange(n) % g)[:, None], (n, l)).astype(slots.value.dtype)
+    slots.value = jax.lax.dynamic_update_slice(slots.value, own, (0, i))
+    index.value = i + l
+    seen = jnp.arange(t)[None, :] <= i + jnp.arange(l)[:, None]  # [L, T]
+    owner = slots.value.reshape(b, g, 1, 1, t) == jnp.arange(g)[:, None]  # [B, G, 1, G, T]
+    mask = owner & seen[None, None, :, None, :]  # [B, G (query beam), L, G (slot), T]
+    return cached_k.value, cached_v.value, mask.reshape(b, 1, g * l, g * t)
 
   def _cross_cache(self, k, v, memory_valid):
     """The encoder memory's key/value heads and validity, stored once per source when decoding.
