@@ -66,6 +66,12 @@ def test_fast_path_does_not_call_jax_random_bits():
   assert "random_bits" not in str(jax.make_jaxpr(lambda k: dropout_ops.bernoulli(k, 0.9, (8, 16)))(key))
 
 
+def test_other_backends_use_jax_random_bits(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  jaxpr = str(jax.make_jaxpr(lambda k: dropout_ops.bernoulli(k, 0.9, (8, 16)))(jax.random.key(0)))
+  assert "random_bits" in jaxpr
+
+
 def test_other_generators_fall_back_to_jax():
   shape = (5, 6)
   rbg = jax.random.key(2, impl="rbg")
