@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from txf.bench.dropout import step_mask_shapes
 from txf.models import build_model, init_params
 from txf.nn import TransformerConfig, attention, dropout, layers
 from txf.ops import dropout as dropout_ops
@@ -63,6 +64,12 @@ def test_fast_path_does_not_call_jax_random_bits():
   key = jax.random.key(0)
   assert "random_bits" in str(jax.make_jaxpr(lambda k: jax.random.bernoulli(k, 0.9, (8, 16)))(key))
   assert "random_bits" not in str(jax.make_jaxpr(lambda k: dropout_ops.bernoulli(k, 0.9, (8, 16)))(key))
+
+
+def test_other_backends_use_jax_random_bits(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  jaxpr = str(jax.make_jaxpr(lambda k: dropout_ops.bernoulli(k, 0.9, (8, 16)))(jax.random.key(0)))
+  assert "random_bits" in jaxpr
 
 
 def test_other_generators_fall_back_to_jax():
@@ -133,3 +140,9 @@ def test_encoder_decoder_logits_equal_with_flax_dropout(attention_dropout_rate):
   deterministic = build_model(cfg, deterministic=True).apply({"params": params}, batch["inputs"],
                                                             batch["targets"])
   assert not np.allclose(np.asarray(got), np.asarray(deterministic))  # dropout was on
+
+
+def test_bench_counts_one_base_steps_masks():
+  # base: 6 + 6 layers, batch 32 x 64, d 512: 1 + 2*6 encoder and 1 + 3*6 decoder dropout sites
+  shapes = step_mask_shapes("base")
+  assert shapes.count((32, 64, 512)) == 32 and len(shapes) == 32

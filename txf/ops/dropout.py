@@ -7,7 +7,8 @@ mask then reads both uint32 arrays (8 bytes per element) and rebuilds the float 
 20 rounds and the comparison run as one vectorised loop per slab and write a bool mask (1 byte
 per element). The mask is identical to ``jax.random.bernoulli``'s for the default configuration
 (threefry2x32 keys, ``jax_threefry_partitionable`` on, a float32 ``p``); anything else is handed
-to ``jax.random.bernoulli`` itself.
+to ``jax.random.bernoulli`` itself, and so is every draw on GPU/TPU, where jax's lowering of
+threefry is already unrolled.
 """
 
 import math
@@ -60,6 +61,8 @@ def flat_index(shape: Sequence[int]) -> jnp.ndarray:
 
 
 def _fast_path_ok(key, p, shape) -> bool:
+  if jax.default_backend() != "cpu":
+    return False  # GPU/TPU lower threefry unrolled (or to a kernel) already: fusible there
   if not isinstance(p, (int, float)) or isinstance(p, bool):
     return False
   if jax.config.jax_enable_x64 or not jax.config.jax_threefry_partitionable:
