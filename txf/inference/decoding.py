@@ -14,7 +14,7 @@ import numpy as np
 
 from txf import decode
 from txf.data.base import EOS_ID, Task, pad_batch
-from txf.models.inference import init_cache, make_logits_fn, reorder_cache
+from txf.models.inference import expand_cache, init_cache, make_logits_fn, reorder_cache
 from txf.nn import TransformerConfig
 
 
@@ -30,7 +30,7 @@ def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: in
     if beam_size == 1:
       return decode.greedy_decode(logits_fn, cache, batch_size, max_len)
     ids, _ = decode.beam_search(logits_fn, cache, batch_size, beam_size, max_len, alpha=alpha,
-                                reorder_cache=reorder_cache)
+                                expand_cache=expand_cache, reorder_cache=reorder_cache)
     return ids[:, 0]
 
   return wrap(run)
