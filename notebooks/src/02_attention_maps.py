@@ -12,7 +12,6 @@
 # `TXF_NOTEBOOK_SMALL=1`: a tiny model trained for a few steps (the maps are then mostly noise).
 
 # %%
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ import numpy as np
 from IPython.display import Image, Markdown, display
 
 from txf import inference, viz
-from txf.config import experiment_path
+from txf.config import load_experiment
 from txf.data import synthetic
 from txf.data.base import pad_batch
 from txf.train import train
@@ -39,14 +38,6 @@ from txf.train import train
 
 def pick(full, small):
   return small if SMALL else full
-
-
-def experiment(name):
-  """``get_config()`` of an experiment shipped with txf (experiments/NAME.py)."""
-  spec = importlib.util.spec_from_file_location(f"experiment_{name}", experiment_path(name))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def show(path):
@@ -67,7 +58,7 @@ def table(rows, header):
 # below). Small mode trains a 1+1-layer, d_model=32 model for 20 steps and decodes nothing.
 
 # %%
-config = experiment("default")
+config = load_experiment("default")
 config.num_train_steps = pick(800, 20)
 config.eval_every = 0                        # evaluate once, at the end
 config.checkpoint_every = 0                  # one checkpoint, at the end

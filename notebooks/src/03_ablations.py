@@ -24,7 +24,6 @@
 
 # %%
 import contextlib
-import importlib.util
 import io
 import os
 import tempfile
@@ -52,20 +51,12 @@ import numpy as np
 from IPython.display import Image, Markdown, display
 
 from txf import viz
-from txf.config import experiment_path
+from txf.config import load_experiment
 from txf.train import train
 
 
 def pick(full, small):
   return small if SMALL else full
-
-
-def experiment(name):
-  """``get_config()`` of an experiment shipped with txf (experiments/NAME.py)."""
-  spec = importlib.util.spec_from_file_location(f"experiment_{name}", experiment_path(name))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def show(path):
@@ -85,7 +76,7 @@ def mean_and_spread(values):
   return f"{v.mean():.3f}" if v.size < 2 else f"{v.mean():.3f} ± {v.std(ddof=1):.3f}"
 
 # %%
-base = experiment("default")
+base = load_experiment("default")
 STEPS = pick(400, 6)
 SEEDS = pick([0, 1, 2], [0])
 EVAL_EXAMPLES = pick(512, 16)      # held-out sentences: teacher-forced metrics and greedy decoding

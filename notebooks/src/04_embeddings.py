@@ -17,7 +17,6 @@
 
 # %%
 import contextlib
-import importlib.util
 import io
 import os
 import tempfile
@@ -50,7 +49,7 @@ import numpy as np
 from IPython.display import Image, Markdown, display
 
 from txf import viz
-from txf.config import experiment_path
+from txf.config import load_experiment
 from txf.data import EOS_ID, UNK_ID, make_task, synthetic
 from txf.models import EncoderClassifier
 from txf.nn import Embed, Encoder
@@ -61,14 +60,6 @@ absl_logging.set_verbosity("error")   # the data pipeline's notes (how many sent
 
 def pick(full, small):
   return small if SMALL else full
-
-
-def experiment(name):
-  """``get_config()`` of an experiment shipped with txf (experiments/NAME.py)."""
-  spec = importlib.util.spec_from_file_location(f"experiment_{name}", experiment_path(name))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def show(path):
@@ -115,7 +106,7 @@ else:
         f.write(f"{source}\t{int(plural)}\n")
 
 V, K, WINDOW = pick(2000, 300), pick(51, 12), 2   # V: the most frequent words that get PCA vectors
-config = experiment("sentiment_seed")
+config = load_experiment("sentiment_seed")
 config.data.source = f"text:{NAME}"
 config.data.path = root
 config.data.data_dir = tempfile.mkdtemp(prefix="txf-notebook-04-prepared-")
