@@ -35,6 +35,7 @@ the last n checkpoints to ``<workdir>/params_avg<n>.msgpack``.
 import json
 import os
 import time
+import types
 import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -45,6 +46,7 @@ from jax.experimental import multihost_utils
 
 from txf import workdir as workdir_lib
 from txf.errors import TxfError
+from txf.models import model_config_from, unpad_vocab
 
 FORMAT_VERSION = 1
 STATE, META = "state", "meta"
@@ -307,6 +309,21 @@ def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
   return int(which)
 
 
+def exported_params(workdir: str, params):
+  """A checkpoint's parameters as params files hold them: without the vocabulary padding rows
+  (``txf.models.unpad_vocab``, sizes from the run's config.json and task.json)."""
+  path = os.path.join(workdir, "task.json")
+  if not os.path.exists(path):  # a run older than task.json: older than vocabulary padding too
+    return params
+  with open(path) as f:
+    sizes = json.load(f)
+  task = types.SimpleNamespace(vocab_size=sizes["vocab_size"],
+                               target_vocab_size=sizes.get("target_vocab_size", 0),
+                               num_classes=sizes.get("num_classes", 0))
+  cfg = model_config_from(workdir_lib.load_config(workdir), task, vocab_multiple=1)
+  return unpad_vocab(params, cfg)
+
+
 def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
                         step: Optional[str] = None) -> Tuple[str, List[int]]:
   """Average the params of the ``last`` newest checkpoints; returns (path written, steps used).
@@ -320,7 +337,7 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
   try:
     if step:
       chosen = _pick_step(checkpointer, str(step))
-      params = checkpointer.restore_params(chosen)
+      params = exported_params(workdir, checkpointer.restore_params(chosen))
       path = workdir_lib.save_params(workdir, params, output or f"params_{step}.msgpack")
       return path, [chosen]
     steps = checkpointer.all_steps()
@@ -340,5 +357,6 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
   finally:
     checkpointer.close()
   mean = jax.tree_util.tree_map(lambda s, d: (s / len(steps)).astype(d), total, dtypes)
+  mean = exported_params(workdir, mean)
   path = workdir_lib.save_params(workdir, mean, output or f"params_avg{last}.msgpack")
   return path, steps

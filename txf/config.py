@@ -6,6 +6,7 @@ that is not defined here is an error (catches typos such as ``model.num_head``).
 
 import difflib
 import importlib.util
+import math
 import os
 from typing import Iterable, List, Optional, Tuple
 
@@ -70,6 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | first token
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
   m.dtype = "float32"            # compute dtype: float32 | bfloat16 (parameters stay float32)
+  m.vocab_multiple = 0           # embedding/output tables get ceil(V/m)*m rows, the padding never predicted nor exported; 0 = auto: 1 on CPU, 128 on GPU/TPU, lcm(128, split) when the mesh splits the vocabulary (tensor axis > 1)
 
   c.optimizer = ml_collections.ConfigDict()
   o = c.optimizer
@@ -227,6 +229,64 @@ def fit_cooldown(cfg: ml_collections.ConfigDict, original_steps: int) -> Optiona
           f"of the run")
 
 
+# Padding multiple of the vocabulary tables on GPU and TPU (and whenever a mesh splits them).
+ACCELERATOR_VOCAB_MULTIPLE = 128
+
+
+def mesh_axis_sizes(cfg: ml_collections.ConfigDict, num_devices: int,
+                    num_granules: int = 1) -> dict:
+  """{"data": n, "fsdp": n, "tensor": n} of the mesh ``cfg`` asks for on ``num_devices`` devices
+  (``mesh_shape`` times ``dcn_mesh_shape`` over ``num_granules`` slices or processes), all 1 unless
+  ``parallelism == "mesh"``. Lenient: a -1 that cannot be filled counts as 1 (the mesh's own checks
+  name that problem when it is built)."""
+  names = ("data", "fsdp", "tensor")
+  if cfg.get("parallelism") != "mesh":
+    return dict.fromkeys(names, 1)
+
+  def fill(shape, total):
+    shape = [int(x) for x in tuple(shape or ())]
+    if len(shape) != 3:
+      return [1, 1, 1]
+    known = 1
+    for x in shape:
+      known *= x if x > 0 else 1
+    if shape.count(-1) == 1:
+      shape[shape.index(-1)] = total // known if total % known == 0 else 1
+    return [max(x, 1) for x in shape]
+
+  dcn = tuple(cfg.get("dcn_mesh_shape", ()) or ())
+  dcn_sizes = fill(dcn, num_granules) if dcn else [1, 1, 1]
+  slices = dcn_sizes[0] * dcn_sizes[1] * dcn_sizes[2]
+  ici = fill(cfg.get("mesh_shape", (-1, 1, 1)), max(num_devices // slices, 1))
+  return {n: a * b for n, a, b in zip(names, ici, dcn_sizes)}
+
+
+def vocab_splits(cfg: ml_collections.ConfigDict, num_devices: int, num_granules: int = 1) -> int:
+  """Into how many shards the mesh of ``cfg`` splits the vocabulary tables: the product of the
+  sizes of the mesh axes that ``sharding_rules.vocab`` names (1 without a mesh)."""
+  sizes = mesh_axis_sizes(cfg, num_devices, num_granules)
+  rule = str(dict(cfg.get("sharding_rules", {}) or {}).get("vocab", "tensor") or "")
+  ways = 1
+  for axis in [a.strip() for a in rule.split(",") if a.strip()]:
+    ways *= sizes.get(axis, 1)
+  return ways
+
+
+def resolve_vocab_multiple(cfg: ml_collections.ConfigDict, num_devices: int, backend: str,
+                           num_granules: int = 1) -> int:
+  """``model.vocab_multiple`` when set (> 0); else (0 = auto) 1 on CPU, ACCELERATOR_VOCAB_MULTIPLE
+  (128) on GPU/TPU, and lcm(128, s) whenever the mesh splits the vocabulary s > 1 ways (e.g. a
+  tensor axis of 2): the padded vocabulary then always divides over the mesh, and stays the same
+  for every power-of-two tensor axis up to 128 (so a run resumes on another such mesh)."""
+  given = int(cfg.get("model", {}).get("vocab_multiple", 0) or 0)
+  if given > 0:
+    return given
+  splits = vocab_splits(cfg, num_devices, num_granules)
+  if splits > 1:
+    return math.lcm(ACCELERATOR_VOCAB_MULTIPLE, splits)
+  return ACCELERATOR_VOCAB_MULTIPLE if backend in ("gpu", "tpu", "cuda", "rocm") else 1
+
+
 def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
   """Check a config before anything compiles; raise ConfigError naming every bad field and its fix.
 
@@ -249,6 +309,10 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
 
   positive("", ["num_train_steps", "batch_size", "log_every", "grad_accum_steps"])
   positive("model", ["d_model", "num_heads", "d_ff", "max_len"])
+  multiple = m.get("vocab_multiple", 0)
+  if not isinstance(multiple, int) or multiple < 0:
+    errors.append(f"model.vocab_multiple={multiple!r} must be an integer >= 0 (0 = auto: 1 on CPU, "
+                  f"128 on GPU/TPU or when a tensor axis splits the vocabulary)")
   positive("optimizer", ["warmup_steps", "learning_rate"])
   if o.get("learning_rate_scale", 1.0) <= 0:
     errors.append(f"optimizer.learning_rate_scale={o.get('learning_rate_scale')} must be > 0 "

@@ -27,7 +27,7 @@ from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.steps import create_train_state, make_eval_step, make_train_step
-from txf.config import ConfigError
+from txf.config import ConfigError, resolve_vocab_multiple
 
 
 def model_config(config, vocab_size: int, target_vocab_size: int = 0) -> TransformerConfig:
@@ -76,7 +76,8 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   mesh_shape = tuple(config.mesh_shape) if config.parallelism == "mesh" else (-1, 1, 1)
   mesh = sharding_lib.make_mesh(mesh_shape, devices, config.get("dcn_mesh_shape", ()))
   rules = dict(config.sharding_rules.items())
-  cfg = model_config(config, vocab_size)
+  cfg = dataclasses.replace(model_config(config, vocab_size), vocab_multiple=resolve_vocab_multiple(
+      config, len(devices), devices[0].platform, len({d.process_index for d in devices})))
   shape = batch_shape(config)
   rows, s, t = shape["rows"], shape["source_len"], shape["target_len"]
   ways = int(np.prod([mesh.shape[a] for a in sharding_lib.MESH_AXES

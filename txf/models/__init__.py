@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import ops
+from txf.config import resolve_vocab_multiple
 
 from txf.models.decoder_lm import DecoderLM
 from txf.models.encoder_classifier import EncoderClassifier
@@ -103,14 +104,63 @@ def count_params(params) -> int:
   return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))
 
 
-def model_config_from(config, task) -> TransformerConfig:
+def model_config_from(config, task, vocab_multiple: Optional[int] = None) -> TransformerConfig:
   """The model's frozen config: ``config.model`` fields plus the sizes the data decides
-  (``task.vocab_size``, ``task.target_vocab_size``, ``task.num_classes``)."""
+  (``task.vocab_size``, ``task.target_vocab_size``, ``task.num_classes``).
+
+  ``vocab_size`` stays the real vocabulary; the tables' padded row count follows
+  ``vocab_multiple`` (default: ``config.model.vocab_multiple`` resolved for this run's backend and
+  mesh by ``txf.config.resolve_vocab_multiple``; 1 for parameters exported without padding).
+  """
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in config.model.items() if k in fields}
+  if vocab_multiple is None:
+    vocab_multiple = resolve_vocab_multiple(config, jax.device_count(), jax.default_backend(),
+                                            jax.process_count())
   kwargs.update(vocab_size=task.vocab_size, target_vocab_size=task.target_vocab_size,
-                num_classes=task.num_classes or 2)
+                num_classes=task.num_classes or 2, vocab_multiple=vocab_multiple)
   return TransformerConfig(**kwargs)
+
+
+def _vocab_tables(params, cfg: TransformerConfig):
+  """(path, real rows, axis) of every vocabulary-sized table in a parameter tree of ``cfg``'s model."""
+  out = []
+  for name, size in (("embed", cfg.vocab_size), ("source_embed", cfg.vocab_size),
+                     ("target_embed", cfg.tgt_vocab_size)):
+    if name in params and "embedding" in params[name]:
+      out.append(((name, "embedding"), size, 0))
+  if "decoder" in params and "logits_kernel" in params["decoder"]:
+    out.append((("decoder", "logits_kernel"), cfg.tgt_vocab_size, 1))
+  return out
+
+
+def unpad_vocab(params, cfg: TransformerConfig):
+  """``params`` with the padding rows of every vocabulary table dropped (``model.vocab_multiple``):
+  embeddings [V_pad, d] -> [V, d], an untied output kernel [d, V_pad] -> [d, V]. What every export
+  (params.msgpack, averaged checkpoints, other formats) writes; a no-op on unpadded parameters.
+  Returns a new (shallow-copied) tree; the leaves of other parameters are the same objects."""
+  out = dict(params)
+  for (outer, inner), size, axis in _vocab_tables(params, cfg):
+    table = params[outer][inner]
+    if table.shape[axis] > size:
+      cut = table[:size] if axis == 0 else table[:, :size]
+      out[outer] = dict(out[outer], **{inner: cut})
+  return out
+
+
+def pad_vocab(params, cfg: TransformerConfig):
+  """The inverse of ``unpad_vocab``: vocabulary tables of real size V given zero rows up to
+  ``cfg``'s padded size (those rows are never looked up nor predicted, so their values do not
+  matter). A no-op on tables that already have the padded size."""
+  out = dict(params)
+  padded = {cfg.vocab_size: cfg.padded_vocab_size, cfg.tgt_vocab_size: cfg.padded_tgt_vocab_size}
+  for (outer, inner), size, axis in _vocab_tables(params, cfg):
+    table = params[outer][inner]
+    extra = padded[size] - table.shape[axis]
+    if extra > 0:
+      widths = [(0, extra), (0, 0)] if axis == 0 else [(0, 0), (0, extra)]
+      out[outer] = dict(out[outer], **{inner: jnp.pad(jnp.asarray(table), widths)})
+  return out
 
 
 # A loss: (model, params, batch, dropout rng or None) -> (loss_sum, terms), where loss_sum is a
@@ -148,7 +198,7 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
     if use_fused(model):
       h, table, targets, weights = forward_hidden(model, params, batch, rng)
       loss_sum, nll_sum, correct, count = ops.head_cross_entropy(
-          h, table, targets, weights, label_smoothing, chunk_rows)
+          h, table, targets, weights, label_smoothing, chunk_rows, model.config.tgt_vocab_size)
       return loss_sum, {"count": count, "nll_sum": nll_sum, "correct": correct}
     logits, targets, weights = forward(model, params, batch, rng)
     loss_sum, count = ops.label_smoothed_cross_entropy(logits, targets, weights, label_smoothing)

@@ -8,6 +8,12 @@ import jax.numpy as jnp
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 
+def padded_size(size: int, multiple: int) -> int:
+  """ceil(size / multiple) * multiple (``size`` itself for multiple <= 1)."""
+  multiple = max(int(multiple or 1), 1)
+  return -(-int(size) // multiple) * multiple
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """Hyper-parameters of one model; eval/decode variants are ``dataclasses.replace`` copies.
@@ -18,6 +24,7 @@ class TransformerConfig:
   family: str = "encoder_decoder"      # encoder_decoder | encoder_classifier | decoder_lm
   vocab_size: int = 32                 # source (or only) vocabulary
   target_vocab_size: int = 0           # 0: same vocabulary as the source
+  vocab_multiple: int = 1              # embedding/output tables get ceil(V / m) * m rows (padding never predicted)
   num_classes: int = 2                 # encoder_classifier only
   d_model: int = 128
   num_heads: int = 4
@@ -41,6 +48,17 @@ class TransformerConfig:
   @property
   def tgt_vocab_size(self) -> int:
     return self.target_vocab_size or self.vocab_size
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the source (or only) embedding table: ``vocab_size`` rounded up to ``vocab_multiple``."""
+    return padded_size(self.vocab_size, self.vocab_multiple)
+
+  @property
+  def padded_tgt_vocab_size(self) -> int:
+    """Rows of the target embedding / columns of the output layer: ``tgt_vocab_size`` rounded up
+    to ``vocab_multiple``. Logits are computed over these and cut back to ``tgt_vocab_size``."""
+    return padded_size(self.tgt_vocab_size, self.vocab_multiple)
 
   @property
   def compute_dtype(self) -> Any:

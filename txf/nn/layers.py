@@ -8,12 +8,18 @@ import jax.numpy as jnp
 from txf import ops
 from txf.ops import dots
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
-from txf.nn.config import TransformerConfig
+from txf.nn.config import TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
 
 
 class Embed(nn.Module):
-  """Token embedding table E [V, d_model]; ``__call__`` gives E[x] * sqrt(d_model), ``attend`` gives h E^T."""
+  """Token embedding table E [V_pad, d_model]; ``__call__`` gives E[x] * sqrt(d_model), ``attend``
+  gives h E^T [..., V_pad].
+
+  ``num_embeddings`` is the real vocabulary V; the table has V_pad = ceil(V / m) * m rows
+  (m = ``config.vocab_multiple``, so that a tensor axis divides them). Ids are < V, so the
+  padding rows are never looked up; the ``Decoder`` cuts the logits back to V.
+  """
   config: TransformerConfig
   num_embeddings: int
 
@@ -21,14 +27,15 @@ class Embed(nn.Module):
     # N(0, d^-1/2): after the sqrt(d) scale the embeddings have unit variance, and tied logits start small.
     self.table = self.param("embedding", nn.with_logical_partitioning(
         nn.initializers.normal(self.config.d_model ** -0.5), ("vocab", "embed")),
-                            (self.num_embeddings, self.config.d_model))
+                            (padded_size(self.num_embeddings, self.config.vocab_multiple),
+                             self.config.d_model))
 
   def __call__(self, ids: jnp.ndarray) -> jnp.ndarray:
     """ids int [B, L] -> [B, L, d_model]."""
     return constrain(ops.embed(ids, self.table.astype(self.config.compute_dtype)), HIDDEN_AXES)
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
-    """h [B, L, d_model] -> logits [B, L, V] = h E^T."""
+    """h [B, L, d_model] -> logits [B, L, V_pad] = h E^T (padding columns included)."""
     if dots.uses_bf16_units(h.dtype):  # f32 logits from the bf16 dot units
       return dots.dense_nt(h, self.table.astype(h.dtype))
     return ops.tied_logits(h, self.table.astype(h.dtype))
@@ -163,11 +170,13 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, decoder_inputs, memory=None, memory_valid=None, segmentation=None,
                positions=None, memory_segmentation=None, project: bool = True):
-    """decoder_inputs int [B, T] (already shifted right) -> logits [B, T, V_target].
+    """decoder_inputs int [B, T] (already shifted right) -> logits [B, T, V_target] (the real
+    vocabulary: a padded table's extra columns are cut off).
 
     memory [B, S, d_model] and memory_valid bool [B, S] for cross-attention (None at cached steps).
-    ``project=False``: (final hidden states h [B, T, d_model], output table W [V_target, d_model])
-    instead, logits = h W^T (for a loss that fuses the projection, ``txf.ops.head_cross_entropy``).
+    ``project=False``: (final hidden states h [B, T, d_model], output table W [V_pad, d_model],
+    padding rows included: the loss must ignore rows >= V_target) instead, logits = h W^T (for a
+    loss that fuses the projection, ``txf.ops.head_cross_entropy``).
     """
     cfg = self.config
     length = decoder_inputs.shape[1]
@@ -191,8 +200,10 @@ class Decoder(nn.Module):
       logits = self.embed.attend(y)
     else:
       w = self.param("logits_kernel", nn.with_logical_partitioning(xavier, ("embed", "vocab")),
-                     (cfg.d_model, cfg.tgt_vocab_size))
+                     (cfg.d_model, cfg.padded_tgt_vocab_size))
       if not project:
         return y, w.astype(y.dtype).T
       logits = (dots.matmul_for(y.dtype) or jnp.matmul)(y, w.astype(y.dtype))
-    return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+    logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+    # the padding columns of a padded vocabulary (model.vocab_multiple) are cut off: never predicted
+    return logits[..., :cfg.tgt_vocab_size] if logits.shape[-1] > cfg.tgt_vocab_size else logits

@@ -11,12 +11,17 @@ import jax.numpy as jnp
 from txf.ops import dots
 
 
-def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool):
+def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool, vocab: int):
   """Loss terms of one block of rows (and, with ``grads``, the unit-cotangent gradient g of the
-  loss sum w.r.t. the logits, and g E, g^T h). h [R, d]; table [V, d]; targets int [R]; weights [R]."""
-  vocab = table.shape[0]
+  loss sum w.r.t. the logits, and g E, g^T h). h [R, d]; table [V_pad, d]; targets int [R];
+  weights [R]; ``vocab``: the real V <= V_pad (rows >= V are padding: logits -inf, q = 0)."""
+  rows = table.shape[0]
   bf16 = dots.uses_bf16_units(h.dtype)  # bf16 compute on CPU: the dot forms of txf.ops.dots
-  z = dots.dot_nt(h, table) if bf16 else jnp.dot(h, table.T).astype(jnp.float32)  # [R, V]
+  z = dots.dot_nt(h, table) if bf16 else jnp.dot(h, table.T).astype(jnp.float32)  # [R, V_pad]
+  iota = jnp.arange(rows, dtype=targets.dtype)[None, :]
+  real = iota < vocab if vocab < rows else None
+  if real is not None:  # padding columns: exp(-inf) = 0 in the softmax, never the argmax
+    z = jnp.where(real, z, -jnp.inf)
   m = jnp.max(z, axis=-1)
   e = jnp.exp(z - m[:, None])
   s = jnp.sum(e, axis=-1)
@@ -26,13 +31,13 @@ def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool):
   smooth = epsilon / (vocab - 1) if epsilon and vocab > 1 else 0.0
   if smooth:
     # -(1-eps)(z_y - lse) - eps/(V-1) sum_{k != y} (z_k - lse)
-    loss = (1.0 - epsilon) * nll + epsilon * lse - smooth * (jnp.sum(z, axis=-1) - z_y)
+    z_sum = jnp.sum(z if real is None else jnp.where(real, z, 0.0), axis=-1)
+    loss = (1.0 - epsilon) * nll + epsilon * lse - smooth * (z_sum - z_y)
   else:
     loss = nll
   # argmax as the first index holding the max (a plain min-reduce; XLA:CPU's variadic argmax
   # reduce was ~3% of a base step)
-  iota = jnp.arange(vocab, dtype=targets.dtype)[None, :]
-  first = jnp.min(jnp.where(z == m[:, None], iota, vocab), axis=-1)
+  first = jnp.min(jnp.where(z == m[:, None], iota, rows), axis=-1)
   correct = (first == targets).astype(jnp.float32)
   terms = (jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(correct * weights))
   if not grads:
@@ -40,6 +45,8 @@ def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool):
   # d(loss_t)/dz_k = p_k - q_k with q_y = 1 - eps (or 1), q_k = eps / (V - 1) otherwise
   hit = iota == targets[:, None]
   q = jnp.where(hit, 1.0 - epsilon if smooth else 1.0, smooth)
+  if real is not None and smooth:
+    q = jnp.where(real, q, 0.0)
   g = (weights / s)[:, None] * e - weights[:, None] * q
   g = g.astype(h.dtype)
   if bf16:
@@ -51,19 +58,26 @@ def _pad_rows(x, rows: int):
   return jnp.pad(x, [(0, rows - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
 
 
-def _run(h, table, targets, weights, epsilon: float, chunk_rows: Optional[int], grads: bool):
-  """Terms (and gradients) over all rows, in one block or a scan over blocks of ``chunk_rows``."""
+def _run(h, table, targets, weights, epsilon: float, chunk_rows: Optional[int], grads: bool,
+         vocab: int):
+  """Terms (and gradients) over all rows, in one block or a scan over blocks of ``chunk_rows``.
+
+  Block b holds the rows b, b + blocks, b + 2 blocks, ... (strided): rows sharded over devices
+  (contiguous shards of the batch) then stay sharded within every block, so each device runs
+  its own rows of each block and no device gathers the rows of another (a scan over contiguous
+  blocks would split the scanned axis and make GSPMD gather all rows onto every device)."""
   n = h.shape[0]
   if not chunk_rows or chunk_rows >= n:
-    return _chunk_terms(h, table, targets, weights, epsilon, grads)
+    return _chunk_terms(h, table, targets, weights, epsilon, grads, vocab)
   blocks = -(-n // chunk_rows)
   rows = blocks * chunk_rows
-  split = lambda x: _pad_rows(x, rows).reshape(blocks, chunk_rows, *x.shape[1:])
+  split = lambda x: jnp.swapaxes(
+      _pad_rows(x, rows).reshape(chunk_rows, blocks, *x.shape[1:]), 0, 1)
   zero = jnp.zeros((), jnp.float32)
 
   def body(carry, xs):
     terms, dtable = carry
-    new, g = _chunk_terms(*xs[:1], table, *xs[1:], epsilon, grads)
+    new, g = _chunk_terms(*xs[:1], table, *xs[1:], epsilon, grads, vocab)
     terms = tuple(a + b for a, b in zip(terms, new))
     if not grads:
       return (terms, dtable), None
@@ -73,20 +87,20 @@ def _run(h, table, targets, weights, epsilon: float, chunk_rows: Optional[int], 
   (terms, dtable), dh = jax.lax.scan(body, init, (split(h), split(targets), split(weights)))
   if not grads:
     return terms, None
-  return terms, (dh.reshape(rows, -1)[:n], dtable)
+  return terms, (jnp.swapaxes(dh, 0, 1).reshape(rows, -1)[:n], dtable)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _head(h, table, targets, weights, epsilon, chunk_rows):
-  return _run(h, table, targets, weights, epsilon, chunk_rows, grads=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _head(h, table, targets, weights, epsilon, chunk_rows, vocab):
+  return _run(h, table, targets, weights, epsilon, chunk_rows, False, vocab)[0]
 
 
-def _head_fwd(h, table, targets, weights, epsilon, chunk_rows):
-  terms, (dh, dtable) = _run(h, table, targets, weights, epsilon, chunk_rows, grads=True)
+def _head_fwd(h, table, targets, weights, epsilon, chunk_rows, vocab):
+  terms, (dh, dtable) = _run(h, table, targets, weights, epsilon, chunk_rows, True, vocab)
   return terms, (dh, dtable, targets, weights)
 
 
-def _head_bwd(epsilon, chunk_rows, res, cotangents):
+def _head_bwd(epsilon, chunk_rows, vocab, res, cotangents):
   dh, dtable, targets, weights = res
   ct = cotangents[0]
   # only the loss sum is differentiable: the NLL and correct-count sums are metrics
@@ -99,7 +113,7 @@ _head.defvjp(_head_fwd, _head_bwd)
 
 def head_cross_entropy(h: jnp.ndarray, table: jnp.ndarray, targets: jnp.ndarray,
                        weights: jnp.ndarray, epsilon: float = 0.0,
-                       chunk_rows: Optional[int] = None
+                       chunk_rows: Optional[int] = None, vocab_size: Optional[int] = None
                        ) -> Tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Label-smoothed cross-entropy of the logits z = h E^T (E: the tied embedding or the output
   kernel transposed), without handing z back.
@@ -120,11 +134,15 @@ def head_cross_entropy(h: jnp.ndarray, table: jnp.ndarray, targets: jnp.ndarray,
       computed in float32); targets: int [...]; weights: [...] (0 for padding).
     epsilon: label smoothing eps in [0, 1).
     chunk_rows: rows per block, or None for one block.
+    vocab_size: the real vocabulary V when ``table`` has extra padding rows (V_pad > V, see
+      ``model.vocab_multiple``): their logits are excluded (-inf in the softmax, never the argmax,
+      q = 0, eps / (V - 1) with the real V) and their gradient is 0. None: every row is real.
   Returns:
     (sum_t w_t loss_t, sum_t w_t nll_t, sum_t w_t correct_t, sum_t w_t), float32 scalars.
   """
   d = h.shape[-1]
   weights = weights.astype(jnp.float32).reshape(-1)
   loss_sum, nll_sum, correct = _head(h.reshape(-1, d), table.astype(h.dtype), targets.reshape(-1),
-                                     weights, float(epsilon), chunk_rows)
+                                     weights, float(epsilon), chunk_rows,
+                                     int(vocab_size or table.shape[0]))
   return loss_sum, jax.lax.stop_gradient(nll_sum), jax.lax.stop_gradient(correct), weights.sum()

@@ -26,6 +26,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from txf import config as config_lib
 from txf.config import ConfigError, base_config
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -71,6 +72,22 @@ def flax_rules(rules: Optional[Mapping[str, Any]] = None):
   return tuple((k, (v[0] if len(v) == 1 else v) if v else None) for k, v in parse_rules(rules).items())
 
 
+def _dimension_splits(shape: Sequence[int], names: Sequence[Optional[str]],
+                      rules: Mapping[str, Tuple[str, ...]], axis_sizes: Mapping[str, int]):
+  """[(size, logical name, mesh axes, ways)] per dimension of one array: the mesh axes (of size > 1)
+  its logical name maps to and their product, () and 1 when replicated (no rule, or a mesh axis an
+  earlier dimension already took)."""
+  used, out = set(), []
+  for size, logical in zip(shape, names):
+    mesh_axes = tuple(a for a in rules.get(logical, ()) if axis_sizes.get(a, 1) > 1) if logical else ()
+    if not mesh_axes or used & set(mesh_axes):
+      out.append((size, logical, (), 1))
+      continue
+    used |= set(mesh_axes)
+    out.append((size, logical, mesh_axes, int(np.prod([axis_sizes[a] for a in mesh_axes]))))
+  return out
+
+
 def mesh_spec(shape: Sequence[int], names: Sequence[Optional[str]], rules: Mapping[str, Tuple[str, ...]],
               axis_sizes: Mapping[str, int], where: str = "an array") -> PartitionSpec:
   """The mesh PartitionSpec of one array from its logical axis ``names`` (one per dimension).
@@ -78,23 +95,105 @@ def mesh_spec(shape: Sequence[int], names: Sequence[Optional[str]], rules: Mappi
   Mesh axes of size 1 are dropped; a mesh axis an earlier dimension already took leaves the later
   dimension replicated; a dimension its mesh axes do not divide raises ConfigError.
   """
-  used, spec = set(), []
-  for size, logical in zip(shape, names):
-    mesh_axes = tuple(a for a in rules.get(logical, ()) if axis_sizes[a] > 1) if logical else ()
-    if not mesh_axes or used & set(mesh_axes):
+  spec = []
+  for size, logical, mesh_axes, ways in _dimension_splits(shape, names, rules, axis_sizes):
+    if not mesh_axes:
       spec.append(None)
       continue
-    ways = int(np.prod([axis_sizes[a] for a in mesh_axes]))
     if size % ways:
       raise ConfigError(
           f"mesh_shape {dict(axis_sizes)}: the '{logical}' axis of {where} has {size} entries, not "
           f"divisible by {'x'.join(mesh_axes)}={ways}: change mesh_shape, the model size, or set "
           f"sharding_rules.{logical}='' to replicate it")
-    used |= set(mesh_axes)
     spec.append(mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
   while spec and spec[-1] is None:
     spec.pop()
   return PartitionSpec(*spec)
+
+
+# What the model's logical axes are, for the errors of check_splits.
+DIMENSIONS = {"heads": "model.num_heads", "mlp": "model.d_ff", "embed": "model.d_model",
+              "norm": "model.d_model", "act_embed": "model.d_model", "kv": "d_k (d_model / num_heads)",
+              "vocab": "the vocabulary rows", "length": "model.max_len",
+              "classes": "the classifier's classes"}
+
+
+def _dimension_sizes(abstract_params, param_axes) -> Dict[str, set]:
+  """{logical axis name: the sizes it has in some parameter}."""
+  sizes: Dict[str, set] = {}
+  for leaf, names in zip(jax.tree_util.tree_leaves(abstract_params),
+                         jax.tree_util.tree_leaves(param_axes,
+                                                   is_leaf=lambda x: isinstance(x, PartitionSpec))):
+    for size, logical in zip(np.shape(leaf), tuple(names)):
+      if logical:
+        sizes.setdefault(logical, set()).add(int(size))
+  return sizes
+
+
+def check_splits(config, abstract_params, param_axes, num_devices: int) -> None:
+  """One ConfigError, before anything compiles, if the mesh of ``config`` (parallelism="mesh")
+  splits a model dimension into pieces of unequal size: it names each dimension, its size, the
+  mesh axes and their size, and suggests a mesh_shape over ``num_devices`` devices that divides
+  every dimension (and ``batch_size`` over data x fsdp). ``abstract_params``: the parameters (or
+  their ShapeDtypeStructs); ``param_axes``: their logical axes (``txf.models.param_axes``).
+  The vocabulary's rows are padded to divide (``model.vocab_multiple``); only an explicit
+  multiple that does not can fail here."""
+  if config.get("parallelism") != "mesh":
+    return
+  rules = parse_rules(dict(config.get("sharding_rules", {}) or {}))
+  axis_sizes = config_lib.mesh_axis_sizes(config, num_devices)
+  problems = {}
+  for leaf, names in zip(jax.tree_util.tree_leaves(abstract_params),
+                         jax.tree_util.tree_leaves(param_axes,
+                                                   is_leaf=lambda x: isinstance(x, PartitionSpec))):
+    for size, logical, mesh_axes, ways in _dimension_splits(np.shape(leaf), tuple(names), rules,
+                                                             axis_sizes):
+      if mesh_axes and size % ways:
+        problems[(logical, size)] = (mesh_axes, ways)
+  if not problems:
+    return
+  parts = []
+  for (logical, size), (mesh_axes, ways) in sorted(problems.items()):
+    what = DIMENSIONS.get(logical, f"the '{logical}' axis")
+    over = "x".join(f"{a}={axis_sizes[a]}" for a in mesh_axes)
+    parts.append(f"{what}={size} (logical axis '{logical}') does not split over {over}")
+  advice = []
+  if any(logical == "vocab" for logical, _ in problems):
+    advice.append("set model.vocab_multiple=0 (auto: pads the vocabulary to divide)")
+  mesh = suggest_mesh_shape(config, _dimension_sizes(abstract_params, param_axes), rules,
+                            num_devices)
+  if mesh:
+    advice.append(f"use e.g. --config.mesh_shape=\"{mesh}\" on {num_devices} devices")
+  advice.append("or set sharding_rules.<axis>='' to replicate that axis")
+  shape = tuple(config.get("mesh_shape", ()))
+  raise ConfigError(f"mesh_shape={shape}: " + "; ".join(parts) + ": " + ", ".join(advice))
+
+
+def suggest_mesh_shape(config, dimension_sizes: Mapping[str, set], rules, num_devices: int
+                       ) -> Optional[Tuple[int, int, int]]:
+  """The (data, fsdp, tensor) over ``num_devices`` closest to ``config.mesh_shape`` (tensor, then
+  fsdp, nearest; smaller first) that divides every dimension in ``dimension_sizes`` (logical name
+  -> sizes; the vocabulary is skipped when ``model.vocab_multiple`` is auto: it is padded to fit)
+  and ``batch_size`` over its batch axes; None if there is none."""
+  want = [int(x) if int(x) > 0 else 1 for x in tuple(config.get("mesh_shape", (1, 1, 1)))]
+  auto_vocab = not config.get("model", {}).get("vocab_multiple", 0)
+  batch = config.get("batch_size", 0)
+  best = None
+  for tensor in range(1, num_devices + 1):
+    for fsdp in range(1, num_devices // tensor + 1):
+      if num_devices % (tensor * fsdp):
+        continue
+      sizes = {"data": num_devices // (tensor * fsdp), "fsdp": fsdp, "tensor": tensor}
+      ways = lambda logical: int(np.prod([sizes[a] for a in rules.get(logical, ())]))
+      if any(size % ways(logical) for logical, all_sizes in dimension_sizes.items()
+             for size in all_sizes if not (auto_vocab and logical == "vocab")):
+        continue
+      if batch and batch % ways("batch"):
+        continue
+      key = (abs(tensor - want[2]), tensor > want[2], abs(fsdp - want[1]), fsdp > want[1])
+      if best is None or key < best[0]:
+        best = (key, (sizes["data"], fsdp, tensor))
+  return None if best is None else best[1]
 
 
 def state_axes(tree, param_axes):

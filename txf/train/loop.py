@@ -33,8 +33,10 @@ from txf.config import ConfigError
 from txf.data import make_task
 from txf.inference import Evaluator, make_eval_step
 from txf.metrics import MetricWriter
-from txf.models import LossFn, ModelBuilder, count_params, init_params, model_config_from, param_axes
+from txf.models import (LossFn, ModelBuilder, count_params, init_params, model_config_from,
+                        param_axes, unpad_vocab)
 from txf.parallel import distributed, make_runner
+from txf.parallel.sharding import check_splits
 from txf.train.logs import Eta, LogWindow, log_line, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.samples import lm_prompts, lm_samples
@@ -145,6 +147,8 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
   init_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch, model), tx)
   abstract_state = jax.eval_shape(init_state)
+  axes = param_axes(model_cfg, example_batch, model)
+  check_splits(config, abstract_state.params, axes, jax.device_count())  # before any compile
   say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
       f"data {config.data.source}, "
       f"{config.num_train_steps} steps of {config.batch_size} on {jax.device_count()} "
@@ -154,8 +158,7 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
       config,
       lambda axis: make_train_step(model_cfg, tx, smoothing, schedule, axis, config.grad_accum_steps,
                                    loss_fn=loss_fn, build=model),
-      lambda axis: make_eval_step(model_cfg, smoothing, axis, loss_fn=loss_fn, build=model),
-      param_axes(model_cfg, example_batch, model))
+      lambda axis: make_eval_step(model_cfg, smoothing, axis, loss_fn=loss_fn, build=model), axes)
   born_sharded = getattr(runner, "init_state", None)  # mesh: created in its shardings
   new_state = (lambda: born_sharded(init_state)) if born_sharded else init_state
   train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(),
@@ -301,8 +304,8 @@ def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, flo
   if loop.start >= config.num_train_steps:
     say(f"the run in {run.workdir} is already complete ({config.num_train_steps} steps)")
   params = run.runner.host_params(loop.state)  # every process: a mesh runner gathers shards
-  if run.is_main:
-    workdir_lib.save_params(run.workdir, params)
+  if run.is_main:  # exported without the vocabulary padding rows (model.vocab_multiple)
+    workdir_lib.save_params(run.workdir, unpad_vocab(params, run.model_cfg))
     _write_plots(run.workdir, say)
   run.writer.close()
   return loop.final
