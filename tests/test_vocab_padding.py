@@ -67,8 +67,8 @@ def _padded_copy(cfg, params, multiple=M, seed=1):
 def _loss_and_grads(cfg, params, batch, fused):
   model = build_model(cfg, deterministic=True)
   loss = cross_entropy_loss(EPS, fused=fused)
-  (value, terms), grads = jax.value_and_grad(lambda p: loss(model, p, batch, None),
-                                             has_aux=True)(params)
+  (value, terms), grads = jax.jit(jax.value_and_grad(lambda p: loss(model, p, batch, None),
+                                                     has_aux=True))(params)
   return float(value), {k: float(v) for k, v in terms.items()}, grads
 
 
@@ -159,11 +159,10 @@ def test_padded_model_decodes_as_the_unpadded_one_even_with_winning_padding_rows
   sources = [row[row != 0] for row in batch["inputs"]]
   for beam in (1, 3):
     ref = translate_ids(cfg, params, sources, 7, 12, batch_size=3, beam_size=beam)
-    for p in (pparams, poisoned):
-      got = translate_ids(pcfg, p, sources, 7, 12, batch_size=3, beam_size=beam)
-      for a, b in zip(got, ref):
-        np.testing.assert_array_equal(a, b)
-        assert a.max() < V
+    got = translate_ids(pcfg, poisoned, sources, 7, 12, batch_size=3, beam_size=beam)
+    for a, b in zip(got, ref):
+      np.testing.assert_array_equal(a, b)
+      assert a.max() < V
   # and the loss never sees them either
   loss0, _, _ = _loss_and_grads(cfg, params, batch, True)
   for fused in (False, True):
