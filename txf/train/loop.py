@@ -310,7 +310,9 @@ def checkpoint(run: Setup, loop: LoopState, is_last: bool, evaluated) -> None:
 
 
 def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, float]:
-  """Say how training ended; unless stopped by a signal, write params.msgpack and the plots."""
+  """Say how training ended; unless stopped by a signal, write the final parameters and the plots:
+  params.msgpack (one process, or pmap), or params/ (a multi-process mesh run: orbax, each
+  process its own shards, nothing gathered; ``txf.workdir.load_params`` reads either)."""
   config, say = run.config, run.say
   if loop.stopped_by == "signal":
     run.writer.close()
@@ -323,9 +325,14 @@ def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, flo
         f"time_limit_minutes and run again to go on)")
   if loop.start >= config.num_train_steps:
     say(f"the run in {run.workdir} is already complete ({config.num_train_steps} steps)")
-  params = run.runner.host_params(loop.state)  # every process: a mesh runner gathers shards
+  if jax.process_count() > 1 and getattr(run.runner, "mesh", None) is not None:
+    # no host holds the parameters whole: every process writes its own shards to params/
+    workdir_lib.save_params_sharded(run.workdir, run.runner.host_state(loop.state).params)
+  else:  # one process (or pmap's replicas): one host copy, params.msgpack
+    params = run.runner.host_params(loop.state)
+    if run.is_main:
+      workdir_lib.save_params(run.workdir, params)
   if run.is_main:
-    workdir_lib.save_params(run.workdir, params)
     _write_plots(run.workdir, say)
   run.writer.close()
   return loop.final
