@@ -11,8 +11,8 @@ resumes from the latest checkpoint (state, data position and the partial log win
 metrics.jsonl and final parameters equal those of an uninterrupted run. The dropout RNG of step n
 is ``fold_in(split(key(seed))[1], n)``: the step determines it, and the step derives it on
 device (``fold_step_into_key``). A step's only host work is feeding the next batch: its metrics
-stay on device until the log row (one fetch per ``log_every`` window), and the guards take them
-only once the devices have finished them (``check_steps``).
+stay on device until the log row (one fetch per ``log_every`` window), when the non-finite and
+divergence guards take them too (``check_steps``; also before every checkpoint).
 
 Stopping early (signals, ``time_limit_minutes``, ``nan_policy``): see txf/train/stopping.py. On the
 time limit the step reached is treated as the last one (final evaluation, checkpoint,
@@ -230,8 +230,7 @@ def take_step(run: Setup, loop: LoopState) -> None:
   batch = next(run.train_it)
   loop.state, metrics = run.runner.train_step(loop.state, batch, run.dropout_rng)
   loop.step += 1
-  loop.unchecked.append((loop.step, metrics))
-  check_steps(loop, wait=False)
+  loop.unchecked.append((loop.step, metrics))  # the guards take it at the next log row
   loop.window.add(metrics)
   if run.bar is not None:
     run.bar.update(1)
@@ -239,16 +238,13 @@ def take_step(run: Setup, loop: LoopState) -> None:
     loop.stopped_by = "time"
 
 
-def check_steps(loop: LoopState, wait: bool = True) -> None:
-  """Feed the guards (non-finite, divergence) the steps done since the last check, in order:
-  with ``wait=False`` only the steps whose metrics the devices have already finished, so the host
-  never waits on a step (it fetches nothing that is not ready); with ``wait=True`` all of them."""
+def check_steps(loop: LoopState) -> None:
+  """Feed the guards (non-finite, divergence) the steps done since the last check, in order.
+  Called at log rows, before checkpoints and at the end, never per step: the host fetches a
+  step's metrics only with its log window, and every process checks at the same steps (so all
+  of them stop on the same step when a guard trips)."""
   while loop.unchecked:
-    step, metrics = loop.unchecked[0]
-    if not wait and not all(getattr(x, "is_ready", lambda: True)()
-                            for x in jax.tree_util.tree_leaves(metrics)):
-      return
-    loop.unchecked.popleft()
+    step, metrics = loop.unchecked.popleft()
     loop.guard.push(step, metrics)
     loop.divergence.push(step, metrics)
 
