@@ -122,9 +122,8 @@ def _train(config, workdir):
 
 
 def _printed_samples(printed, step):
-  """The sample lines the loop printed at the evaluation of ``step``."""
-  lines = printed.split(f"samples at step {step}:\n", 1)[1].split("\neval at step", 1)[0]
-  return lines.splitlines()
+  """The text of the samples the loop printed at the evaluation of ``step``."""
+  return printed.split(f"samples at step {step}:\n", 1)[1].split("\neval at step", 1)[0]
 
 
 def _decode_on_one_device(config, workdir):
@@ -178,8 +177,12 @@ def _case(family, runner, base, data_path):
   with open(os.path.join(workdir, "params.msgpack"), "rb") as f:
     params_bytes = f.read()
   expected_samples = _decode_on_one_device(config, workdir) if family != "classify" else []
-  samples = [line for line in _printed_samples(printed, 2)
-             if family == "lm" or line.startswith("     hyp:")] if expected_samples else []
+  samples = []
+  if expected_samples:  # translations: the hyp lines; LM: the whole text (it may hold newlines)
+    text = _printed_samples(printed, 2)
+    samples = [text] if family == "lm" else [
+        line for line in text.splitlines() if line.startswith("     hyp:")]
+    expected_samples = ["\n".join(expected_samples)] if family == "lm" else expected_samples
   want_shapes, got_shapes = _param_shapes(config, workdir, model_shapes=runner == "single")
   # Resume: drop the last checkpoint and the final parameters, run the same config again.
   shutil.rmtree(os.path.join(workdir, "checkpoints", "2"))
