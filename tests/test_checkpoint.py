@@ -356,3 +356,36 @@ def test_export_best_latest_and_numbered_checkpoint(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(_config().to_dict()))
   with pytest.raises(ValueError, match="without best_metric"):
     average_checkpoints(str(tmp_path), 1, step="best")
+
+
+def test_average_reads_one_array_at_a_time(tmp_path, monkeypatch):
+  """Averaging never restores a whole checkpoint (or its whole params): every read is one array."""
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  for step in (1, 2):
+    ck.save(step, _state(step * 0.5, step), {"next_index": step})
+  ck.close()
+  reads = []
+  original = Checkpointer._restore_leaf
+  monkeypatch.setattr(Checkpointer, "_restore_numpy",
+                      lambda *a, **k: pytest.fail("a whole checkpoint was read"))
+  monkeypatch.setattr(Checkpointer, "_restore_leaf",
+                      lambda self, step, keys, meta: reads.append(keys) or original(self, step, keys, meta))
+  average_checkpoints(str(tmp_path), 2)
+  averaged = workdir_lib.load_params(str(tmp_path), "params_avg2.msgpack")
+  leaves = jax.tree_util.tree_leaves(averaged)
+  assert len(reads) == 2 * len(leaves)
+  expected = jax.tree_util.tree_map(lambda a, b: ((a.astype(np.float64) + b) / 2).astype(a.dtype),
+                                    _state(0.5, 1).params, _state(1.0, 2).params)
+  for a, b in zip(leaves, jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_sharded_params_directory_loads_like_msgpack(tmp_path):
+  """params/ (orbax shards, what a multi-process mesh run writes) reads back as params.msgpack does."""
+  params = _state(0.25, 3).params
+  path = workdir_lib.save_params_sharded(str(tmp_path), jax.device_put(params))
+  assert path == str(tmp_path / "params") and workdir_lib.params_location(str(tmp_path)) == path
+  loaded = workdir_lib.load_params(str(tmp_path))
+  _assert_tree_equal(loaded, params)
+  workdir_lib.save_params(str(tmp_path), params)  # params.msgpack, when present, comes first
+  assert workdir_lib.params_location(str(tmp_path)) == str(tmp_path / "params.msgpack")

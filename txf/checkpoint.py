@@ -29,7 +29,8 @@ moved aside to ``<workdir>/checkpoints-unreadable/`` (nothing is deleted) with a
 the previous one is tried; one that reads but does not fit the target is an error.
 
 ``average_checkpoints(workdir, n)`` (``txf average-checkpoints``) writes the mean parameters of
-the last n checkpoints to ``<workdir>/params_avg<n>.msgpack``.
+the last n checkpoints to ``<workdir>/params_avg<n>.msgpack``, averaging one array at a time
+(``Checkpointer.average_params``): no whole checkpoint is ever read onto the host.
 """
 
 import json
@@ -237,6 +238,34 @@ class Checkpointer:
     """Only the parameters of checkpoint ``step``, as numpy arrays (nested dicts)."""
     return self._restore_numpy(step, "params")
 
+  def average_params(self, steps: List[int]):
+    """The element-wise mean of the parameters of checkpoints ``steps``, one array at a time:
+    each parameter is read from every checkpoint (a partial restore of that array alone), summed
+    in float64 and cast back to its dtype before the next is read, so the host holds the result
+    plus one array of one checkpoint, never a whole checkpoint's state."""
+    tree = self._manager.item_metadata(int(steps[0]))[STATE].tree["params"]
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    means = []
+    for path, meta in flat:
+      total = None
+      for step in steps:
+        x = self._restore_leaf(step, ("params",) + tuple(_key_name(k) for k in path), meta)
+        total = np.asarray(x, np.float64) if total is None else total + x
+      means.append((total / len(steps)).astype(meta.dtype))
+    return jax.tree_util.tree_unflatten(treedef, means)
+
+  def _restore_leaf(self, step: int, keys: Tuple[str, ...], meta) -> np.ndarray:
+    """One array of checkpoint ``step``'s state, at the nested-dict path ``keys``, as numpy."""
+    item = jax.ShapeDtypeStruct(meta.shape, meta.dtype)
+    args = ocp.RestoreArgs(restore_type=np.ndarray)
+    for k in reversed(keys):
+      item, args = {k: item}, {k: args}
+    out = self._manager.restore(int(step), args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
+        item=item, restore_args=args, partial_restore=True)}))[STATE]
+    for k in keys:
+      out = out[k]
+    return np.asarray(out)
+
   def _restore_numpy(self, step: int, key: Optional[str] = None):
     """The saved state (or its ``key`` subtree) as nested dicts of numpy arrays, on any devices."""
     tree = self._manager.item_metadata(int(step))[STATE].tree
@@ -276,6 +305,11 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f"txf_checkpoint_move_aside_{step}")
     self._manager.reload()
     return aside
+
+
+def _key_name(key) -> str:
+  """A pytree path entry (a dict key) as the string orbax stores."""
+  return str(getattr(key, "key", getattr(key, "name", key)))
 
 
 def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
@@ -346,17 +380,9 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
                        f"than --last={last}: use --last={len(steps)}, or train with "
                        f"--config.keep_checkpoints={last} (or more) to keep enough")
     steps = steps[-last:]
-    total, dtypes = None, None
-    for step in steps:
-      params = checkpointer.restore_params(step)
-      as64 = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), params)
-      if total is None:
-        total, dtypes = as64, jax.tree_util.tree_map(lambda x: np.asarray(x).dtype, params)
-      else:
-        total = jax.tree_util.tree_map(np.add, total, as64)
+    mean = checkpointer.average_params(steps)
   finally:
     checkpointer.close()
-  mean = jax.tree_util.tree_map(lambda s, d: (s / len(steps)).astype(d), total, dtypes)
   mean = exported_params(workdir, mean)
   path = workdir_lib.save_params(workdir, mean, output or f"params_avg{last}.msgpack")
   return path, steps

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import ml_collections
+import numpy as np
 from flax import serialization
 
 from txf.config import _flatten, base_config
@@ -30,6 +31,7 @@ RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_
                     # the layout may change on resume: checkpoints restore onto any device count
                     "parallelism", "mesh_shape", "dcn_mesh_shape"}
 RESUMABLE_PREFIXES = ("sharding_rules.",)
+SHARDED_PARAMS = "params"   # final parameters of a multi-process mesh run: orbax, each process its shards
 
 
 class RunConflictError(TxfError, RuntimeError):
@@ -199,13 +201,51 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
+def save_params_sharded(workdir: str, params, name: str = SHARDED_PARAMS) -> str:
+  """Write parameters that no host holds whole (a multi-process mesh run's sharded global arrays)
+  as an orbax checkpoint directory ``<workdir>/<name>/``: every process calls this and writes
+  only its own shards, nothing is gathered. ``load_params`` reads it back. Returns the path."""
+  import orbax.checkpoint as ocp  # deferred: orbax takes a while to import
+  path = os.path.abspath(os.path.join(workdir, name))
+  with disk_errors(path):
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path, params, force=True)
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+  return path
+
+
+def _load_sharded(path: str):
+  """An orbax parameter directory (``save_params_sharded``) as nested dicts of numpy arrays."""
+  import orbax.checkpoint as ocp
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    tree = checkpointer.metadata(path).item_metadata.tree
+    restore_args = jax.tree_util.tree_map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    return checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+
+
+def params_location(workdir: str, name: Optional[str] = None) -> str:
+  """The path of a run's parameters: ``name`` (default params.msgpack; relative to the workdir),
+  or, when the default file is absent, the sharded ``params/`` directory a multi-process run
+  writes (``save_params_sharded``)."""
+  path = os.path.join(workdir, name or "params.msgpack")
+  if name is None and not os.path.exists(path):
+    sharded = os.path.join(workdir, SHARDED_PARAMS)
+    if os.path.isdir(sharded):
+      return sharded
+  return path
+
+
 def load_params(workdir: str, name: Optional[str] = None):
-  """Final (or named, e.g. averaged) parameters of a run as a pytree of numpy arrays."""
-  name = name or "params.msgpack"
-  path = name if os.path.isabs(name) else os.path.join(workdir, name)
+  """Final (or named, e.g. averaged) parameters of a run as a pytree of numpy arrays: a flax
+  msgpack file (params.msgpack), or an orbax directory of shards (``params/``, written by a
+  multi-process run without gathering; read here whole)."""
+  path = name if name is not None and os.path.isabs(name) else params_location(workdir, name)
   if not os.path.exists(path):
     raise TxfError(f"no trained parameters at {path}: the run has not finished (train it "
                             f"to the end, or average its checkpoints with `txf average-checkpoints`)")
+  if os.path.isdir(path):
+    return _load_sharded(path)
   with open(path, "rb") as f:
     return serialization.msgpack_restore(f.read())
 

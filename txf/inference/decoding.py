@@ -22,14 +22,16 @@ from txf.nn import TransformerConfig
 def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: int, beam_size: int,
                       alpha: float, wrap: Callable = jax.jit):
   """``wrap(run)``, by default jit'd, of run(params, inputs [B, S]) -> ids [B, max_len] (best beam
-  when beam_size > 1); a runner's ``rows_fn`` as ``wrap`` decodes on all its devices."""
+  when beam_size > 1); a runner's ``rows_fn`` as ``wrap`` decodes on all its devices. ``run``
+  takes its row count from ``inputs`` (under pmap each device sees batch_size / devices rows)."""
 
   def run(params, inputs):
-    cache = init_cache(model_cfg, params, batch_size, max_len, inputs)
+    rows = inputs.shape[0]
+    cache = init_cache(model_cfg, params, rows, max_len, inputs)
     logits_fn = make_logits_fn(model_cfg, params)
     if beam_size == 1:
-      return decode.greedy_decode(logits_fn, cache, batch_size, max_len)
-    ids, _ = decode.beam_search(logits_fn, cache, batch_size, beam_size, max_len, alpha=alpha,
+      return decode.greedy_decode(logits_fn, cache, rows, max_len)
+    ids, _ = decode.beam_search(logits_fn, cache, rows, beam_size, max_len, alpha=alpha,
                                 expand_cache=expand_cache, reorder_cache=reorder_cache)
     return ids[:, 0]
 
@@ -90,6 +92,19 @@ def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len:
                          temperature=temperature, top_k=top_k, top_p=top_p)
 
   return jax.jit(run_sampler)
+
+
+@functools.lru_cache(maxsize=8)
+def greedy_continuation(model_cfg: TransformerConfig, prompt_len: int, max_new_tokens: int):
+  """fn(params, prompts int [b, prompt_len]) -> int [b, max_new_tokens], the greedy continuations
+  (uncompiled: ``DeviceParams.run`` or ``jax.jit`` compiles it; b is taken from ``prompts``)."""
+
+  def run(params, prompts):
+    cache = init_cache(model_cfg, params, prompts.shape[0], prompt_len + max_new_tokens)
+    return decode.sample(make_logits_fn(model_cfg, params), cache, prompts, jax.random.key(0),
+                         max_new_tokens, temperature=0.0, top_k=0, top_p=1.0)
+
+  return run
 
 
 @functools.lru_cache(maxsize=8)

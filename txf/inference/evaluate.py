@@ -20,6 +20,7 @@ from txf.inference.decoding import translate_texts
 from txf.inference.run import Warn, warn_stderr
 from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
 from txf.nn import TransformerConfig
+from txf.parallel import placed
 
 
 def make_eval_step(model_cfg: TransformerConfig, label_smoothing: float = 0.0,
@@ -95,31 +96,31 @@ class Evaluator:
         progress(done)
     return None if total is None else jax.device_get(total)
 
-  def translate(self, params, rows_fn: Optional[Callable] = None, shards: int = 1,
-                progress: Optional[Callable[[int], None]] = None) -> List[str]:
+  def translate(self, params, progress: Optional[Callable[[int], None]] = None) -> List[str]:
     """Hypotheses for the held-out examples (sources longer than data.max_input_len truncated).
 
-    ``rows_fn`` (a runner's, with its ``batch_shards`` as ``shards``) decodes on all the runner's
-    devices and processes: each decodes its share of every batch of sentences (the batch size
-    rounded up to a multiple of ``shards``), ``params`` stay where they are (sharded, replicated)
-    and only the ids are gathered. Without it, ``params`` are decoded on the default device.
+    ``params``: a runner's ``DeviceParams`` (``runner.device_params(state)``): each device and
+    process decodes its share of every batch of sentences (the batch size rounded up to a
+    multiple of its ``shards``), the parameters stay where they are (replicated, sharded) and
+    only the ids are gathered; or plain parameters, decoded on the default device.
     ``progress(sentences_done)`` after each decoded batch.
     """
+    where = placed.local(params)
     sources = [truncate_keep_eos(e.source_ids, self.task.max_input_len) for e in self.examples]
-    batch_size = -(-self.decode_batch_size // shards) * shards
-    return translate_texts(self.model_cfg, params, self.task, sources, self.max_extra,
-                           batch_size, self.beam_size, self.alpha, wrap=rows_fn or jax.jit,
+    batch_size = -(-self.decode_batch_size // where.shards) * where.shards
+    return translate_texts(self.model_cfg, where.params, self.task, sources, self.max_extra,
+                           batch_size, self.beam_size, self.alpha, wrap=where.rows_fn,
                            progress=progress)
 
-  def __call__(self, sums_fn: Callable[[Batch], Dict[str, Any]], params: Callable[[], Any],
-               rows_fn: Optional[Callable] = None, shards: int = 1) -> Dict[str, Any]:
-    """The metrics dict; ``params()`` gives the parameters, called only if there is decoding
-    (``rows_fn``, ``shards``: see ``translate``). The hypotheses are kept in ``self.hypotheses``."""
+  def __call__(self, sums_fn: Callable[[Batch], Dict[str, Any]], params: Callable[[], Any]
+               ) -> Dict[str, Any]:
+    """The metrics dict; ``params()`` gives the parameters (a runner's ``DeviceParams``, or plain
+    ones), called only if there is decoding. The hypotheses are kept in ``self.hypotheses``."""
     sums = self.sums(sums_fn)
     metrics = summarize(sums, self.model_cfg.family) if sums is not None else {}
     self.hypotheses = []
     if self.model_cfg.family == "encoder_decoder" and self.examples:
-      self.hypotheses = self.translate(params(), rows_fn, shards)
+      self.hypotheses = self.translate(params())
       metrics["exact_match"] = exact_match(self.hypotheses, self.references)
       metrics["bleu"] = float(sacrebleu.corpus_bleu(self.hypotheses, [self.references]).score)
     return metrics

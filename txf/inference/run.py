@@ -55,10 +55,14 @@ def resolve_params_path(workdir: str, name: Optional[str] = None) -> str:
   to the current directory (``runs/x/params_avg5.msgpack``); an absolute path is used as is.
   Raises TxfError naming what was looked for and how to make it.
   """
+  if name is None:  # params.msgpack, or the params/ shards of a multi-process run
+    path = workdir_lib.params_location(workdir)
+    if os.path.exists(path):
+      return path
   name = name or DEFAULT_PARAMS
   candidates = [name] if os.path.isabs(name) else [os.path.join(workdir, name), name]
   for path in candidates:
-    if os.path.isfile(path):
+    if os.path.isfile(path) or os.path.isdir(path):  # a directory: orbax shards (params/)
       return path
   if name == DEFAULT_PARAMS:
     raise TxfError(

@@ -7,5 +7,6 @@ physical device order (multi-slice with ``dcn_mesh_shape``) and creates states b
 """
 
 from txf.parallel.mesh_runner import MeshRunner
+from txf.parallel.placed import DeviceParams
 from txf.parallel.pmap_runner import PmapRunner
 from txf.parallel.runners import SingleDeviceRunner, make_runner

@@ -14,8 +14,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from txf.parallel import sharding as sharding_lib
 from txf.config import ConfigError
+from txf.parallel import sharding as sharding_lib
+from txf.parallel.placed import DeviceParams
 
 
 class MeshRunner:
@@ -39,6 +40,7 @@ class MeshRunner:
     self.replicated = NamedSharding(mesh, PartitionSpec())
     self._train_step, self._eval_step = train_step, eval_step
     self._key_impl = None
+    self._placed_key = None
     self._shardings = None
     self._train = self._eval = None
     self._checked_rows = set()
@@ -151,12 +153,18 @@ class MeshRunner:
     self._checked_rows.add(key)
 
   def _key_data(self, rng):
+    """``rng``'s raw key data replicated on the mesh; the same key object given again (the loop
+    passes the run's dropout key every step) is placed once, never fetched again."""
+    if self._placed_key is not None and self._placed_key[0] is rng:
+      return self._placed_key[1]
     if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
       self._key_impl = jax.random.key_impl(rng)
       data = jax.random.key_data(rng)
     else:  # a raw uint32 key
       self._key_impl, data = None, rng
-    return jax.device_put(np.asarray(jax.device_get(data)), self.replicated)
+    placed = jax.device_put(np.asarray(jax.device_get(data)), self.replicated)
+    self._placed_key = (rng, placed)
+    return placed
 
   # -- steps ----------------------------------------------------------------------------------
   def train_step(self, state, batch, rng):
@@ -175,7 +183,7 @@ class MeshRunner:
     """``fn(params, rows [B, ...]) -> out [B, ...]`` (e.g. a decoder) run on the whole mesh:
     parameters stay in their shardings, the rows are split over the batch axes (each process
     computes only its own rows), and only the outputs are gathered. Returns
-    ``call(state, rows) -> numpy out`` (the same on every process); ``rows`` must be the same
+    ``call(params, rows) -> numpy out`` (the same on every process); ``rows`` must be the same
     numpy array on every process, with B a multiple of ``batch_shards``."""
     jitted = self._rows_fns.get(fn)
     if jitted is None:
@@ -194,6 +202,11 @@ class MeshRunner:
     entry = spec[0] if len(spec) else None
     axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
     return int(np.prod([self.axis_sizes[a] for a in axes]))
+
+  def device_params(self, state) -> DeviceParams:
+    """The sharded parameters with ``rows_fn``: decoding runs on the whole mesh, no host
+    gathers a parameter."""
+    return DeviceParams(state.params, self.rows_fn, self.batch_shards)
 
   # -- host copies ----------------------------------------------------------------------------
   def host_params(self, state):

@@ -12,6 +12,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from txf.config import ConfigError
+from txf.parallel.placed import DeviceParams
 
 
 class PmapRunner:
@@ -100,6 +101,11 @@ class PmapRunner:
   def batch_shards(self) -> int:
     """How many ways a global batch is split: every device of every process."""
     return self.num_local * jax.process_count()
+
+  def device_params(self, state) -> DeviceParams:
+    """The replicated parameters ([devices, ...], one replica per device) with ``rows_fn``: a
+    decoder runs pmapped, each device on its own rows with its own replica."""
+    return DeviceParams(state.params, self.rows_fn, self.batch_shards)
 
   # -- host copies ----------------------------------------------------------------------------
   def host_params(self, state):

@@ -9,6 +9,9 @@ Runner API (numpy host batches in, the same pure step function inside every runn
   rows_fn(fn) -> call(params, rows): ``fn(params, rows [B, ...]) -> [B, ...]`` (a decoder) on all
       the runner's devices and processes, the rows split over them (B a multiple of
       ``batch_shards``), parameters where they are; only the outputs are gathered
+  device_params(state) -> ``DeviceParams`` (txf/parallel/placed.py): the parameters where the
+      runner keeps them with its ``rows_fn`` and ``batch_shards``: what every evaluation that
+      decodes (translations, LM samples) is given; nothing is gathered but the outputs
   host_params(state) -> params as one full host copy (for saving)
   host_state(state) -> the state as checkpoints take it (single/pmap: one host copy; mesh: the
       sharded global arrays, which orbax writes from every process)
@@ -25,8 +28,8 @@ import numpy as np
 from txf.config import ConfigError
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
+from txf.parallel.placed import DeviceParams
 from txf.parallel.pmap_runner import PmapRunner
-from txf.config import ConfigError
 
 
 class SingleDeviceRunner:
@@ -60,6 +63,10 @@ class SingleDeviceRunner:
     return lambda params, rows: np.asarray(jitted(params, rows))
 
   batch_shards = 1
+
+  def device_params(self, state) -> DeviceParams:
+    """The state's parameters on the default device, decoded there."""
+    return DeviceParams(state.params, self.rows_fn, 1)
 
   def host_params(self, state):
     return jax.device_get(state.params)

@@ -9,7 +9,10 @@ at every evaluation when ``config.best_metric`` is set (so the best one can be k
 run is stopped by SIGTERM/SIGINT; saving is asynchronous. A run restarted in the same workdir
 resumes from the latest checkpoint (state, data position and the partial log window), so its
 metrics.jsonl and final parameters equal those of an uninterrupted run. The dropout RNG of step n
-is ``fold_in(split(key(seed))[1], n)``: the step determines it.
+is ``fold_in(split(key(seed))[1], n)``: the step determines it, and the step derives it on
+device (``fold_step_into_key``). A step's only host work is feeding the next batch: its metrics
+stay on device until the log row (one fetch per ``log_every`` window), when the non-finite and
+divergence guards take them too (``check_steps``; also before every checkpoint).
 
 Stopping early (signals, ``time_limit_minutes``, ``nan_policy``): see txf/train/stopping.py. On the
 time limit the step reached is treated as the last one (final evaluation, checkpoint,
@@ -19,9 +22,10 @@ A researcher's own loss or model: ``train(config, workdir, loss_fn=..., model=..
 ``txf.models.LossFn`` and ``txf.models.ModelBuilder``); both default to txf's own.
 """
 
+import collections
 import dataclasses
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import jax
 from tqdm import tqdm
@@ -40,7 +44,7 @@ from txf.parallel.sharding import check_splits
 from txf.train.logs import Eta, LogWindow, log_line, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.samples import lm_prompts, lm_samples
-from txf.train.steps import create_train_state, make_train_step
+from txf.train.steps import create_train_state, fold_step_into_key, make_train_step
 from txf.train.stopping import (DivergenceGuard, NonFiniteGuard, Preemption, TimeLimit,
                                  drop_output_on_broken_pipe)
 
@@ -81,6 +85,8 @@ class LoopState:
   stopped_by: str = ""              # "signal" or "time" when training ended early
   eta: Optional[Eta] = None         # time left (the one-line log); set at this process's first step
   divergence: Optional[DivergenceGuard] = None  # set at this process's first step
+  unchecked: Deque[Tuple[int, Any]] = dataclasses.field(default_factory=collections.deque)
+  # (step, metrics on device) not yet given to the guards (``check_steps``)
 
 
 def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
@@ -106,6 +112,7 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
           loop.stopped_by = "signal"
         checkpoint(run, loop, is_last, evaluated)
       if loop.stopped_by != "signal":
+        check_steps(loop)
         loop.guard.check()
     finally:
       with workdir_lib.disk_errors(run.checkpointer.directory, "saving a checkpoint to"):
@@ -156,8 +163,9 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   smoothing = config.optimizer.label_smoothing
   runner = make_runner(
       config,
-      lambda axis: make_train_step(model_cfg, tx, smoothing, schedule, axis, config.grad_accum_steps,
-                                   loss_fn=loss_fn, build=model),
+      lambda axis: fold_step_into_key(make_train_step(  # step n's rng: fold_in(key, n), on device
+          model_cfg, tx, smoothing, schedule, axis, config.grad_accum_steps, loss_fn=loss_fn,
+          build=model)),
       lambda axis: make_eval_step(model_cfg, smoothing, axis, loss_fn=loss_fn, build=model), axes)
   born_sharded = getattr(runner, "init_state", None)  # mesh: created in its shardings
   new_state = (lambda: born_sharded(init_state)) if born_sharded else init_state
@@ -223,11 +231,9 @@ def take_step(run: Setup, loop: LoopState) -> None:
     loop.eta = Eta(loop.step)
     loop.divergence = DivergenceGuard(run.config.divergence_factor, run.checkpointer.latest_step)
   batch = next(run.train_it)
-  loop.state, metrics = run.runner.train_step(loop.state, batch,
-                                              jax.random.fold_in(run.dropout_rng, loop.step))
+  loop.state, metrics = run.runner.train_step(loop.state, batch, run.dropout_rng)
   loop.step += 1
-  loop.guard.push(loop.step, metrics)  # checks the step before: the host never waits on this one
-  loop.divergence.push(loop.step, metrics)
+  loop.unchecked.append((loop.step, metrics))  # the guards take it at the next log row
   loop.window.add(metrics)
   if run.bar is not None:
     run.bar.update(1)
@@ -235,11 +241,23 @@ def take_step(run: Setup, loop: LoopState) -> None:
     loop.stopped_by = "time"
 
 
+def check_steps(loop: LoopState) -> None:
+  """Feed the guards (non-finite, divergence) the steps done since the last check, in order.
+  Called at log rows, before checkpoints and at the end, never per step: the host fetches a
+  step's metrics only with its log window, and every process checks at the same steps (so all
+  of them stop on the same step when a guard trips)."""
+  while loop.unchecked:
+    step, metrics = loop.unchecked.popleft()
+    loop.guard.push(step, metrics)
+    loop.divergence.push(step, metrics)
+
+
 def log(run: Setup, loop: LoopState, is_last: bool) -> None:
   """A train row in metrics.jsonl every ``log_every`` steps and at the last step, shown on the
   progress bar or, without one, as one line."""
   if loop.step % run.config.log_every and not is_last:
     return
+  check_steps(loop)  # the window's metrics are fetched now anyway
   m = loop.window.close()
   run.writer.write(loop.step, "train", m)
   if run.bar is not None:
@@ -259,9 +277,9 @@ def evaluate(run: Setup, loop: LoopState, is_last: bool) -> Optional[Dict[str, f
   if run.bar is not None:
     run.bar.clear()
   state = loop.state
-  metrics = run.evaluator(lambda batch: run.runner.eval_step(state, batch), lambda: state.params,
-                          run.runner.rows_fn, run.runner.batch_shards)  # decoded on every device
-  lines = _samples(run, state)
+  on_devices = lambda: run.runner.device_params(state)  # decoded where the parameters are
+  metrics = run.evaluator(lambda batch: run.runner.eval_step(state, batch), on_devices)
+  lines = _samples(run, on_devices)
   if lines:
     run.say(f"  samples at step {loop.step}:\n" + "\n".join(lines))
     run.writer.write_text("eval/samples", "\n".join(lines), loop.step)
@@ -281,6 +299,7 @@ def checkpoint(run: Setup, loop: LoopState, is_last: bool, evaluated) -> None:
          or (config.best_metric and evaluated is not None))
   if not due:
     return
+  check_steps(loop)
   loop.guard.check()
   loop.divergence.check()
   with workdir_lib.disk_errors(run.checkpointer.directory, "saving a checkpoint to"):
@@ -290,7 +309,9 @@ def checkpoint(run: Setup, loop: LoopState, is_last: bool, evaluated) -> None:
 
 
 def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, float]:
-  """Say how training ended; unless stopped by a signal, write params.msgpack and the plots."""
+  """Say how training ended; unless stopped by a signal, write the final parameters and the plots:
+  params.msgpack (one process, or pmap), or params/ (a multi-process mesh run: orbax, each
+  process its own shards, nothing gathered; ``txf.workdir.load_params`` reads either)."""
   config, say = run.config, run.say
   if loop.stopped_by == "signal":
     run.writer.close()
@@ -303,15 +324,22 @@ def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, flo
         f"time_limit_minutes and run again to go on)")
   if loop.start >= config.num_train_steps:
     say(f"the run in {run.workdir} is already complete ({config.num_train_steps} steps)")
-  params = run.runner.host_params(loop.state)  # every process: a mesh runner gathers shards
-  if run.is_main:  # exported without the vocabulary padding rows (model.vocab_multiple)
-    workdir_lib.save_params(run.workdir, unpad_vocab(params, run.model_cfg))
+  # params files hold the real vocabulary: without the padding rows of model.vocab_multiple
+  if jax.process_count() > 1 and getattr(run.runner, "mesh", None) is not None:
+    # no host holds the parameters whole: every process writes its own shards to params/
+    workdir_lib.save_params_sharded(
+        run.workdir, unpad_vocab(run.runner.host_state(loop.state).params, run.model_cfg))
+  else:  # one process (or pmap's replicas): one host copy, params.msgpack
+    params = run.runner.host_params(loop.state)
+    if run.is_main:
+      workdir_lib.save_params(run.workdir, unpad_vocab(params, run.model_cfg))
+  if run.is_main:
     _write_plots(run.workdir, say)
   run.writer.close()
   return loop.final
 
 
-def _samples(run: Setup, state) -> List[str]:
+def _samples(run: Setup, on_devices: Callable[[], Any]) -> List[str]:
   """The sample lines of an evaluation (none when ``num_samples`` is 0 or nothing was decoded)."""
   num = run.config.num_samples
   if num and run.evaluator.hypotheses:
@@ -322,7 +350,7 @@ def _samples(run: Setup, state) -> List[str]:
     return out
   if num and run.model_cfg.family == "decoder_lm" and not run.custom_model:
     prompts = lm_prompts(run.evaluator.batches, num)
-    texts = lm_samples(run.model_cfg, run.task, run.runner.host_params(state), prompts)
+    texts = lm_samples(run.model_cfg, run.task, on_devices(), prompts)
     return [f"  {t}" for t in texts]
   return []
 

@@ -6,12 +6,11 @@ greedy, so two evaluations differ only by what the model learned in between.
 
 from typing import List
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from txf.data.base import EOS_ID, PAD_ID
-from txf.inference.decoding import compiled_sampler
+from txf.inference.decoding import greedy_continuation
+from txf.parallel import placed
 
 PROMPT_TOKENS = 16       # tokens of each prompt (fewer if the eval windows are shorter)
 NEW_TOKENS = 48          # tokens sampled after it (fewer if the context is shorter)
@@ -35,12 +34,12 @@ def lm_samples(model_cfg, task, params, prompts: np.ndarray, new_tokens: int = N
                ) -> List[str]:
   """Greedy continuations of ``prompts`` [n, L], each as 'prompt text' + 'continuation text'
   (``task.decode_target``), within the context the model trained on (BOS + prompt + new tokens
-  <= min(model.max_len, task.max_target_len))."""
+  <= min(model.max_len, task.max_target_len)). ``params``: a runner's ``DeviceParams`` (decoded
+  where the parameters are, only the ids gathered) or plain parameters (the default device)."""
   n, length = prompts.shape
   context = min(model_cfg.max_len, task.max_target_len or model_cfg.max_len)
   new_tokens = min(new_tokens, context - length)
   if n == 0 or new_tokens < 1:
     return []
-  sampler = compiled_sampler(model_cfg, n, length, new_tokens, 0.0, 0, 1.0)
-  new = np.asarray(sampler(params, jnp.asarray(prompts), jax.random.key(0)))
+  new = placed.local(params).run(greedy_continuation(model_cfg, length, new_tokens), prompts)
   return [f"{task.decode_target(p)} | {task.decode_target(c)}" for p, c in zip(prompts, new)]

@@ -44,6 +44,18 @@ def guarded_update(tx: optax.GradientTransformation, finite: jnp.ndarray, grads,
   return jax.lax.cond(finite, update, lambda operands: operands[1:], (grads, params, opt_state))
 
 
+def fold_step_into_key(train_step: Callable) -> Callable:
+  """``train_step(state, batch, rng)`` -> ``step(state, batch, key)`` taking the run's dropout
+  ``key`` and using ``fold_in(key, state.step)`` as the step's rng, derived on device: the host
+  passes the same key every step and fetches nothing (step n's rng is ``fold_in(key, n)``, the
+  same bits as folding ``n`` in on the host)."""
+
+  def step(state, batch, key):
+    return train_step(state, batch, jax.random.fold_in(key, state.step))
+
+  return step
+
+
 def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformation,
                     label_smoothing: float = 0.0, schedule: Optional[Callable] = None,
                     axis_name: Optional[str] = None, grad_accum_steps: int = 1, *,
