@@ -53,7 +53,8 @@ class RowLayout:
   ``rows(R)`` gives the sorted global row indices [n] of an R-row batch that this process's devices
   hold, and ``multiple`` is what every global row count must be a multiple of (the batch's shards
   times the micro-batches). ``RowLayout.block(i, n)``: process i of n fills the i-th contiguous
-  block of R / n rows (the layout of a batch split by process index, e.g. pmap's).
+  block of R / n rows (the layout of a batch split by process index, e.g. pmap's). Any object
+  with ``rows`` and ``multiple`` will do (``txf.parallel.feeding.Feed`` reads them from a runner).
   """
 
   def __init__(self, rows: Optional[Any] = None, multiple: int = 1):
@@ -72,10 +73,6 @@ class RowLayout:
     if self._rows is None:
       return np.arange(total)
     return np.asarray(self._rows(total), np.int64)
-
-  def fills_all(self, total: int) -> bool:
-    """Whether this process fills every row of a ``total``-row batch."""
-    return self._rows is None or len(self.rows(total)) == total
 
 
 class Task(abc.ABC):

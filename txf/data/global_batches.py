@@ -17,6 +17,7 @@ buckets, cut into batches, and emitted in a seeded random order).
 ``WindowBatchIterator``: fixed-length windows of one token stream (plain-text language models).
 """
 
+import dataclasses
 import math
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -26,7 +27,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from txf.data.base import Batch, CheckpointableIterator, RowLayout
-from txf.data.pipeline import (LABEL, BatchSpec, LengthLimiter, bucket_lengths, rows_for_length)
+from txf.data.pipeline import LABEL, BatchSpec, LengthLimiter, bucket_lengths, rows_for_length
 from txf.data.text import DataError
 from txf.errors import TxfError
 
@@ -36,7 +37,6 @@ _MESSAGE_BYTES = 2048
 def layout_spec(spec: BatchSpec, layout: RowLayout) -> BatchSpec:
   """``spec`` whose token-derived row counts are multiples of ``layout.multiple`` too (the batch's
   shards): rows_multiple becomes lcm(rows_multiple, multiple). Checks a fixed row count."""
-  import dataclasses
   if layout.multiple <= 1:
     return spec
   if spec.tokens_per_batch <= 0 and spec.rows % layout.multiple:

@@ -202,9 +202,9 @@ class SyntheticTask(Task):
                         f"shards (devices x grad_accum_steps): make it a multiple of "
                         f"{layout.multiple}")
     self.seed = seed
-    if layout.fills_all(batch_size):
-      return _StepIterator(lambda n: self._batch("train", n * batch_size, batch_size))
     rows = layout.rows(batch_size)
+    if len(rows) == batch_size:   # every row: the batch as one process makes it
+      return _StepIterator(lambda n: self._batch("train", n * batch_size, batch_size))
 
     def make(n):
       part = self._batch("train", 0, 0, None, [n * batch_size + int(r) for r in rows])

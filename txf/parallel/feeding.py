@@ -38,7 +38,7 @@ class Feed:
     count, index = jax.process_count(), jax.process_index()
     if self._sharding is not None:
       spans = set()
-      for idx in self._sharding.addressable_devices_indices_map((total,)).values():
+      for idx in self._sharding.addressable_devices_indices_map((total, 1)).values():
         s = idx[0] if idx else slice(None)
         spans.add((s.start or 0, total if s.stop is None else s.stop))
       return np.unique(np.concatenate([np.arange(a, b) for a, b in sorted(spans)] or
