@@ -70,7 +70,7 @@ def _die_with_parent() -> None:
   """In the child before exec: SIGKILL when the launcher dies (Linux prctl; elsewhere nothing)."""
   try:
     import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG = 1
   except (OSError, AttributeError):
     pass
 
