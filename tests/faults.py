@@ -9,6 +9,8 @@ installs the faults, then runs ``txf`` as usual.
 ``FAULT_SIGNAL_AT_STEP=k`` (with ``FAULT_SIGNAL=TERM|INT``, ``FAULT_SIGNAL_PROCESS=i``,
 ``FAULT_SIGNAL_WHEN_PIPE_CLOSED=1``) and ``FAULT_SIGNAL_IN_FINISH=TERM`` likewise; every
 subprocess run also writes ``process i: the loop ended after step n`` to stderr when training ends.
+``FAULT_ERROR_AT_STEP=k`` with ``FAULT_ERROR=data|bug`` and ``FAULT_ERROR_PROCESS=i``: that process
+alone raises a DataError (a bad data row) or a RuntimeError (a bug) after step k.
 """
 
 import asyncio
@@ -88,6 +90,22 @@ def signal_at_step(monkeypatch, k: int, signum: int, process: int = -1,
   monkeypatch.setattr(loop, "take_step", faulty_take_step)
 
 
+def error_at_step(monkeypatch, k: int, kind: str, process: int = -1) -> None:
+  """Right after optimizer step ``k``, process ``process`` (all when -1) alone raises a DataError
+  (``kind='data'``: a bad row, as a reader finds one) or a RuntimeError (``'bug'``)."""
+  from txf.data.text import DataError
+  take_step = loop.take_step
+
+  def faulty_take_step(run, state):
+    take_step(run, state)
+    if state.step == k and process in (-1, jax.process_index()):
+      if kind == "data":
+        raise DataError(f"train.en:{k}: a bad row injected on process {jax.process_index()}")
+      raise RuntimeError(f"a bug injected on process {jax.process_index()} after step {k}")
+
+  monkeypatch.setattr(loop, "take_step", faulty_take_step)
+
+
 def signal_in_finish(monkeypatch, signum: int) -> None:
   """Send ``signum`` to this process as the final parameters start being written."""
   save_params = workdir_lib.save_params
@@ -148,5 +166,8 @@ if __name__ == "__main__":
                    bool(os.environ.get("FAULT_SIGNAL_WHEN_PIPE_CLOSED")))
   if os.environ.get("FAULT_SIGNAL_IN_FINISH"):
     signal_in_finish(_Patch(), getattr(signal, "SIG" + os.environ["FAULT_SIGNAL_IN_FINISH"]))
+  if os.environ.get("FAULT_ERROR_AT_STEP"):
+    error_at_step(_Patch(), int(os.environ["FAULT_ERROR_AT_STEP"]),
+                  os.environ.get("FAULT_ERROR", "data"), int(os.environ.get("FAULT_ERROR_PROCESS", "-1")))
   report_end(_Patch())
   cli.main(["txf"] + sys.argv[1:])

@@ -70,7 +70,8 @@ def test_restart_from_saved_state_yields_exactly_the_remaining_batches(dirs, mod
 def test_shapes_are_fixed_per_mode(dirs):
   plain = _task(dirs).train_iterator(8, 0)
   assert {tuple(next(plain)["inputs"].shape) for _ in range(10)} == {(8, 32)}
-  assert next(_task(dirs).train_iterator(8, 0, 1, 2))["inputs"].shape == (4, 32)  # 1 of 2 processes
+  second = next(_task(dirs).train_iterator(8, 0, 1, 2))["inputs"]  # process 1 of 2: the global
+  assert second.shape == (8, 32) and not second[:4].any() and second[4:].any(axis=1).all()  # shape
   tokens = _task(dirs, tokens_per_batch=256, rows_multiple=2).train_iterator(8, 0)
   assert {tuple(next(tokens)["targets"].shape) for _ in range(5)} == {(8, 32)}   # 256 // 32
   bucketed = _task(dirs, **MODES["bucketing_tokens"][1]).train_iterator(8, 0)

@@ -7,7 +7,7 @@ import traceback
 
 from absl import flags
 
-from txf.errors import TxfError
+from txf.errors import EXIT_USER, TxfError
 from txf.config import experiment_path
 
 flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user errors")
@@ -15,7 +15,9 @@ flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user erro
 
 def guarded(fn):
   """Run a command's main; a ``txf.errors.TxfError`` (bad input) becomes one ``txf: error:`` line
-  on stderr and exit status 2. Every other exception is a bug and keeps its traceback."""
+  on stderr and exit status 2. Every other exception is a bug and keeps its traceback. In a job of
+  several processes every process stops with the same line and status
+  (``txf.parallel.distributed.stop_all``)."""
 
   @functools.wraps(fn)
   def wrapper(argv):
@@ -24,10 +26,20 @@ def guarded(fn):
     except TxfError as e:
       if flags.FLAGS.verbose_errors:
         traceback.print_exc()
+      _distributed().stop_all(f"txf: error: {e}", EXIT_USER)  # several processes: all stop with it
       print(f"txf: error: {e}", file=sys.stderr)
-      sys.exit(2)
+      sys.exit(EXIT_USER)
+    except Exception as e:  # pylint: disable=broad-except
+      _distributed().fail(e)  # several processes: a lost peer (exit 75) or a bug stops them all
+      raise
 
   return wrapper
+
+
+def _distributed():
+  """txf.parallel.distributed, imported only on a failure (it imports jax, seconds at start-up)."""
+  from txf.parallel import distributed  # pylint: disable=import-outside-toplevel
+  return distributed
 
 
 def repo_experiments_dir() -> str:

@@ -26,6 +26,7 @@ def main(argv):
   distributed.maybe_initialize()
   config = flags.FLAGS.config
   workdir = flags.FLAGS.workdir or os.path.join("runs", config.name)
+  distributed.note_workdir(workdir)
   progress = flags.FLAGS.progress
   if progress is None:
     progress = sys.stdout.isatty()

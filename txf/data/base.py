@@ -46,6 +46,35 @@ class CheckpointableIterator(abc.ABC):
   def set_state(self, state: Dict[str, Any]) -> None: ...
 
 
+class RowLayout:
+  """Which rows of every global batch this process fills (the others it leaves as PAD).
+
+  Every process forms the same global batches (same shapes, same examples in the same rows);
+  ``rows(R)`` gives the sorted global row indices [n] of an R-row batch that this process's devices
+  hold, and ``multiple`` is what every global row count must be a multiple of (the batch's shards
+  times the micro-batches). ``RowLayout.block(i, n)``: process i of n fills the i-th contiguous
+  block of R / n rows (the layout of a batch split by process index, e.g. pmap's). Any object
+  with ``rows`` and ``multiple`` will do (``txf.parallel.feeding.Feed`` reads them from a runner).
+  """
+
+  def __init__(self, rows: Optional[Any] = None, multiple: int = 1):
+    self._rows, self.multiple = rows, max(int(multiple), 1)
+
+  @classmethod
+  def block(cls, process_index: int = 0, process_count: int = 1) -> "RowLayout":
+    """Process ``process_index`` of ``process_count`` fills rows [i R / n, (i + 1) R / n)."""
+    if process_count <= 1:
+      return cls()
+    return cls(lambda r: np.arange(process_index * r // process_count,
+                                   (process_index + 1) * r // process_count), process_count)
+
+  def rows(self, total: int) -> np.ndarray:
+    """The global row indices (sorted int64 [n]) of a ``total``-row batch this process fills."""
+    if self._rows is None:
+      return np.arange(total)
+    return np.asarray(self._rows(total), np.int64)
+
+
 class Task(abc.ABC):
   """A data source bound to a model family, with everything training and decoding need."""
   family: str                     # encoder_decoder | encoder_classifier | decoder_lm
@@ -57,8 +86,12 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
-                     process_count: int = 1) -> CheckpointableIterator:
-    """Endless, shuffled training batches of ``batch_size`` (this process's share of them)."""
+                     process_count: int = 1, layout: Optional[RowLayout] = None
+                     ) -> CheckpointableIterator:
+    """Endless, shuffled global training batches of ``batch_size`` rows (or of a token budget):
+    the same shapes and examples on every process, whatever the process count; this process fills
+    the rows ``layout`` gives it (default ``RowLayout.block(process_index, process_count)``) and
+    leaves the others PAD."""
 
   @abc.abstractmethod
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None

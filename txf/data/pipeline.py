@@ -117,18 +117,24 @@ class LengthLimiter:
     self._next_log = 1
 
   def _count(self, ex: Dict[str, np.ndarray]) -> bool:
-    self.seen += 1
     over = any(len(ex[f]) > m for f, m in self.lengths.items())
     if over:
-      self.over += 1
-      if self.over >= self._next_log:
-        self._next_log *= 2
-        limits = ", ".join(f"{f}<={m}" for f, m in self.lengths.items())
-        logging.warning("%s: %s %d of %d examples so far longer than %s tokens (%s)", self.what,
-                        "truncated" if self.truncate else "dropped", self.over, self.seen, limits,
-                        "data.truncate=True keeps them truncated" if not self.truncate else
-                        "raise data.max_input_len / max_target_len to keep them whole")
+      self.count_over()
+    else:
+      self.seen += 1
     return over
+
+  def count_over(self) -> None:
+    """Count one over-long example (and log at the first one and whenever the count doubles)."""
+    self.seen += 1
+    self.over += 1
+    if self.over >= self._next_log:
+      self._next_log *= 2
+      limits = ", ".join(f"{f}<={m}" for f, m in self.lengths.items())
+      logging.warning("%s: %s %d of %d examples so far longer than %s tokens (%s)", self.what,
+                      "truncated" if self.truncate else "dropped", self.over, self.seen, limits,
+                      "data.truncate=True keeps them truncated" if not self.truncate else
+                      "raise data.max_input_len / max_target_len to keep them whole")
 
   def keep(self, ex: Dict[str, np.ndarray]) -> bool:
     """Filter predicate: False for over-long examples (when not truncating)."""
@@ -297,14 +303,18 @@ def lm_windows(stream: np.ndarray, length: int, seed: int, process_index: int,
 
 
 class GrainIterator(CheckpointableIterator):
-  """The contract's CheckpointableIterator over a grain ``IterDataset``.
+  """The contract's CheckpointableIterator over a grain ``IterDataset`` of this process's rows.
 
-  ``get_state()`` = {"grain": grain's JSON state, "batching": fingerprint of the pipeline}; a state
-  from a different pipeline (other batch size, seed, shard, data) is refused with a DataError.
+  With ``processes`` > 1 each batch [r, ...] is placed as rows [i r, (i + 1) r) of a global batch
+  [P r, ...] (the other rows PAD), ``i`` = ``process_index``. ``get_state()`` = {"grain": grain's
+  JSON state, "pipeline": fingerprint, "processes": P}; a state from a different pipeline (other
+  batch size, seed, data) or process count is refused with a DataError.
   """
 
-  def __init__(self, dataset: grain.IterDataset, fingerprint: str):
+  def __init__(self, dataset: grain.IterDataset, fingerprint: str, processes: int = 1,
+               process_index: int = 0):
     self._dataset, self._fingerprint = dataset, fingerprint
+    self._processes, self._index = processes, process_index
     self._holder = [iter(dataset)]   # the only reference to grain's iterator, see _release
     weakref.finalize(self, _release, self._holder)
 
@@ -313,13 +323,29 @@ class GrainIterator(CheckpointableIterator):
     return self._holder[0]
 
   def __next__(self) -> Batch:
-    return next(self._it)
+    batch = next(self._it)
+    if self._processes == 1:
+      return batch
+    out = {}
+    for k, v in batch.items():
+      v = np.asarray(v)
+      full = np.zeros((v.shape[0] * self._processes,) + v.shape[1:], v.dtype)
+      full[self._index * v.shape[0]:(self._index + 1) * v.shape[0]] = v
+      out[k] = full
+    return out
 
   def get_state(self) -> Dict[str, Any]:
-    state = {"grain": self._it.get_state(), "pipeline": self._fingerprint}
+    state = {"grain": self._it.get_state(), "pipeline": self._fingerprint,
+             "processes": self._processes}
     return json.loads(json.dumps(state, default=_jsonable))
 
   def set_state(self, state: Dict[str, Any]) -> None:
+    saved = int(state.get("processes", 1))
+    if saved != self._processes:
+      raise DataError(f"the checkpoint's data position was saved by {saved} process(es), and "
+                      f"packed data (data.packing=True) resumes only on that count, not on "
+                      f"{self._processes}: run it on {saved} process(es) (bucketed or plain "
+                      f"batches resume on any count)")
     if state.get("pipeline") != self._fingerprint:
       raise DataError(f"iterator state is from another data pipeline ({state.get('pipeline')} != "
                       f"{self._fingerprint}): batch size, seed, process count, data or batching "

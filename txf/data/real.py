@@ -16,17 +16,19 @@ already has one, so evaluation and translation reuse it exactly), cached under
 ``data_dir/txf_tokenizers/<hash>`` and saved with ``task.save(directory)``.
 """
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from absl import logging
-import grain
 import numpy as np
 
-from txf.data import builders, catalog, pipeline, tokenizer
-from txf.data.base import EOS_ID, Batch, CheckpointableIterator, Example, Task
+from txf.data import builders, catalog, global_batches, pipeline, tokenizer
+from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, Example, RowLayout, Task,
+                           truncate_keep_eos)
 from txf.data.text import DataError, resolve_text_dir
 
 __all__ = ["DataError", "make_real_task", "TranslationTask", "ClassificationTask",
@@ -112,20 +114,71 @@ class ExampleTask(_RealTask):
     return self.encode_record(self.adapt(raw))
 
   def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
-                     process_count: int = 1) -> CheckpointableIterator:
-    """Endless batches of this process's ``batch_size / process_count`` rows (see pipeline.py)."""
+                     process_count: int = 1, layout: Optional[RowLayout] = None
+                     ) -> CheckpointableIterator:
+    """Endless global batches (see base.Task): plain and bucketed batches are decided alike on
+    every process from the length index (txf/data/global_batches.py), each process reading only
+    its rows; packed batches come from each process's own 1/P of the records (pipeline.py)."""
     d = self.data
+    layout = layout or RowLayout.block(process_index, process_count)
     spec = pipeline.BatchSpec(
-        lengths=dict(self.features), rows=self._local_rows(batch_size, process_count),
-        tokens_per_batch=d.tokens_per_batch // process_count, packing=d.packing,
-        bucketing=d.bucketing, num_buckets=d.num_buckets, bucket_window=d.bucket_window,
-        rows_multiple=d.rows_multiple, packing_bins=d.packing_bins, truncate=d.truncate,
-        prefetch=d.prefetch, read_threads=d.read_threads)
+        lengths=dict(self.features), rows=batch_size, tokens_per_batch=d.tokens_per_batch,
+        packing=d.packing, bucketing=d.bucketing, num_buckets=d.num_buckets,
+        bucket_window=d.bucket_window, rows_multiple=d.rows_multiple, packing_bins=d.packing_bins,
+        truncate=d.truncate, prefetch=d.prefetch, read_threads=d.read_threads)
+    if d.packing and d.bucketing:
+      raise DataError("data.packing and data.bucketing both set: packing already removes padding; "
+                      "set one of them")
+    if d.packing:
+      return self._packed_iterator(spec, seed, layout, process_index, process_count)
+    spec = global_batches.layout_spec(spec, layout)
+    source = self.sources[self.split_name("train")]
+    features = list(self.features)
+    limits = dict(self.features)
+
+    def read(indices):
+      out = []
+      for record in read_records(source, indices, self.adapt):
+        ex = self.encode_record(record)
+        if spec.truncate:
+          ex = {k: truncate_keep_eos(v, limits[k]) if k in limits else v for k, v in ex.items()}
+        out.append(ex)
+      return out
+
+    fp = pipeline.pipeline_fingerprint("global", self.fingerprint, spec.describe(), seed)
+    return global_batches.IndexBatchIterator(self._lengths(source, features), spec, seed, layout,
+                                             read, self.family == "encoder_classifier", fp)
+
+  def _lengths(self, source, features: List[str]) -> np.ndarray:
+    """The training split's length index int32 [N, F] (computed once, shared by all processes)."""
+    key = ("lengths", tuple(features))
+    if key not in self._cache:
+      def lengths_of(indices):
+        return [[len(ex[f]) for f in features]
+                for ex in map(self.encode_record, read_records(source, indices, self.adapt))]
+      self._cache[key] = global_batches.example_lengths(len(source), lengths_of, len(features),
+                                                        "the training split")
+    return self._cache[key]
+
+  def _packed_iterator(self, spec, seed, layout, process_index, process_count):
+    """Packed batches: process i packs records i, i + P, ... into its rows R / P of the batch."""
+    local = dataclasses.replace(spec, rows=self._local_rows(spec.rows, process_count),
+                                tokens_per_batch=spec.tokens_per_batch // process_count)
+    total = pipeline.rows_for_length(local, max(local.lengths.values())) * process_count
+    expected = RowLayout.block(process_index, process_count).rows(total)
+    got = layout.rows(total)
+    if len(got) != len(expected) or np.any(got != expected):
+      raise DataError(f"data.packing=True feeds each of the {process_count} processes one "
+                      f"contiguous 1/{process_count} of the batch, but this mesh gives process "
+                      f"{process_index} other rows (an axis besides data/fsdp spans processes): "
+                      f"use data.bucketing=True instead of packing, or a mesh whose batch axes "
+                      f"split over the processes")
     ds = pipeline.encoded_source(self.sources[self.split_name("train")], self._encode_raw, seed,
                                  process_index, process_count)
-    fp = pipeline.pipeline_fingerprint(self.fingerprint, spec.describe(), batch_size, seed,
+    fp = pipeline.pipeline_fingerprint(self.fingerprint, local.describe(), spec.rows, seed,
                                        process_index, process_count)
-    return pipeline.GrainIterator(pipeline.batched(ds, spec, seed), fp)
+    return pipeline.GrainIterator(pipeline.batched(ds, local, seed), fp, process_count,
+                                  process_index)
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
                    ) -> List[Batch]:
@@ -230,21 +283,22 @@ class StreamLMTask(_RealTask):
     return self._cache[("stream", name)]
 
   def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
-                     process_count: int = 1) -> CheckpointableIterator:
-    """Endless [rows, T] windows; rows = batch_size / process_count (or tokens_per_batch / T)."""
+                     process_count: int = 1, layout: Optional[RowLayout] = None
+                     ) -> CheckpointableIterator:
+    """Endless global [rows, T] windows, rows = batch_size (or tokens_per_batch / T); row r of
+    batch b is window b * rows + r of the shuffled window stream, whatever the process count."""
     d, length = self.data, self.max_target_len
-    rows = self._local_rows(batch_size, process_count)
+    layout = layout or RowLayout.block(process_index, process_count)
+    rows = batch_size
     if d.tokens_per_batch > 0:
-      rows = pipeline.round_rows(d.tokens_per_batch // process_count // length, d.rows_multiple)
-    ds = pipeline.lm_windows(self.stream("train"), length, seed, process_index, process_count)
-    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=d.read_threads,
-                                              prefetch_buffer_size=4 * rows))
-    it = it.batch(rows, drop_remainder=True)
-    if d.prefetch > 0:
-      it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=d.prefetch)
-    fp = pipeline.pipeline_fingerprint(self.fingerprint, rows, length, seed, process_index,
-                                       process_count)
-    return pipeline.GrainIterator(it, fp)
+      rows = pipeline.round_rows(d.tokens_per_batch // length,
+                                 math.lcm(max(d.rows_multiple, 1), layout.multiple))
+    elif rows % layout.multiple:
+      raise DataError(f"batch_size={rows} does not split over the {layout.multiple} batch shards: "
+                      f"make it a multiple of {layout.multiple}")
+    ds = pipeline.lm_windows(self.stream("train"), length, seed, 0, 1)
+    fp = pipeline.pipeline_fingerprint("global", self.fingerprint, rows, length, seed)
+    return global_batches.WindowBatchIterator(ds, rows, length, layout, fp)
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
                    ) -> List[Batch]:

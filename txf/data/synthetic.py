@@ -23,6 +23,7 @@ import numpy as np
 
 from txf.config import ConfigError
 from txf.data.base import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Batch, CheckpointableIterator, Example,
+                           RowLayout,
                            Task, pad_batch)
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -177,8 +178,11 @@ class SyntheticTask(Task):
 
   seed = 0
 
-  def _batch(self, split: str, start: int, count: int, batch_size: Optional[int] = None) -> Batch:
-    pairs = [self.pair(split, start + i) for i in range(count)]
+  def _batch(self, split: str, start: int, count: int, batch_size: Optional[int] = None,
+             indices: Optional[Sequence[int]] = None) -> Batch:
+    if indices is None:
+      indices = range(start, start + count)
+    pairs = [self.pair(split, i) for i in indices]
     tgt = [self.codec.encode(t) for _, t in pairs]
     if self.family == "decoder_lm":
       return {"targets": pad_batch(tgt, self.max_target_len, batch_size)}
@@ -188,12 +192,29 @@ class SyntheticTask(Task):
 
   # -- Task API ---------------------------------------------------------------------------------
   def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
-                     process_count: int = 1) -> CheckpointableIterator:
-    if batch_size % process_count:
-      raise ConfigError(f"batch_size={batch_size} is not divisible by the {process_count} processes")
+                     process_count: int = 1, layout: Optional[RowLayout] = None
+                     ) -> CheckpointableIterator:
+    """Global batch n holds training examples n B .. n B + B - 1; this process makes only the
+    rows ``layout`` gives it (the others stay PAD)."""
+    layout = layout or RowLayout.block(process_index, process_count)
+    if batch_size % layout.multiple:
+      raise ConfigError(f"batch_size={batch_size} does not split over the {layout.multiple} batch "
+                        f"shards (devices x grad_accum_steps): make it a multiple of "
+                        f"{layout.multiple}")
     self.seed = seed
-    local = batch_size // process_count
-    return _StepIterator(lambda n: self._batch("train", n * batch_size + process_index * local, local))
+    rows = layout.rows(batch_size)
+    if len(rows) == batch_size:   # every row: the batch as one process makes it
+      return _StepIterator(lambda n: self._batch("train", n * batch_size, batch_size))
+
+    def make(n):
+      part = self._batch("train", 0, 0, None, [n * batch_size + int(r) for r in rows])
+      out = {}
+      for k, v in part.items():
+        out[k] = np.zeros((batch_size,) + v.shape[1:], v.dtype)
+        out[k][rows] = v
+      return out
+
+    return _StepIterator(make)
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> List[Batch]:
     total = max_examples or 1000

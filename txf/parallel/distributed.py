@@ -14,17 +14,32 @@ one of several and how to find the others:
       never initialise (e.g. one process per node of a SLURM allocation on purpose)
 
 Options (all processes must agree):
-  TXF_HEARTBEAT_TIMEOUT  seconds without heartbeats after which a process counts as dead and every
-                         other process exits with an error instead of hanging (default 100)
+  TXF_HEARTBEAT_TIMEOUT  seconds without heartbeats after which a process counts as lost: every
+                         other process prints one ``txf: error: lost process N ...`` line naming the
+                         run's last checkpoint and exits with status 75 (``EXIT_RESUMABLE``: run
+                         the same command again to resume) instead of hanging (default 30)
   TXF_INIT_TIMEOUT       seconds to wait for all processes to connect (default 300)
   TXF_SHUTDOWN_TIMEOUT   seconds a finishing (or failing) process waits for the others at exit
                          (default 300)
   TXF_LOCAL_DEVICE_IDS   comma list of the accelerator ids this process drives, e.g. "0,1,2,3"
                          for one process per node on SLURM (jax's SLURM detection otherwise
                          gives each process only the GPU of its SLURM_LOCALID)
+
+Failures are agreed (``stop_all``, ``start_failure_watch``): a process that fails (a ``TxfError``,
+a bug, an error in a collective) publishes one line and its exit status in the coordination
+service's key-value store; every other process polls it (a daemon thread, once a second), prints
+the same line and exits with the same status, whatever collective its main thread waits in. A
+process that dies without a word (``kill -9``, a lost host) is found by jax.distributed's heartbeat
+check within ``TXF_HEARTBEAT_TIMEOUT`` seconds: the others say so in one line and exit 75.
 """
 
+import atexit
 import os
+import re
+import sys
+import threading
+import time
+import traceback
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
@@ -32,9 +47,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from txf.config import ConfigError
-from txf.errors import TxfError
+from txf.errors import EXIT_RESUMABLE, TxfError
 
 _MESSAGE_BYTES = 4096
+HEARTBEAT_TIMEOUT = 30               # default TXF_HEARTBEAT_TIMEOUT, seconds
+ACK_TIMEOUT = 10.0                   # seconds a failing process waits for the others to see it
+_FAILURE_KEY = "txf/failure"
+_state: Dict[str, Any] = {"client": None, "heartbeat": HEARTBEAT_TIMEOUT, "workdir": "",
+                          "done": False, "lock": threading.Lock()}
 
 
 def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, Any]]:
@@ -59,7 +79,7 @@ def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, 
     pass
   else:
     return None
-  args["heartbeat_timeout_seconds"] = int(env.get("TXF_HEARTBEAT_TIMEOUT", "100"))
+  args["heartbeat_timeout_seconds"] = int(env.get("TXF_HEARTBEAT_TIMEOUT", "") or HEARTBEAT_TIMEOUT)
   args["initialization_timeout"] = int(env.get("TXF_INIT_TIMEOUT", "300"))
   args["shutdown_timeout_seconds"] = int(env.get("TXF_SHUTDOWN_TIMEOUT", "300"))
   if env.get("TXF_LOCAL_DEVICE_IDS"):
@@ -75,8 +95,169 @@ def maybe_initialize(env: Mapping[str, str] = os.environ) -> bool:
   args = distributed_args(env)
   if args is None:
     return False
-  jax.distributed.initialize(**args)
+  _state["heartbeat"] = args["heartbeat_timeout_seconds"]
+  _initialize(args)
+  if jax.process_count() > 1:
+    start_failure_watch()
   return jax.process_count() > 1
+
+
+class _WithHeartbeatCallback:
+  """jax's ``_jax`` extension module, but its runtime client reports a lost peer to
+  ``_peer_lost`` (one line, exit 75) instead of aborting the process with a core dump."""
+
+  def __init__(self, lib):
+    self._lib = lib
+
+  def __getattr__(self, name):
+    return getattr(self._lib, name)
+
+  def get_distributed_runtime_client(self, *args, **kwargs):
+    kwargs["missed_heartbeat_callback"] = _peer_lost
+    return self._lib.get_distributed_runtime_client(*args, **kwargs)
+
+
+def _initialize(args: Dict[str, Any]) -> None:
+  """``jax.distributed.initialize(**args)`` with txf's lost-peer callback (see above)."""
+  from jax._src import distributed as jax_distributed
+  lib = getattr(jax_distributed, "_jax", None)
+  if lib is not None:
+    jax_distributed._jax = _WithHeartbeatCallback(lib)
+  try:
+    jax.distributed.initialize(**args)
+  finally:
+    if lib is not None:
+      jax_distributed._jax = lib
+  _state["client"] = jax_distributed.global_state.client
+  atexit.register(_state.__setitem__, "done", True)  # runs before jax's own shutdown (LIFO)
+
+
+def note_workdir(workdir: str) -> None:
+  """The run directory whose last checkpoint a lost-process message names."""
+  _state["workdir"] = workdir
+
+
+def last_checkpoint(workdir: str) -> str:
+  """'step N (DIR)' of the newest complete checkpoint in ``workdir``, or 'none written'."""
+  directory = os.path.join(workdir, "checkpoints")
+  try:
+    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+  except OSError:
+    steps = []
+  return f"step {steps[-1]} ({os.path.join(directory, str(steps[-1]))})" if steps else "none written"
+
+
+def _say_and_exit(line: str, status: int) -> None:
+  """Print ``line`` on stderr (once per process) and end the process now with ``status``."""
+  if not _state["lock"].acquire(blocking=False):
+    time.sleep(3600)  # another thread is already ending this process
+  _state["done"] = True
+  _say_and_exit_now(line, status)
+
+
+def _peer_lost(status=None, *_) -> None:
+  """The runtime client's heartbeat verdict: a peer (or the coordinator) is gone."""
+  if _state["done"]:
+    return
+  text = str(status or "")
+  found = re.findall(r"task[:_ ](\d+)", text)
+  me = jax.process_index()
+  lost = sorted({int(t) for t in found} - {me})
+  who = (f"process {', '.join(map(str, lost))}" if lost else
+         "process 0 (the coordinator)" if me != 0 else "a process")
+  workdir = _state["workdir"]
+  checkpoint = f"; the run's last checkpoint: {last_checkpoint(workdir)}" if workdir else ""
+  _say_and_exit(f"txf: error: lost {who} of {jax.process_count()} (no heartbeat for "
+                f"{_state['heartbeat']} s, TXF_HEARTBEAT_TIMEOUT){checkpoint}: run the same command "
+                f"again to resume", EXIT_RESUMABLE)
+
+
+def start_failure_watch() -> None:
+  """A daemon thread that ends this process with the line and status another process published
+  (``stop_all``), within about a second."""
+  client = _state["client"]
+  me = jax.process_index()
+
+  def watch():
+    while not _state["done"]:
+      try:
+        value = client.blocking_key_value_get(_FAILURE_KEY, 1000)
+      except Exception:  # pylint: disable=broad-except  # nothing yet (or the service is gone)
+        time.sleep(0.2)
+        continue
+      status, origin, line = value.split("|", 2)
+      if int(origin) == me or _state["done"]:
+        return
+      try:
+        client.key_value_set(f"txf/ack/{me}", "1")
+      except Exception:  # pylint: disable=broad-except
+        pass
+      _say_and_exit(line, int(status))
+
+  threading.Thread(target=watch, name="txf-failure-watch", daemon=True).start()
+
+
+def stop_all(line: str, status: int) -> None:
+  """This process failed: print ``line``, make every other process print it and exit with
+  ``status`` too (waiting up to ACK_TIMEOUT s for them to see it), then exit. With one process
+  (or before jax.distributed is up) it returns, and the caller exits as usual."""
+  client = _state["client"]
+  if client is None or jax.process_count() == 1:
+    return
+  if not _state["lock"].acquire(blocking=False):
+    time.sleep(3600)  # the failure watch is already ending this process with another's failure
+  _state["done"] = True
+  me, count = jax.process_index(), jax.process_count()
+  try:
+    client.key_value_set(_FAILURE_KEY, f"{status}|{me}|{line}")
+  except Exception:  # pylint: disable=broad-except  # another process's failure came first
+    pass
+  deadline = time.time() + ACK_TIMEOUT
+  for p in range(count):
+    if p == me:
+      continue
+    try:
+      client.blocking_key_value_get(f"txf/ack/{p}", max(1, int(1000 * (deadline - time.time()))))
+    except Exception:  # pylint: disable=broad-except  # gone already, or failed itself
+      pass
+  _say_and_exit_now(line, status)
+
+
+def _say_and_exit_now(line: str, status: int) -> None:
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  try:
+    os.write(2, (line.rstrip("\n") + "\n").encode())
+  except OSError:
+    pass
+  os._exit(status)
+
+
+def is_collective_failure(error: BaseException) -> bool:
+  """Whether ``error`` looks like a collective whose peer went away (gloo / coordination errors),
+  which the heartbeat check will name; a plain bug is reported at once."""
+  text = f"{type(error).__name__}: {error}"
+  return jax.process_count() > 1 and bool(re.search(
+      r"[Gg]loo|[Cc]onnection|[Pp]eer|UNAVAILABLE|DEADLINE_EXCEEDED|coordination|heartbeat", text))
+
+
+def fail(error: BaseException) -> None:
+  """Several processes and an exception that is not a ``TxfError``: a lost peer (a collective
+  broke) waits for the heartbeat verdict (exit 75); a bug prints its traceback and stops every
+  process with one line naming it (exit 1). Returns with one process."""
+  if _state["client"] is None or jax.process_count() == 1:
+    return
+  if is_collective_failure(error):
+    deadline = time.time() + _state["heartbeat"] + 15
+    while time.time() < deadline:       # _peer_lost ends the process when the heartbeat says so
+      time.sleep(0.5)
+  traceback.print_exc()
+  first = (str(error).strip().splitlines() or [""])[0][:300]
+  stop_all(f"txf: error: process {jax.process_index()} failed with {type(error).__name__}: "
+           f"{first} (a bug: its traceback is in process {jax.process_index()}'s output)", 1)
 
 
 def describe() -> str:

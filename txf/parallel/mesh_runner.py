@@ -22,9 +22,9 @@ from txf.parallel.placed import DeviceParams
 class MeshRunner:
   """jit with in/out shardings on ``mesh``; state buffers donated.
 
-  Train batches are this process's rows of the global batch (``process_index``/``process_count``
-  split); they are assembled into one global array with ``jax.make_array_from_process_local_data``.
-  Eval batches are whole global batches, identical on every process. ``host_state`` returns the
+  Train batches are global batches of which each process fills the rows its devices hold
+  (txf.parallel.feeding); eval batches are whole global batches, identical on every process; both
+  become global arrays with ``jax.make_array_from_callback`` (each device reads only its rows). ``host_state`` returns the
   sharded global arrays themselves (orbax writes each process's shards); ``host_params`` gathers
   one full host copy on every process.
   """
@@ -168,10 +168,11 @@ class MeshRunner:
 
   # -- steps ----------------------------------------------------------------------------------
   def train_step(self, state, batch, rng):
-    """batch: this process's rows [B_local, ...]; metrics come back replicated (scalars)."""
+    """batch: the global batch [B, ...] of which this process fills the rows its devices hold
+    (txf.parallel.feeding; the others are never read); metrics come back replicated (scalars)."""
     if self._train is None:
       raise RuntimeError("MeshRunner.train_step before place_state: place the state first")
-    return self._train(state, self.local_batch(batch), self._key_data(rng))
+    return self._train(state, self.global_batch(batch), self._key_data(rng))
 
   def eval_step(self, state, batch):
     """batch: one whole global batch [B, ...]; returns the metric sums over it, on the host."""

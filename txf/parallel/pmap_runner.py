@@ -69,8 +69,9 @@ class PmapRunner:
 
   # -- steps ----------------------------------------------------------------------------------
   def train_step(self, state, batch, rng):
-    """batch: this process's rows [B_local, ...]; metrics come back as scalars (replica 0)."""
-    state, metrics = self._train(state, self.split(batch), rng)
+    """batch: the global batch [B, ...] of which this process fills its contiguous B / processes
+    rows (txf.parallel.feeding); metrics come back as scalars (replica 0)."""
+    state, metrics = self._train(state, self.split(self._process_slice(batch)), rng)
     return state, jax.tree_util.tree_map(lambda m: m[0], metrics)
 
   def eval_step(self, state, batch):

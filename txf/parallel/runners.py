@@ -3,7 +3,8 @@
 Runner API (numpy host batches in, the same pure step function inside every runner):
   place_state(state) -> state on device(s); host values must be the same on every process
   train_step(state, batch, rng) -> (state, metrics)    compiled, state buffers donated;
-      ``batch`` is this process's share of the global batch (all of it on one process)
+      ``batch`` is the global batch [B, ...], of which a process fills only the rows its devices
+      hold (``txf.parallel.feeding.Feed``; all of them on one process)
   eval_step(state, batch) -> metric sums               ``batch`` is a whole global batch, the same
       on every process
   rows_fn(fn) -> call(params, rows): ``fn(params, rows [B, ...]) -> [B, ...]`` (a decoder) on all

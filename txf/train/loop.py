@@ -40,6 +40,7 @@ from txf.metrics import MetricWriter
 from txf.models import (LossFn, ModelBuilder, count_params, init_params, model_config_from,
                         param_axes, unpad_vocab)
 from txf.parallel import distributed, make_runner
+from txf.parallel.feeding import Feed
 from txf.parallel.sharding import check_splits
 from txf.train.logs import Eta, LogWindow, log_line, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
@@ -170,7 +171,7 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   born_sharded = getattr(runner, "init_state", None)  # mesh: created in its shardings
   new_state = (lambda: born_sharded(init_state)) if born_sharded else init_state
   train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(),
-                                 jax.process_count())
+                                 jax.process_count(), layout=Feed(runner, config.grad_accum_steps))
   eval_batches = task.eval_batches(config.data.eval_split, config.batch_size,
                                    config.eval_batches * config.batch_size or None)
   examples = task.examples(config.data.eval_split, config.decode_examples) if decodes else []
@@ -313,10 +314,10 @@ def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, flo
   params.msgpack (one process, or pmap), or params/ (a multi-process mesh run: orbax, each
   process its own shards, nothing gathered; ``txf.workdir.load_params`` reads either)."""
   config, say = run.config, run.say
-  if loop.stopped_by == "signal":
+  if loop.stopped_by == "signal":  # every process says why it ended (the same line on each)
     run.writer.close()
-    say(f"txf: stopped by {preemption.signal_name} after step {loop.step}; checkpoint written to "
-        f"{run.checkpointer.step_dir(loop.step)}. Run the same command to resume.")
+    print(f"txf: stopped by {preemption.signal_name} after step {loop.step}; checkpoint written to "
+          f"{run.checkpointer.step_dir(loop.step)}. Run the same command to resume.", flush=True)
     return loop.final
   if loop.stopped_by == "time":
     say(f"txf: time limit of {config.time_limit_minutes:g} min reached: training ended after step "

@@ -79,14 +79,16 @@ class StopVote:
       self.sharding = NamedSharding(mesh, PartitionSpec("processes"))
       self._max = jax.jit(lambda flags: flags.max(), out_shardings=NamedSharding(mesh, PartitionSpec()))
 
-  def vote(self, flag: bool) -> bool:
+  def vote(self, flag: int) -> int:
+    """``flag``: 0 (no stop) or a positive code; returns the previous vote's max over processes
+    (0: nobody asked), the same on every process."""
     if not self.multi:
-      return bool(flag)
+      return int(flag)
     previous = self.pending
-    local = np.full((jax.local_device_count(),), int(bool(flag)), np.int32)
+    local = np.full((jax.local_device_count(),), int(flag), np.int32)
     flags = jax.make_array_from_process_local_data(self.sharding, local, (jax.device_count(),))
     self.pending = self._max(flags)
-    return previous is not None and bool(np.asarray(previous.addressable_data(0)))
+    return 0 if previous is None else int(np.asarray(previous.addressable_data(0)))
 
 
 class _DropOnBrokenPipe:
@@ -164,9 +166,19 @@ class Preemption:
   def __init__(self):
     self.signum, self._previous = None, {}
     self._vote = StopVote()
+    self.agreed = 0               # the agreed vote: signum + 256 * (1 + the process that got it)
 
   @property
   def signal_name(self) -> str:
+    """What stopped the run, the same on every process: 'SIGTERM' (one process), 'SIGTERM on
+    process 1' (several: the highest process index that got a signal)."""
+    if self.agreed:
+      signum, process = self.agreed % 256, self.agreed // 256 - 1
+      try:
+        name = signal.Signals(signum).name
+      except ValueError:
+        name = f"signal {signum}"
+      return f"{name} on process {process}" if self._vote.multi else name
     return signal.Signals(self.signum).name if self.signum else ""
 
   def _handle(self, signum, frame):
@@ -191,7 +203,11 @@ class Preemption:
   def requested(self) -> bool:
     """Whether to stop after this step; call once per step on every process (``StopVote``): all
     processes agree, at most two steps after the signal reached any of them."""
-    return self._vote.vote(self.signum is not None)
+    mine = 0 if self.signum is None else int(self.signum) + 256 * (jax.process_index() + 1)
+    agreed = self._vote.vote(mine)
+    if agreed:
+      self.agreed = agreed
+    return bool(agreed)
 
 
 class TimeLimit:
