@@ -50,7 +50,8 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
           for f in ("eval_dev", "eval_dev_best")); print("params_best.msgpack" if b > a else "params.msgpack")')
         txf eval --workdir runs/sst2 --split test --params "$chosen"
         sed -n 2,21p "$TXF_DATA/sst2/dev.tsv" > runs/sst2/samples.gold.tsv  # sentence<TAB>gold label
-        cut -f 1 runs/sst2/samples.gold.tsv | txf classify --workdir runs/sst2 --output runs/sst2/samples.pred
+        cut -f 1 runs/sst2/samples.gold.tsv | txf classify --workdir runs/sst2 --params "$chosen" \
+          --output runs/sst2/samples.pred
         paste runs/sst2/samples.pred runs/sst2/samples.gold.tsv > runs/sst2/samples.tsv ;;
       shakespeare)
         txf train --config experiments/shakespeare_char.py --progress=false "${extra[@]}"
