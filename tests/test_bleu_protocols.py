@@ -147,3 +147,24 @@ def test_txf_eval_reports_either_protocol(tmp_path):
                           capture_output=True, text=True, timeout=300)
   errors = [l for l in result.stderr.splitlines() if l.startswith("txf: error:")]
   assert result.returncode == 2 and len(errors) == 1 and "--bleu" in errors[0], result.stderr
+
+
+def test_tiny_multi30k_experiment_reads_the_tokenized_files():
+  """experiments/multi30k_en_de_tiny.py is valid, is the paper's Transformer-Tiny, and (with the
+  shared data beside the checkout) names the tok/*.lc.norm.tok.* files of all three splits."""
+  from txf.config import load_experiment
+  from txf.data.text import resolve_text_dir
+  cfg = load_experiment("multi30k_en_de_tiny")
+  validate(cfg)
+  m = cfg.model
+  assert (m.d_model, m.d_ff, m.num_heads, m.num_encoder_layers, m.num_decoder_layers) == (128, 256, 4, 4, 4)
+  assert cfg.bleu_protocol == "tok-lc" and cfg.keep_checkpoints == 10
+  root = os.path.join(os.path.dirname(ROOT), "shared", "data")
+  if not os.path.isdir(os.path.join(root, "multi30k", "tok")):
+    pytest.skip("the shared Multi30k data is not beside this checkout")
+  d = cfg.data
+  folder = resolve_text_dir(d.source.partition(":")[2], root)
+  spec = builders.local_spec(folder, d.format, [d.train_split, d.eval_split, d.test_split],
+                             d.src_lang, d.tgt_lang, d.max_line_chars, 0.9, d.file_pattern)
+  assert sorted(spec["splits"]) == ["test_2016_flickr", "train", "val"]
+  assert spec["splits"]["val"][1] == os.path.join(folder, "tok", "val.lc.norm.tok.de")
