@@ -80,6 +80,9 @@ def test_tok_lc_lowercases_normalises_and_tokenizes_raw_text():
       "zwei hunde spielen im schnee ."]
   # already tokenized text is left as it is, so raw and tok references score alike
   assert bleu.tokenize_lowercase(REFS, "de") == REFS
+  english = ["a man &apos;s dog &quot; rex &quot; runs ."]   # Moses splits English clitics: 's
+  assert bleu.tokenize_lowercase(english, "en") == english
+  assert bleu.tokenize_lowercase(['A man\'s dog "Rex" runs.'], "en") == english
   raw_hyps = [h.replace("&quot; willkommen &quot; .", '"Willkommen".').capitalize() for h in HYPS]
   assert bleu.corpus_bleu(raw_hyps, REFS, "tok-lc", "de")["bleu"] == pytest.approx(
       multi_bleu(HYPS, REFS), abs=1e-9)
@@ -105,7 +108,11 @@ def test_file_pattern_names_the_files_of_each_split(tmp_path):
   cfg.data.file_pattern = "tok/{split}.lc.norm.tok"
   with pytest.raises(ConfigError, match=r"file_pattern.*\{lang\}"):
     validate(cfg)
+  cfg.data.file_pattern = "tok/{split}.{kind}.{lang}"
+  with pytest.raises(ConfigError, match=r"file_pattern"):
+    validate(cfg)
   cfg.data.file_pattern = "tok/{split}.lc.norm.tok.{lang}"
+  validate(cfg)
   cfg.bleu_protocol = "multi-bleu"
   with pytest.raises(ConfigError, match="bleu_protocol"):
     validate(cfg)
@@ -168,3 +175,19 @@ def test_tiny_multi30k_experiment_reads_the_tokenized_files():
                              d.src_lang, d.tgt_lang, d.max_line_chars, 0.9, d.file_pattern)
   assert sorted(spec["splits"]) == ["test_2016_flickr", "train", "val"]
   assert spec["splits"]["val"][1] == os.path.join(folder, "tok", "val.lc.norm.tok.de")
+
+
+def test_tok_lc_makes_the_multi30k_tok_files_from_the_raw_ones():
+  """The shared Multi30k test2016 (raw, and the papers' tok files): tok-lc turns the raw German and
+  English references into the tok files line for line, and leaves the tok files as they are."""
+  root = os.path.join(os.path.dirname(ROOT), "shared", "data", "multi30k")
+  if not os.path.isdir(os.path.join(root, "tok")):
+    pytest.skip("the shared Multi30k data is not beside this checkout")
+  for lang in ("de", "en"):
+    with open(os.path.join(root, f"test_2016_flickr.{lang}"), encoding="utf-8") as f:
+      raw = f.read().split("\n")[:-1]
+    with open(os.path.join(root, "tok", f"test_2016_flickr.lc.norm.tok.{lang}"), encoding="utf-8") as f:
+      tok = f.read().split("\n")[:-1]
+    assert len(raw) == len(tok) == 1000
+    assert bleu.tokenize_lowercase(raw, lang) == tok
+    assert bleu.tokenize_lowercase(tok, lang) == tok

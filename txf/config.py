@@ -304,6 +304,10 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     fmt = given.get("data.format", "parallel")
     needs = ["{split}"] + (["{lang}"] if fmt == "parallel" else [])
     missing = [n for n in needs if n not in pattern]
+    try:
+      pattern.format(split="train", lang="en")
+    except (KeyError, IndexError, ValueError):
+      missing = missing or ["only {split} and {lang} (no other braces)"]
     if missing:
       errors.append(f"data.file_pattern={pattern!r} lacks {' and '.join(missing)}: write the file "
                     f"names with placeholders, e.g. 'tok/{{split}}.lc.norm.tok.{{lang}}'")
