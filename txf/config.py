@@ -36,6 +36,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode_max_extra = 50        # decoding stops at source length + this many tokens
   c.beam_size = 1                # beam for in-loop decoding (1 = greedy)
   c.alpha = 0.6                  # GNMT length penalty exponent ((5 + L) / 6) ** alpha
+  c.bleu_protocol = "sacrebleu"  # BLEU in the loop and txf eval: sacrebleu (cased, detokenized, 13a) | tok-lc (lowercased Moses tokens, multi-bleu.perl)
   c.parallelism = "single"       # "single" (one device), "pmap" (data parallel), "mesh" (jit + shardings)
   c.grad_accum_steps = 1         # micro-batches accumulated per optimizer step
   c.mesh_shape = (-1, 1, 1)      # parallelism="mesh": devices along (data, fsdp, tensor); one -1 takes the rest
@@ -93,6 +94,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.path = ""                    # root for text:NAME sources; "" = the TXF_DATA environment variable
   d.data_dir = ""                # where prepared tfds/array_record data lives ("" = ~/.cache/txf/tfds)
   d.format = "parallel"          # text sources: parallel ({split}.{src}/{split}.{tgt}) | tsv (text<TAB>label) | plain (LM)
+  d.file_pattern = ""            # text sources: file names in the folder, with {split} and (parallel) {lang}; "" = {split}.{lang} / {split}.tsv
   d.src_lang = "en"              # source language suffix / tfds feature
   d.tgt_lang = "de"              # target language suffix / tfds feature
   d.train_split = "train"        # split names
@@ -358,8 +360,21 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
              "model.pooling": ("mean", "first"), "model.attention_impl": ("auto", "reference", "fused"),
              "model.dtype": ("float32", "bfloat16"), "parallelism": ("single", "pmap", "mesh"),
              "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
+             "bleu_protocol": ("sacrebleu", "tok-lc"),
              "data.tokenizer": ("word", "sentencepiece", "char"),
              "optimizer.schedule": ("inverse_sqrt", "constant")}
+  pattern = given.get("data.file_pattern", "")
+  if pattern:
+    fmt = given.get("data.format", "parallel")
+    needs = ["{split}"] + (["{lang}"] if fmt == "parallel" else [])
+    missing = [n for n in needs if n not in pattern]
+    try:
+      pattern.format(split="train", lang="en")
+    except (KeyError, IndexError, ValueError):
+      missing = missing or ["only {split} and {lang} (no other braces)"]
+    if missing:
+      errors.append(f"data.file_pattern={pattern!r} lacks {' and '.join(missing)}: write the file "
+                    f"names with placeholders, e.g. 'tok/{{split}}.lc.norm.tok.{{lang}}'")
   for key, allowed in choices.items():
     if key in given and given[key] not in allowed:
       errors.append(f"{key}={given[key]!r} is not one of {allowed}")

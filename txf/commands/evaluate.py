@@ -1,9 +1,10 @@
 """``txf eval --workdir runs/x [--split test] [--data_path DIR] [--beam 4] [--alpha 0.6] [--params params_avg5.msgpack]
-[--output report.json] [--max_examples N] [--max_extra 50] [--batch_size 32]``.
+[--output report.json] [--max_examples N] [--max_extra 50] [--batch_size 32] [--bleu sacrebleu|tok-lc]``.
 
 Writes a JSON report to --output (default workdir/eval_<split>.json; checked writable before the
 evaluation runs) and prints it:
-translation: sacreBLEU and chrF on detokenized text (with their signatures) and exact match;
+translation: BLEU under --bleu (sacrebleu: cased detokenized, or tok-lc: lowercased Moses tokens, as
+multi-bleu.perl), chrF on detokenized text (with their signatures) and exact match;
 classification: accuracy; language models: perplexity and loss in nats per token. Every family also
 reports the teacher-forced loss and accuracy (see txf.inference.evaluate_split). The data is read
 only for the split scored: from the run's config, or --data_path when it has moved. Evaluations
@@ -31,6 +32,10 @@ flags.DEFINE_string("data_path", None, "where the run's data is now, if it moved
 flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
                     "params_avg5.msgpack from `txf average-checkpoints`, or a path")
 flags.DEFINE_string("output", None, "report path (default: <workdir>/eval_<split>.json)")
+flags.DEFINE_enum("bleu", None, ["sacrebleu", "tok-lc"], "BLEU protocol (default: the run's "
+                  "config.bleu_protocol): sacrebleu = cased detokenized text, sacreBLEU's 13a "
+                  "tokenizer, WMT practice; tok-lc = lowercased, punctuation-normalised, Moses-"
+                  "tokenized text scored on its tokens, multi-bleu.perl, the Multi30k papers")
 flags.DEFINE_integer("beam", None, "beam size (1 = greedy; default: the run's config.beam_size)")
 flags.DEFINE_float("alpha", None, "GNMT length penalty exponent (default: the run's config.alpha)")
 flags.DEFINE_integer("max_extra", None, "each output has at most source length + this many tokens "
@@ -91,7 +96,8 @@ def main(argv):
       alpha=run.config.alpha if f.alpha is None else f.alpha,
       max_extra=run.config.decode_max_extra if f.max_extra is None else f.max_extra,
       max_examples=f.max_examples, batch_size=f.batch_size,
-      progress=inference.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every))
+      progress=inference.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every),
+      bleu_protocol=f.bleu or run.config.get("bleu_protocol", "sacrebleu"))
   workdir_lib.write_json(path, report)
   print(json.dumps(report, indent=2, sort_keys=True))
   print(f"report written to {path}", file=sys.stderr)

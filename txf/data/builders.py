@@ -173,8 +173,14 @@ BUILDERS = {"parallel": TxfParallelText, "tsv": TxfLabelledText, "plain": TxfPla
 
 
 def local_spec(directory: str, fmt: str, splits: Sequence[str], src_lang: str, tgt_lang: str,
-               max_line_chars: int, lm_split_fraction: float) -> Dict[str, Any]:
-  """The reader spec of a text folder: files per split (train and eval required, test optional)."""
+               max_line_chars: int, lm_split_fraction: float, file_pattern: str = ""
+               ) -> Dict[str, Any]:
+  """The reader spec of a text folder: files per split (train and eval required, test optional).
+
+  ``file_pattern`` (config ``data.file_pattern``) names the files relative to ``directory`` with
+  ``{split}`` and ``{lang}`` placeholders, e.g. ``tok/{split}.lc.norm.tok.{lang}``; "" means
+  ``{split}.{lang}`` (parallel) or ``{split}.tsv`` (tsv).
+  """
   if fmt not in BUILDERS:
     raise text.DataError(f"data.format={fmt!r} is not one of {sorted(BUILDERS)}")
   train, evals, test = splits
@@ -190,9 +196,11 @@ def local_spec(directory: str, fmt: str, splits: Sequence[str], src_lang: str, t
     return spec
   for i, split in enumerate((train, evals, test)):
     if fmt == "parallel":
-      files = [os.path.join(directory, f"{split}.{lang}") for lang in (src_lang, tgt_lang)]
+      pattern = file_pattern or "{split}.{lang}"
+      files = [os.path.join(directory, pattern.format(split=split, lang=lang))
+               for lang in (src_lang, tgt_lang)]
     else:
-      files = [os.path.join(directory, f"{split}.tsv")]
+      files = [os.path.join(directory, (file_pattern or "{split}.tsv").format(split=split))]
     if all(os.path.isfile(f) for f in files):
       spec["splits"][split] = files
     elif i < 2:                               # train and eval must exist

@@ -394,7 +394,7 @@ def _open_source(config, data_dir: str):
   if scheme == "text":
     directory = resolve_text_dir(rest, d.path)
     spec = builders.local_spec(directory, d.format, splits, d.src_lang, d.tgt_lang,
-                               d.max_line_chars, d.lm_split_fraction)
+                               d.max_line_chars, d.lm_split_fraction, d.file_pattern)
     prepared = builders.prepare_local(directory, spec, data_dir)
     return (d.format, prepared.sources, _adapt_local, int(prepared.metadata.get("num_classes", 0)),
             prepared.fingerprint)

@@ -16,6 +16,7 @@ import sacrebleu
 
 from txf.data.base import PAD_ID, Batch, Example, truncate_keep_eos
 from txf.errors import TxfError
+from txf.inference import bleu as bleu_lib
 from txf.inference.decoding import translate_texts
 from txf.inference.run import Warn, warn_stderr
 from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
@@ -74,8 +75,10 @@ class Evaluator:
 
   def __init__(self, model_cfg: TransformerConfig, task, batches: Sequence[Batch],
                examples: Sequence[Example] = (), beam_size: int = 1, alpha: float = 0.6,
-               max_extra: int = 50, decode_batch_size: int = 64):
+               max_extra: int = 50, decode_batch_size: int = 64, bleu_protocol: str = "sacrebleu",
+               lang: str = "en"):
     self.model_cfg, self.task = model_cfg, task
+    self.bleu_protocol, self.lang = bleu_protocol, lang
     self.batches, self.examples = list(batches), list(examples)
     self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
     self.decode_batch_size = decode_batch_size
@@ -122,7 +125,8 @@ class Evaluator:
     if self.model_cfg.family == "encoder_decoder" and self.examples:
       self.hypotheses = self.translate(params())
       metrics["exact_match"] = exact_match(self.hypotheses, self.references)
-      metrics["bleu"] = float(sacrebleu.corpus_bleu(self.hypotheses, [self.references]).score)
+      metrics["bleu"] = bleu_lib.corpus_bleu(self.hypotheses, self.references, self.bleu_protocol,
+                                             self.lang)["bleu"]
     return metrics
 
 
@@ -184,13 +188,16 @@ def default_split(run) -> str:
 
 def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra: int = 50,
                    max_examples: int = 0, batch_size: int = 32, warn: Warn = warn_stderr,
-                   progress: Optional[Progress] = None) -> Dict[str, Any]:
+                   progress: Optional[Progress] = None, bleu_protocol: str = "sacrebleu"
+                   ) -> Dict[str, Any]:
   """The report of ``txf eval`` for one split of a loaded run (``txf.inference.load_run``).
 
   Every family: ``loss`` (unsmoothed NLL, nats per token; per example for classification) and
   ``accuracy`` (per token; per example = argmax == label for classification), teacher-forced over
   the split's eval batches. Language models add ``perplexity`` = exp(loss). Translation adds
-  sacreBLEU ``bleu`` and ``chrf`` on detokenized text with their ``*_signature`` strings, and
+  ``bleu`` under ``bleu_protocol`` (``txf.inference.bleu``: sacreBLEU on cased detokenized text,
+  or ``tok-lc`` on lowercased Moses tokens) with ``bleu_protocol`` and sacreBLEU's
+  ``bleu_signature``, sacreBLEU ``chrf`` on detokenized text with its signature, and
   ``exact_match``, from decoding the split's first ``num_examples`` sources (default: the whole
   split as the task gives it; synthetic tasks: 1000) with greedy (beam 1) or beam search.
   ``progress`` (default: a ``Progress`` on stderr) reports batches scored and sentences decoded.
@@ -232,10 +239,10 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
     hyps = evaluator.translate(
         run.params, progress=lambda k: progress("decoding", k, len(examples), "sentences"))
     refs = evaluator.references
-    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    bleu_score, chrf_score = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
-    report.update({"bleu": float(bleu_score.score), "bleu_signature": str(bleu.get_signature()),
-                   "bleu_verbose": str(bleu_score), "chrf": float(chrf_score.score),
+    chrf = sacrebleu.metrics.CHRF()
+    chrf_score = chrf.corpus_score(hyps, [refs])
+    report.update(bleu_lib.corpus_bleu(hyps, refs, bleu_protocol, run.config.data.tgt_lang))
+    report.update({"chrf": float(chrf_score.score),
                    "chrf_signature": str(chrf.get_signature()),
                    "exact_match": exact_match(hyps, refs),
                    "decoding": {"beam": beam, "alpha": alpha, "max_extra": max_extra}})

@@ -176,7 +176,8 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
                                    config.eval_batches * config.batch_size or None)
   examples = task.examples(config.data.eval_split, config.decode_examples) if decodes else []
   evaluator = Evaluator(model_cfg, task, eval_batches, examples, config.beam_size, config.alpha,
-                        config.decode_max_extra)
+                        config.decode_max_extra, bleu_protocol=config.get("bleu_protocol", "sacrebleu"),
+                        lang=config.data.tgt_lang)
   return Setup(config, workdir, task, model_cfg, runner, train_it,
                Checkpointer(workdir, config), MetricWriter(workdir, enabled=is_main), evaluator,
                new_state, abstract_state, dropout_rng, say, is_main, resumed, progress,
