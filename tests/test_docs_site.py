@@ -64,16 +64,19 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def browser():
+  """One browser context of headless Chromium (pages opened in it share its cache)."""
   with sync_api.sync_playwright() as p:
     b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-    yield b
+    context = b.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    yield context
+    context.close()
     b.close()
 
 
 def _open(browser, url):
   """(page, console errors, failed requests) after loading url and letting its scripts settle."""
   page = browser.new_page()
-  page.set_default_timeout(TIMEOUT_MS)
   errors, failed = [], []
   page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
   page.on("pageerror", lambda e: errors.append(str(e)))
