@@ -1,0 +1,149 @@
+"""The documentation site, opened in a real browser: headless Chromium over the built site/.
+
+Needs the site built first (`pip install -e '.[docs]' && mkdocs build --strict`, which .ci/run does)
+and Debian's `chromium` driven by the `playwright` package with the system browser (no browser
+download). Skips, saying which, when either is absent. The server is Python's http.server on
+127.0.0.1; the browser runs with networking off beyond it, so a page that reached for a CDN would
+show a console error here.
+"""
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from tests.conftest import ROOT
+
+SITE = os.path.join(ROOT, "site")
+CHROMIUM = next((p for p in (os.environ.get("TXF_CHROMIUM"), shutil.which("chromium"),
+                             shutil.which("chromium-browser")) if p), None)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage"]
+TIMEOUT_MS = 180_000  # generous: a loaded 2-core machine starts Chromium slowly
+NOTEBOOK_FIGURES = {"01_math": 4, "02_attention_maps": 4, "03_ablations": 2, "04_embeddings": 3}
+
+if not os.path.isfile(os.path.join(SITE, "index.html")):
+  pytest.skip("no built site: run `pip install -e '.[docs]' && mkdocs build --strict` first",
+              allow_module_level=True)
+if CHROMIUM is None:
+  pytest.skip("no chromium: `apt-get install chromium` (Debian)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[docs]' (playwright)")
+
+
+def _pages():
+  """URL paths of every page of the site ('/', '/api/ops/', ...)."""
+  found = []
+  for folder, _, names in os.walk(SITE):
+    if "index.html" in names and not os.path.relpath(folder, SITE).startswith("assets"):
+      rel = os.path.relpath(folder, SITE).replace(os.sep, "/")
+      found.append("/" if rel == "." else f"/{rel}/")
+  return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def server():
+  handler = functools.partial(_QuietHandler, directory=SITE)
+  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+  thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+  thread.start()
+  yield f"http://127.0.0.1:{httpd.server_address[1]}"
+  httpd.shutdown()
+  httpd.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args):
+    pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+  """One browser context of headless Chromium (pages opened in it share its cache)."""
+  with sync_api.sync_playwright() as p:
+    b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+    context = b.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    yield context
+    context.close()
+    b.close()
+
+
+def _open(browser, url):
+  """(page, console errors, failed requests) after loading url and letting its scripts settle."""
+  page = browser.new_page()
+  errors, failed = [], []
+  page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+  page.on("pageerror", lambda e: errors.append(str(e)))
+  page.on("requestfailed", lambda r: failed.append(r.url))
+  page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+  page.goto(url, wait_until="load")
+  page.wait_for_load_state("networkidle")
+  return page, errors, failed
+
+
+def _status(url):
+  try:
+    with urllib.request.urlopen(url, timeout=30) as r:
+      return r.status
+  except urllib.error.HTTPError as e:
+    return e.code
+
+
+def test_every_page_loads_clean_with_no_broken_link_or_image(server, browser):
+  pages = _pages()
+  assert {"/", "/formulas/", "/api/decode/", "/notebooks/01_math/"} <= set(pages), pages
+  problems, checked = [], {}
+  for path in pages:
+    page, errors, failed = _open(browser, server + path)
+    problems += [f"{path}: console: {e}" for e in errors] + [f"{path}: request: {f}" for f in failed]
+    broken = page.evaluate("[...document.images].filter(i => !(i.complete && i.naturalWidth > 0))"
+                           ".map(i => i.src)")
+    problems += [f"{path}: broken image {src}" for src in broken]
+    for href in page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.href)"):
+      target = urllib.parse.urldefrag(href)[0]
+      if target.startswith(server) and target not in checked:
+        checked[target] = _status(target)
+        if checked[target] != 200:
+          problems.append(f"{path}: broken link {href} ({checked[target]})")
+    page.close()
+  assert not problems, "\n".join(problems)
+  assert len(checked) >= len(pages)  # every page is linked from the navigation
+
+
+def test_formulas_render_as_maths(server, browser):
+  page, errors, _ = _open(browser, server + "/formulas/")
+  page.wait_for_function("document.querySelectorAll('.arithmatex mjx-container').length > 0", timeout=TIMEOUT_MS)
+  counts = page.evaluate("""() => {
+      const spans = [...document.querySelectorAll('.arithmatex')];
+      return {spans: spans.length, typeset: spans.filter(s => s.querySelector('mjx-container')).length,
+              raw: spans.filter(s => /\\\\\\(|\\$/.test(s.textContent)).length}; }""")
+  assert counts["spans"] >= 20, counts           # docs/formulas.md writes its formulas as $...$
+  assert counts["typeset"] == counts["spans"] and counts["raw"] == 0, counts
+  sqrt = page.evaluate("document.querySelectorAll('mjx-msqrt').length")
+  assert sqrt >= 3, "no square root typeset (sqrt(d_model), sqrt(d_k), LayerNorm)"
+  assert not errors
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOK_FIGURES))
+def test_notebook_page_shows_its_figures(server, browser, name):
+  page, _, _ = _open(browser, server + f"/notebooks/{name}/")
+  shown = page.evaluate("[...document.querySelectorAll('.jp-OutputArea-output img')]"
+                        ".filter(i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100).length")
+  assert shown >= NOTEBOOK_FIGURES[name], f"{name}: {shown} figures shown (built with outputs?)"
+
+
+def test_search_finds_beam_search(server, browser):
+  page, _, _ = _open(browser, server + "/")
+  page.click("label.md-search__icon, .md-search__input", timeout=TIMEOUT_MS)
+  page.fill(".md-search__input", "beam_search")
+  page.wait_for_selector(".md-search-result__item", timeout=TIMEOUT_MS)
+  results = page.inner_text(".md-search-result__list")
+  assert "beam_search" in results
+  links = page.eval_on_selector_all(".md-search-result__item a", "as => as.map(a => a.href)")
+  assert any("/api/decode/" in href for href in links), links
