@@ -387,5 +387,9 @@ def test_sharded_params_directory_loads_like_msgpack(tmp_path):
   assert path == str(tmp_path / "params") and workdir_lib.params_location(str(tmp_path)) == path
   loaded = workdir_lib.load_params(str(tmp_path))
   _assert_tree_equal(loaded, params)
-  workdir_lib.save_params(str(tmp_path), params)  # params.msgpack, when present, comes first
+  workdir_lib.save_params(str(tmp_path), params)  # a later finish on one process replaces them
   assert workdir_lib.params_location(str(tmp_path)) == str(tmp_path / "params.msgpack")
+  assert not (tmp_path / "params").exists()
+  workdir_lib.save_params_sharded(str(tmp_path), jax.device_put(params))  # and the reverse
+  assert not (tmp_path / "params.msgpack").exists()
+  _assert_tree_equal(workdir_lib.load_params(str(tmp_path)), params)

@@ -184,6 +184,9 @@ def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
     finally:
       if os.path.exists(tmp):
         os.remove(tmp)
+    stale = os.path.join(workdir, SHARDED_PARAMS)  # an earlier multi-process finish's shards
+    if name == "params.msgpack" and os.path.isdir(stale):
+      shutil.rmtree(stale)
   return path
 
 
@@ -212,6 +215,9 @@ def save_params_sharded(workdir: str, params, name: str = SHARDED_PARAMS) -> str
     checkpointer.save(path, params, force=True)
     checkpointer.wait_until_finished()
     checkpointer.close()
+    stale = os.path.join(workdir, "params.msgpack")  # an earlier finish's, which load_params prefers
+    if name == SHARDED_PARAMS and jax.process_index() == 0 and os.path.exists(stale):
+      os.remove(stale)
   return path
 
 
