@@ -278,14 +278,8 @@ def test_single_device_reference(matrix, family):
   _check_run(_get(matrix, family, "single"), family)
 
 
-# The vocabularies of the toy translation (165) and of the characters (69) do not split over a
-# tensor axis of 2 until the vocabulary is padded (model.vocab_multiple); sst2's sentencepiece
-# vocabulary of 512 does (the stand-in's small corpus may give fewer, any number, pieces).
-_NEEDS_PADDING = pytest.mark.xfail(strict=False, reason="needs model.vocab_multiple")
-_ODD_VOCAB = ("translate", "lm") + (("classify",) if STAND_IN else ())
-CASES = [pytest.param(f, r, marks=_NEEDS_PADDING)
-         if r in ("tensor", "2x2x2") and f in _ODD_VOCAB else pytest.param(f, r)
-         for f in FAMILIES for r in RUNNERS]
+# Tensor axes split vocabularies of any size (165, 69, a stand-in's): model.vocab_multiple pads them.
+CASES = [(f, r) for f in FAMILIES for r in RUNNERS]
 
 
 @pytest.mark.parametrize("family,runner", CASES)
