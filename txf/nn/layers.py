@@ -25,7 +25,8 @@ class Embed(nn.Module):
 
   def __call__(self, ids: jnp.ndarray) -> jnp.ndarray:
     """ids int [B, L] -> [B, L, d_model]."""
-    return constrain(ops.embed(ids, self.table.astype(self.config.compute_dtype)), HIDDEN_AXES)
+    return constrain(ops.embed(ids, self.table.astype(self.config.compute_dtype),
+                               scale=self.config.embed_scale), HIDDEN_AXES)
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
     """h [B, L, d_model] -> logits [B, L, V] = h E^T."""
@@ -57,7 +58,8 @@ class AddPositions(nn.Module):
     if positions is None:
       positions = jnp.arange(length)[None, :]
     if cfg.positional == "sinusoidal":
-      x = x + ops.positional_encoding_at(positions, cfg.d_model).astype(x.dtype)
+      x = x + ops.positional_encoding_at(positions, cfg.d_model, layout=cfg.positional_layout,
+                                         offset=cfg.position_offset).astype(x.dtype)
     elif cfg.positional == "learned":
       table = self.param("pos_embedding", nn.with_logical_partitioning(
           nn.initializers.normal(0.02), ("length", "embed")), (cfg.max_len, cfg.d_model))
@@ -78,7 +80,7 @@ class LayerNorm(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (txf.ops.feed_forward)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (txf.ops.feed_forward; ``activation`` may replace max(0, .))."""
   config: TransformerConfig
 
   @nn.compact
@@ -89,8 +91,8 @@ class FeedForward(nn.Module):
     b1 = self.param("bi", axes(nn.initializers.zeros, "mlp"), (cfg.d_ff,)).astype(dt)
     w2 = self.param("wo", axes(xavier, "mlp", "embed"), (cfg.d_ff, cfg.d_model)).astype(dt)
     b2 = self.param("bo", axes(nn.initializers.zeros, "norm"), (cfg.d_model,)).astype(dt)
-    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2, matmul=dots.matmul_for(dt)),
-                     HIDDEN_AXES)
+    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2, matmul=dots.matmul_for(dt),
+                                      activation=cfg.activation), HIDDEN_AXES)
 
 
 def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
@@ -195,4 +197,8 @@ class Decoder(nn.Module):
       if not project:
         return y, w.astype(y.dtype).T
       logits = (dots.matmul_for(y.dtype) or jnp.matmul)(y, w.astype(y.dtype))
-    return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+    logits = logits.astype(jnp.float32)
+    if cfg.logits_bias:  # Marian's final_logits_bias: logits = h W^T + b
+      logits = logits + self.param("logits_bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("vocab",)), (cfg.tgt_vocab_size,))
+    return constrain(logits, ("batch", "length", "vocab"))
