@@ -159,9 +159,8 @@ def test_teacher_forced_logits_equal_torch(small, imported):
   from txf.models import build_model
   ours = np.asarray(build_model(run.model_cfg, deterministic=True).apply(
       {"params": run.params}, inputs=inputs, targets=targets))
-  valid = enc["attention_mask"].numpy()  # the label rows are as long as the sources here
-  np.testing.assert_allclose(ours[..., :][valid.astype(bool)],
-                             theirs[..., order][valid.astype(bool)], atol=2e-4, rtol=1e-4)
+  real = labels.numpy() != model.config.pad_token_id  # target positions that are not padding
+  np.testing.assert_allclose(ours[real], theirs[..., order][real], atol=2e-4, rtol=1e-4)
 
 
 def test_tokenizer_ids_and_detokenization_match(small, imported):
@@ -232,7 +231,7 @@ def test_fine_tune_from_imported(small, imported, tmp_path):
   c.num_train_steps, c.batch_size, c.log_every, c.eval_every = 2, 8, 1, 0
   c.checkpoint_every, c.decode_examples, c.eval_batches = 0, 4, 1
   c.optimizer.schedule, c.optimizer.learning_rate, c.optimizer.warmup_steps = "constant", 0.0, 1
-  c.data.source = f"text:{data}"
+  c.data.source, c.data.data_dir = f"text:{data}", str(tmp_path / "prepared")
   c.data.max_input_len = c.data.max_target_len = 16
   workdir = str(tmp_path / "ft")
   train(c, workdir, progress=False)
@@ -296,3 +295,44 @@ def test_opus_mt_en_de_shape_forward(tmp_path):
   print(f"opus-mt-en-de shape: max |logit difference| = {diff:.3g} (logits up to "
         f"{np.abs(theirs).max():.2f})")
   np.testing.assert_allclose(ours, theirs[:, order], atol=1e-4, rtol=1e-5)
+
+
+def test_txf_run_with_marian_options_exports(tmp_path):
+  """A txf model with a SentencePiece tokenizer and Marian's options (sin_cos PE, eps 1e-5; no
+  attention or logits biases: exported as zeros) loads in MarianMTModel with the same logits."""
+  import jax
+  from txf.config import base_config
+  from txf.data import tokenizer as tok
+  from txf.models import build_model, init_params
+  from txf.nn import TransformerConfig
+  from txf.workdir import config_to_dict, save_params, write_json
+  src, tgt = corpus(300, 4)
+  sp = tok.train_sentencepiece(src + tgt, 300)
+  arch = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
+              positional_layout="sin_cos", layer_norm_eps=1e-5, max_len=32, activation="gelu")
+  c = base_config()
+  for k, v in arch.items():
+    c.model[k] = v
+  c.data.source, c.data.tokenizer, c.data.vocab_size = "text:somewhere", "sentencepiece", 300
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  write_json(str(workdir / "config.json"), config_to_dict(c))
+  tok.Codec(sp, sp, {}).save(str(workdir / "tokenizer"))
+  cfg = TransformerConfig(vocab_size=sp.vocab_size, dropout_rate=0.0, **arch)
+  batch = {"inputs": np.ones((1, 8), np.int32), "targets": np.ones((1, 8), np.int32)}
+  params = jax.device_get(init_params(cfg, jax.random.key(0), batch))
+  save_params(str(workdir), params)
+  out = str(tmp_path / "exported")
+  hf.export_hf(str(workdir), out)
+  model = transformers.MarianMTModel.from_pretrained(out).eval()
+  tokenizer = transformers.MarianTokenizer.from_pretrained(out)
+  sentence = src[0]
+  ids = tokenizer(sentence)["input_ids"]
+  np.testing.assert_array_equal(ids, list(sp.encode(sentence)) + [2])  # same pieces, EOS 2
+  target = list(sp.encode(tgt[0])) + [2]
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor([ids]),
+                   decoder_input_ids=torch.tensor([[1] + target[:-1]])).logits.numpy()
+  ours = np.asarray(build_model(cfg, deterministic=True).apply(
+      {"params": params}, inputs=np.array([ids]), targets=np.array([target])))
+  np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)

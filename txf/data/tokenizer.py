@@ -140,20 +140,26 @@ def marian_order(vocab_size: int, pad: int, eos: int, unk: int) -> np.ndarray:
                     np.int64)
 
 
+# Hugging Face's clean_up_tokenization_spaces, in its order (a tokenizer_config.json option)
+CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
 class MarianTokenizer(Tokenizer):
   """A Marian (OPUS-MT) tokenizer side: a SentencePiece model that splits text into pieces and
   ``vocab.json`` (piece -> Marian id), as Hugging Face's MarianTokenizer; ids are txf's
   (``marian_order``). A leading language code ``>>xx<<`` is one token. ``decode`` drops PAD, EOS
   and UNK (``skip_special_tokens``), joins the pieces with ``decode_proto``'s model (default: its
   own; MarianTokenizer decodes targets with the source model when the vocabulary is shared),
-  turns the remaining "\u2581" into spaces and strips both ends. No Moses punctuation normalisation
+  turns the remaining "\u2581" into spaces, strips both ends, and applies ``CLEAN_UP`` when
+  ``clean_up`` (tokenizer_config.json's clean_up_tokenization_spaces). No Moses punctuation normalisation
   (MarianTokenizer applies it only when sacremoses is installed)."""
   kind = "marian"
 
   def __init__(self, model_proto: bytes, vocab: Dict[str, int], specials: Dict[str, int],
-               vocab_size: int, decode_proto: Optional[bytes] = None):
+               vocab_size: int, decode_proto: Optional[bytes] = None, clean_up: bool = False):
     self.model_proto, self.vocab, self.specials = model_proto, dict(vocab), dict(specials)
-    self.decode_proto = decode_proto
+    self.decode_proto, self.clean_up = decode_proto, bool(clean_up)
     self._size = int(vocab_size)
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self._decoder = (self._sp if decode_proto is None
@@ -184,7 +190,11 @@ class MarianTokenizer(Tokenizer):
   def decode(self, ids: Sequence[int]) -> str:
     pieces = [self._piece_of[int(i)] for i in ids
               if int(i) not in (PAD_ID, EOS_ID, UNK_ID) and int(i) in self._piece_of]
-    return self._decoder.decode_pieces(pieces).replace("\u2581", " ").strip()
+    text = self._decoder.decode_pieces(pieces).replace("\u2581", " ").strip()
+    if self.clean_up:  # Hugging Face's clean_up_tokenization_spaces
+      for a, b in CLEAN_UP:
+        text = text.replace(a, b)
+    return text
 
   def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
     name = f"{prefix}.spm"
@@ -198,7 +208,8 @@ class MarianTokenizer(Tokenizer):
     with open(os.path.join(directory, "vocab.json"), "w") as f:
       json.dump(self.vocab, f, ensure_ascii=False, indent=1)
     return {"kind": self.kind, "model_file": name, "vocab_file": "vocab.json",
-            "specials": self.specials, "vocab_size": self.vocab_size, **extra}
+            "specials": self.specials, "vocab_size": self.vocab_size,
+            "clean_up_tokenization_spaces": self.clean_up, **extra}
 
 
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
@@ -291,7 +302,8 @@ def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
     if desc.get("decode_model_file"):
       with open(os.path.join(directory, desc["decode_model_file"]), "rb") as f:
         decode_proto = f.read()
-    return MarianTokenizer(proto, vocab, desc["specials"], desc["vocab_size"], decode_proto)
+    return MarianTokenizer(proto, vocab, desc["specials"], desc["vocab_size"], decode_proto,
+                           desc.get("clean_up_tokenization_spaces", False))
   with open(os.path.join(directory, desc["model_file"]), "rb") as f:
     return SentencePieceTokenizer(f.read())
 

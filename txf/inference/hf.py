@@ -102,8 +102,10 @@ def marian_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.
     raise TxfError(f"{src} has no {', '.join(missing)}: txf imports Marian models with their "
                    f"SentencePiece tokenizer (source.spm, target.spm, vocab.json)")
   tconf_path = os.path.join(src, "tokenizer_config.json")
-  if os.path.isfile(tconf_path) and _read_json(tconf_path).get("separate_vocabs"):
+  tconf = _read_json(tconf_path) if os.path.isfile(tconf_path) else {}
+  if tconf.get("separate_vocabs"):
     raise TxfError(f"{tconf_path}: separate_vocabs=True (two vocabularies) is not supported")
+  clean_up = bool(tconf.get("clean_up_tokenization_spaces", False))
   vocab = _read_json(os.path.join(src, "vocab.json"))
   size = int(hf["vocab_size"])
   specials = {"pad": int(hf["pad_token_id"]), "eos": int(hf["eos_token_id"]),
@@ -113,8 +115,9 @@ def marian_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.
     with open(os.path.join(src, name), "rb") as f:
       protos.append(f.read())
   # MarianTokenizer detokenizes targets with the source model when the vocabulary is shared
-  source = tok.MarianTokenizer(protos[0], vocab, specials, size)
-  target = tok.MarianTokenizer(protos[1], vocab, specials, size, decode_proto=protos[0])
+  source = tok.MarianTokenizer(protos[0], vocab, specials, size, clean_up=clean_up)
+  target = tok.MarianTokenizer(protos[1], vocab, specials, size, decode_proto=protos[0],
+                               clean_up=clean_up)
   return tok.Codec(source, target, settings)
 
 
@@ -225,7 +228,7 @@ def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> s
   vocab, order, ids, protos = _vocab_and_specials(codec)
   size = codec.target.vocab_size
   m = config.model
-  fields = dict(m)
+  fields = m.to_dict()
   params = workdir_lib.load_params(workdir, params_name)
   sd = marian.state_dict_from_params(params, fields, order, size)
   activation = {"swish": "swish", "relu": "relu", "gelu": "gelu"}[m.activation]
@@ -261,7 +264,8 @@ def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> s
           "tokenizer_class": "MarianTokenizer", "source_lang": config.data.src_lang,
           "target_lang": config.data.tgt_lang, "separate_vocabs": False,
           "model_max_length": m.max_len, "eos_token": "</s>", "unk_token": "<unk>",
-          "pad_token": "<pad>"})
+          "pad_token": "<pad>",
+          "clean_up_tokenization_spaces": bool(getattr(codec.target, "clean_up", False))})
       if os.path.isdir(output):
         os.rmdir(output)
       os.replace(tmp, output)
