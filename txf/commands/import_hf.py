@@ -1,4 +1,4 @@
-"""``txf import-hf SRC --workdir W [--data text:multi30k --src_lang en --tgt_lang de] [--max_len 128]``.
+"""``txf import-hf SRC --workdir W [--data_config multi30k_en_de] [--max_len 128]``.
 
 SRC is a directory written by Hugging Face's ``MarianMTModel.save_pretrained`` (config.json,
 model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json), or a Hub name such as
@@ -15,10 +15,8 @@ from txf.errors import TxfError
 from txf.inference import hf
 
 flags.DEFINE_string("workdir", None, "the new txf workdir (must not exist, or be empty)", required=True)
-flags.DEFINE_string("data", "text:multi30k", "data.source of the imported run: what `txf eval` and "
-                    "fine-tuning read (txf eval --data_path can point elsewhere)")
-flags.DEFINE_string("src_lang", "en", "data.src_lang of the imported run")
-flags.DEFINE_string("tgt_lang", "de", "data.tgt_lang of the imported run")
+flags.DEFINE_string("data_config", "multi30k_en_de", "the experiment whose data fields (source, "
+                    "languages, splits) the imported run gets: what `txf eval` reads; '' = none")
 flags.DEFINE_integer("max_len", 128, "data.max_input_len / max_target_len: longer source lines are "
                      "truncated by txf translate (at most the model's max_position_embeddings)")
 
@@ -30,5 +28,5 @@ def main(argv):
   f = flags.FLAGS
   if f.max_len < 2:
     raise TxfError(f"--max_len={f.max_len} must be >= 2")
-  out = hf.import_hf(argv[1], f.workdir, f.data, f.src_lang, f.tgt_lang, f.max_len)
+  out = hf.import_hf(argv[1], f.workdir, f.data_config, f.max_len)
   print(f"imported {argv[1]} -> {out} (txf translate --workdir {out})")

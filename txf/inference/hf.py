@@ -121,14 +121,25 @@ def marian_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.
   return tok.Codec(source, target, settings)
 
 
-def import_config(hf: Dict[str, Any], fields: Dict[str, Any], name: str, data_source: str,
-                  src_lang: str, tgt_lang: str, max_len: int):
-  """The txf run config of an imported Marian model (decoding as Hugging Face's generate)."""
+# data fields an imported run keeps from its own tokenizer, not from --data_config's experiment
+_OWN_DATA_FIELDS = ("tokenizer", "vocab_size", "spm_model_type", "joint_vocab", "max_input_len",
+                    "max_target_len")
+
+
+def import_config(hf: Dict[str, Any], fields: Dict[str, Any], name: str, data_config: str,
+                  max_len: int):
+  """The txf run config of an imported Marian model (decoding as Hugging Face's generate); its
+  data fields (what `txf eval` and fine-tuning read) are those of the experiment ``data_config``
+  ("" = base_config's), but for the tokenizer and lengths."""
   c = config_lib.base_config()
   c.name = name
+  if data_config:
+    theirs = config_lib.load_experiment(data_config).data
+    for k, v in theirs.items():
+      if k not in _OWN_DATA_FIELDS:
+        c.data[k] = v
   for k, v in fields.items():
     c.model[k] = v
-  c.data.source, c.data.src_lang, c.data.tgt_lang = data_source, src_lang, tgt_lang
   c.data.tokenizer, c.data.vocab_size, c.data.joint_vocab = "sentencepiece", int(hf["vocab_size"]), False
   c.data.max_input_len = c.data.max_target_len = min(max_len, fields["max_len"])
   c.beam_size = int(hf.get("num_beams") or 4)
@@ -136,8 +147,7 @@ def import_config(hf: Dict[str, Any], fields: Dict[str, Any], name: str, data_so
   return c
 
 
-def import_hf(src: str, workdir: str, data_source: str = "text:multi30k", src_lang: str = "en",
-              tgt_lang: str = "de", max_len: int = 128) -> str:
+def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_len: int = 128) -> str:
   """Write the txf workdir of a Marian model; returns the workdir. Refuses a non-empty workdir."""
   local = resolve_source(src)
   config_path = os.path.join(local, "config.json")
@@ -155,7 +165,7 @@ def import_hf(src: str, workdir: str, data_source: str = "text:multi30k", src_la
   if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
     raise TxfError(f"--workdir {workdir} exists and is not empty: choose a new directory")
   name = os.path.basename(os.path.normpath(src))
-  config = import_config(hf, fields, name, data_source, src_lang, tgt_lang, max_len)
+  config = import_config(hf, fields, name, data_config, max_len)
   config_lib.validate(config)
   codec = marian_codec(local, hf, {"tokenizer": "marian", "from": src})
   order = codec.target.order
@@ -249,7 +259,10 @@ def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> s
                 "num_beams": int(config.beam_size), "max_length": m.max_len}
   if m.forbid_pad:
     generation["bad_words_ids"] = [[ids["pad"]]]
-  tmp = tempfile.mkdtemp(prefix=".export-hf-", dir=os.path.dirname(os.path.abspath(output)) or ".")
+  parent = os.path.dirname(os.path.abspath(output))
+  with workdir_lib.disk_errors(parent, "creating"):
+    os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".export-hf-", dir=parent)
   try:
     with workdir_lib.disk_errors(tmp):
       workdir_lib.write_json(os.path.join(tmp, "config.json"), hf)
