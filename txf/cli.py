@@ -31,6 +31,8 @@ COMMANDS = {
     "bench": ("txf.commands.bench", "benchmark train-step and decode speed"),
     "info": ("txf.commands.info", "print jax, devices, CPU features and the malloc in use"),
     "plan": ("txf.commands.plan", "size a job before launch: per-device memory and step time on N devices"),
+    "import-hf": ("txf.commands.import_hf", "import a Hugging Face Marian (OPUS-MT) model as a txf workdir"),
+    "export-hf": ("txf.commands.export_hf", "export a translation run as a Hugging Face Marian model"),
 }
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull")
 

@@ -35,8 +35,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode_examples = 200        # held-out examples decoded for exact match / BLEU (0 = none)
   c.decode_max_extra = 50        # decoding stops at source length + this many tokens
   c.beam_size = 1                # beam for in-loop decoding (1 = greedy)
-  c.alpha = 0.6                  # GNMT length penalty exponent ((5 + L) / 6) ** alpha
+  c.alpha = 0.6                  # length penalty exponent: GNMT ((5 + L) / 6) ** alpha, or L ** alpha (length_penalty="power")
+  c.length_penalty = "gnmt"      # beam scores log p(y) / lp(|y|), |y| counting EOS: gnmt | power (Hugging Face's L ** alpha)
+  c.early_stopping = False       # beam: False = stop when no alive beam can beat the K finished; True = at K finished (Hugging Face's early_stopping=True)
   c.bleu_protocol = "sacrebleu"  # BLEU in the loop and txf eval: sacrebleu (cased, detokenized, 13a) | tok-lc (lowercased Moses tokens, multi-bleu.perl)
+  c.init_from = ""               # a workdir (a txf run, or one from `txf import-hf`) whose parameters and tokenizer start this run
   c.parallelism = "single"       # "single" (one device), "pmap" (data parallel), "mesh" (jit + shardings)
   c.grad_accum_steps = 1         # micro-batches accumulated per optimizer step
   c.mesh_shape = (-1, 1, 1)      # parallelism="mesh": devices along (data, fsdp, tensor); one -1 takes the rest
@@ -73,6 +76,15 @@ def base_config() -> ml_collections.ConfigDict:
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
   m.dtype = "float32"            # compute dtype: float32 | bfloat16 (parameters stay float32)
   m.vocab_multiple = 0           # embedding/output tables get ceil(V/m)*m rows, the padding never predicted nor exported; 0 = auto: 1 on CPU, 128 on GPU/TPU, lcm(128, split) when the mesh splits the vocabulary (tensor axis > 1)
+  # options of Marian (OPUS-MT) models, see `txf import-hf`; the defaults are the paper's
+  m.activation = "relu"          # FFN activation: relu | gelu (exact, erf) | swish (= silu, Marian)
+  m.positional_layout = "interleaved"  # sinusoidal PE: interleaved sin/cos pairs (paper) | sin_cos (all sines, then all cosines: Marian, fairseq)
+  m.position_offset = 0          # sinusoidal PE at position + this offset (Marian 0)
+  m.embed_scale = True           # token embeddings times sqrt(d_model) (paper; Marian scale_embedding)
+  m.attention_bias = False       # biases on the Q, K, V and output projections of attention (Marian: True)
+  m.logits_bias = False          # a vector added to the output logits (Marian's final_logits_bias)
+  m.decoder_start_id = 1         # id that starts every decoder input: BOS (1); an imported Marian model starts with its pad (0 in txf)
+  m.forbid_pad = False           # decoding never generates PAD (id 0), as Marian's generate
 
   c.optimizer = ml_collections.ConfigDict()
   o = c.optimizer
@@ -362,7 +374,10 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
              "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
              "bleu_protocol": ("sacrebleu", "tok-lc"),
              "data.tokenizer": ("word", "sentencepiece", "char"),
-             "optimizer.schedule": ("inverse_sqrt", "constant")}
+             "optimizer.schedule": ("inverse_sqrt", "constant"),
+             "model.activation": ("relu", "gelu", "swish"),
+             "model.positional_layout": ("interleaved", "sin_cos"),
+             "length_penalty": ("gnmt", "power")}
   pattern = given.get("data.file_pattern", "")
   if pattern:
     fmt = given.get("data.format", "parallel")
@@ -385,6 +400,9 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   for key in ["eval_every", "checkpoint_every", "beam_size", "keep_checkpoints"]:
     if given.get(key, 0) < 0:
       errors.append(f"{key}={given.get(key)} must be >= 0")
+  if given.get("model.decoder_start_id", 1) < 0 or given.get("model.position_offset", 0) < 0:
+    errors.append(f"model.decoder_start_id={given.get('model.decoder_start_id')} and model.position_offset="
+                  f"{given.get('model.position_offset')} must be >= 0")
   if given.get("beam_size", 1) < 1:
     errors.append("beam_size must be >= 1")
   mesh_axes = ("data", "fsdp", "tensor")

@@ -359,7 +359,7 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
   if workdir:
     codec = tokenizer.load_codec(os.path.join(workdir, "tokenizer"))
     if codec is not None:
-      if codec.settings != wanted:
+      if codec.settings != wanted and codec.settings.get("tokenizer") != "marian":
         logging.warning("using the run's tokenizer in %s (built with %s); the config asks for %s",
                         os.path.join(workdir, "tokenizer"), codec.settings, wanted)
       return codec

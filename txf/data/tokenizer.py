@@ -123,6 +123,95 @@ class CharTokenizer(Tokenizer):
     return {"kind": self.kind, "chars": self.chars, "vocab_size": self.vocab_size}
 
 
+def marian_order(vocab_size: int, pad: int, eos: int, unk: int) -> np.ndarray:
+  """The Marian id of every txf id: int [V], ``order[txf_id] = marian_id``.
+
+  txf keeps its own special ids inside (PAD 0, EOS 2, UNK 3: batches, masks and losses assume
+  them): Marian's pad (its decoder start) becomes 0, its EOS 2, its UNK 3, and the other Marian ids
+  fill txf ids 1, 4, 5, ... in increasing order. A fixed permutation: import applies it to the
+  embedding rows and logits bias, export undoes it.
+  """
+  specials = {0: pad, EOS_ID: eos, UNK_ID: unk}
+  if len(set(specials.values())) != 3 or not all(0 <= m < vocab_size for m in specials.values()):
+    raise DataError(f"Marian special ids pad={pad}, eos={eos}, unk={unk} must be distinct ids "
+                    f"below the vocabulary size {vocab_size}")
+  rest = iter(m for m in range(vocab_size) if m not in specials.values())
+  return np.asarray([specials[t] if t in specials else next(rest) for t in range(vocab_size)],
+                    np.int64)
+
+
+# Hugging Face's clean_up_tokenization_spaces, in its order (a tokenizer_config.json option)
+CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+class MarianTokenizer(Tokenizer):
+  """A Marian (OPUS-MT) tokenizer side: a SentencePiece model that splits text into pieces and
+  ``vocab.json`` (piece -> Marian id), as Hugging Face's MarianTokenizer; ids are txf's
+  (``marian_order``). A leading language code ``>>xx<<`` is one token. ``decode`` drops PAD, EOS
+  and UNK (``skip_special_tokens``), joins the pieces with ``decode_proto``'s model (default: its
+  own; MarianTokenizer decodes targets with the source model when the vocabulary is shared),
+  turns the remaining "\u2581" into spaces, strips both ends, and applies ``CLEAN_UP`` when
+  ``clean_up`` (tokenizer_config.json's clean_up_tokenization_spaces). No Moses punctuation normalisation
+  (MarianTokenizer applies it only when sacremoses is installed)."""
+  kind = "marian"
+
+  def __init__(self, model_proto: bytes, vocab: Dict[str, int], specials: Dict[str, int],
+               vocab_size: int, decode_proto: Optional[bytes] = None, clean_up: bool = False):
+    self.model_proto, self.vocab, self.specials = model_proto, dict(vocab), dict(specials)
+    self.decode_proto, self.clean_up = decode_proto, bool(clean_up)
+    self._size = int(vocab_size)
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self._decoder = (self._sp if decode_proto is None
+                     else spm.SentencePieceProcessor(model_proto=decode_proto))
+    self.order = marian_order(self._size, specials["pad"], specials["eos"], specials["unk"])
+    self._txf_of = np.empty(self._size, np.int64)
+    self._txf_of[self.order] = np.arange(self._size)
+    self._piece_of = {}
+    for piece, m in self.vocab.items():
+      if 0 <= m < self._size:
+        self._piece_of[int(self._txf_of[m])] = piece
+    self._unk = int(self._txf_of[specials["unk"]])
+
+  @property
+  def vocab_size(self) -> int:
+    return self._size
+
+  def encode(self, text: str) -> List[int]:
+    """text -> txf ids: the SentencePiece pieces looked up in vocab.json (missing: UNK)."""
+    txf_of, vocab = self._txf_of, self.vocab
+    code = []
+    if text.startswith(">>") and text.find("<<") != -1:  # a language code: one token
+      end = text.find("<<") + 2
+      code, text = [text[:end]], text[end:]
+    return [int(txf_of[vocab[p]]) if p in vocab else self._unk
+            for p in code + self._sp.encode(text, out_type=str)]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    pieces = [self._piece_of[int(i)] for i in ids
+              if int(i) not in (PAD_ID, EOS_ID, UNK_ID) and int(i) in self._piece_of]
+    text = self._decoder.decode_pieces(pieces).replace("\u2581", " ").strip()
+    if self.clean_up:  # Hugging Face's clean_up_tokenization_spaces
+      for a, b in CLEAN_UP:
+        text = text.replace(a, b)
+    return text
+
+  def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
+    name = f"{prefix}.spm"
+    with open(os.path.join(directory, name), "wb") as f:
+      f.write(self.model_proto)
+    extra = {}
+    if self.decode_proto is not None:
+      extra["decode_model_file"] = f"{prefix}.decode.spm"
+      with open(os.path.join(directory, extra["decode_model_file"]), "wb") as f:
+        f.write(self.decode_proto)
+    with open(os.path.join(directory, "vocab.json"), "w") as f:
+      json.dump(self.vocab, f, ensure_ascii=False, indent=1)
+    return {"kind": self.kind, "model_file": name, "vocab_file": "vocab.json",
+            "specials": self.specials, "vocab_size": self.vocab_size,
+            "clean_up_tokenization_spaces": self.clean_up, **extra}
+
+
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
                         num_threads: int = 1, character_coverage: float = 0.9999
                         ) -> SentencePieceTokenizer:
@@ -204,6 +293,17 @@ class Codec:
 def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
   if desc["kind"] == "char":
     return CharTokenizer(desc["chars"])
+  if desc["kind"] == "marian":
+    with open(os.path.join(directory, desc["model_file"]), "rb") as f:
+      proto = f.read()
+    with open(os.path.join(directory, desc["vocab_file"])) as f:
+      vocab = json.load(f)
+    decode_proto = None
+    if desc.get("decode_model_file"):
+      with open(os.path.join(directory, desc["decode_model_file"]), "rb") as f:
+        decode_proto = f.read()
+    return MarianTokenizer(proto, vocab, desc["specials"], desc["vocab_size"], decode_proto,
+                           desc.get("clean_up_tokenization_spaces", False))
   with open(os.path.join(directory, desc["model_file"]), "rb") as f:
     return SentencePieceTokenizer(f.read())
 

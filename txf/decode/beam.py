@@ -9,8 +9,13 @@ stay alive.
 
 Scores: a finished hypothesis y of length |y| (EOS counted) scores log p(y) / lp(|y|) with
   gnmt:    lp(L) = ((5 + L) / 6)^alpha     (Wu et al. 2016)
+  power:   lp(L) = L^alpha                  (Hugging Face's length_penalty=alpha)
   average: lp(L) = L                        (plain length normalisation)
   none:    lp(L) = 1
+
+Stopping: by default a row stops when K hypotheses are finished and no alive beam can beat the
+worst of them; ``early_stopping=True`` stops a row as soon as K are finished (Hugging Face's
+``early_stopping=True``), and that row's finished set no longer changes.
 """
 
 from typing import Any, Callable, Optional, Tuple
@@ -18,22 +23,24 @@ from typing import Any, Callable, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from txf.decode.greedy import BOS_ID, EOS_ID, PAD_ID, LogitsFn, check_length
+from txf.decode.greedy import BOS_ID, EOS_ID, PAD_ID, LogitsFn, check_length, forbid
 
 NEG_INF = -1.0e7  # finite "impossible" score: no inf - inf NaNs
-PENALTIES = ("gnmt", "average", "none")
+PENALTIES = ("gnmt", "power", "average", "none")
 
 
 def length_penalty(length: jnp.ndarray, alpha: float, kind: str = "gnmt") -> jnp.ndarray:
-  """lp(L): ``gnmt`` ((5 + L) / 6)^alpha, ``average`` L, ``none`` 1.
+  """lp(L): ``gnmt`` ((5 + L) / 6)^alpha, ``power`` L^alpha, ``average`` L, ``none`` 1.
 
   length: int or float [...] -> float32 [...].
   """
   length = jnp.asarray(length, jnp.float32)
   if kind == "gnmt":
     return ((5.0 + length) / 6.0) ** alpha
-  if kind == "average":
+  if kind == "average" or (kind == "power" and alpha == 1.0):
     return length
+  if kind == "power":
+    return length ** alpha
   if kind == "none":
     return jnp.ones_like(length)
   raise ValueError(f"length_penalty must be one of {PENALTIES}, got {kind!r}")
@@ -129,7 +136,8 @@ def _block_size(vocab: int, n: int) -> int:
   return 0
 
 
-def top_log_probs(logits: jnp.ndarray, n: int) -> Tuple[jnp.ndarray, jnp.ndarray]:
+def top_log_probs(logits: jnp.ndarray, n: int, never_ids: Tuple[int, ...] = ()
+                  ) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """The ``n`` largest log-probabilities of each row of logits and their token ids.
 
   logits float [..., V] -> (log_softmax(logits)[..., top n] float32 [..., n], ids int32 [..., n]),
@@ -137,11 +145,13 @@ def top_log_probs(logits: jnp.ndarray, n: int) -> Tuple[jnp.ndarray, jnp.ndarray
   in x_v, so the top-n of the logits are the top-n of the log-probabilities: the top-k runs on
   the logits and the normaliser is subtracted from the n kept values only, with the same
   operations as ``jax.nn.log_softmax`` (one pass over [..., V] instead of writing and re-reading
-  the [..., V] log-probabilities).
+  the [..., V] log-probabilities). ``never_ids`` are left out of the top n but stay in the
+  normaliser (Hugging Face's bad-words rule: -inf on the log-probabilities, not renormalised).
   """
   logits = logits.astype(jnp.float32)
   block = _block_size(logits.shape[-1], n)
-  top, ids = blocked_top_k(logits, n, block) if block else jax.lax.top_k(logits, n)
+  kept = forbid(logits, never_ids)
+  top, ids = blocked_top_k(kept, n, block) if block else jax.lax.top_k(kept, n)
   # m from its own max-reduction: taking it from ``top`` (its first value) makes XLA lower the
   # top-k as a full sort of each row (its TopK rewrite wants the sorted values used only once)
   peak = jnp.max(logits, axis=-1, keepdims=True)
@@ -151,7 +161,8 @@ def top_log_probs(logits: jnp.ndarray, n: int) -> Tuple[jnp.ndarray, jnp.ndarray
 
 def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int, max_len: int,
                 alpha: float = 0.6, eos_id: int = EOS_ID, bos_id: int = BOS_ID,
-                length_penalty: str = "gnmt",
+                length_penalty: str = "gnmt", early_stopping: bool = False,
+                never_ids: Tuple[int, ...] = (),
                 reorder_cache: Callable[[Any, jnp.ndarray], Any] = gather_rows,
                 expand_cache: Optional[Callable[[Any, int], Any]] = None
                 ) -> Tuple[jnp.ndarray, jnp.ndarray]:
@@ -176,7 +187,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     batch_size: B; beam_size: K >= 1; max_len: most tokens per hypothesis (EOS included), >= 1.
     alpha: exponent of the GNMT penalty (ignored by the other kinds).
     eos_id, bos_id: special ids.
-    length_penalty: ``"gnmt"``, ``"average"`` or ``"none"``.
+    length_penalty: ``"gnmt"``, ``"power"``, ``"average"`` or ``"none"``.
+    early_stopping: stop a row once K hypotheses are finished (see the module docstring).
+    never_ids: ids never generated (see :func:`top_log_probs`), e.g. Marian's pad.
     reorder_cache: ``(cache, rows int32 [B * K]) -> cache`` with row i of the result taken from
       row rows[i]; a model may skip entries that are equal for every beam of a source
       (txf.models.inference.reorder_cache).
@@ -200,7 +213,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     step, _, alive_logp, _, finished_scores, finished, _ = state
     best_alive = alive_logp[:, 0] / lp_max_ahead(step + 1)
     worst_finished = jnp.min(jnp.where(finished, finished_scores, NEG_INF), axis=1)
-    row_done = jnp.all(finished, axis=1) & (worst_finished >= best_alive)
+    row_done = jnp.all(finished, axis=1)
+    if not early_stopping:
+      row_done = row_done & (worst_finished >= best_alive)
     return (step < max_len) & ~jnp.all(row_done)
 
   def body(state):
@@ -212,7 +227,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     # the 2K best of the K*V extensions lie among each beam's 2K best tokens: top-k in two stages,
     # over [B*K, V] then [B, K*2K], instead of one over [B, K*V] rows
     n = min(2 * k, vocab)
-    beam_logp, beam_token = top_log_probs(logits.reshape(b, k, vocab), n)  # [B, K, n]
+    beam_logp, beam_token = top_log_probs(logits.reshape(b, k, vocab), n, never_ids)  # [B, K, n]
     candidates = (alive_logp[:, :, None] + beam_logp).reshape(b, k * n)
     top_logp, top_index = jax.lax.top_k(candidates, min(2 * k, k * n))  # [B, 2K]
     top_beam = top_index // n
@@ -222,6 +237,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     is_eos = top_token == eos_id
     # an EOS candidate finishes only if it ranks among the K best (HF's rule; beam 1 == greedy)
     ends = is_eos & (top_logp > NEG_INF / 2) & (jnp.arange(top_logp.shape[1]) < k)
+    if early_stopping:  # a row with K finished is done: its finished set stays as it is
+      ends = ends & ~jnp.all(finished, axis=1, keepdims=True)
 
     # finished: merge the K kept aside with the new EOS-ending candidates, keep the best K
     new_scores = jnp.where(ends, top_logp / lp(step + 1), NEG_INF)

@@ -24,8 +24,16 @@ def check_length(name: str, value: int) -> None:
     raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
+def forbid(logits: jnp.ndarray, never_ids: Tuple[int, ...]) -> jnp.ndarray:
+  """logits [..., V] with the entries of ``never_ids`` set to -inf (unchanged when there are none)."""
+  if not never_ids:
+    return logits
+  return logits.at[..., jnp.asarray(never_ids)].set(-jnp.inf)
+
+
 def greedy_decode(logits_fn: LogitsFn, cache: Any, batch_size: int, max_len: int,
-                  eos_id: int = EOS_ID, bos_id: int = BOS_ID) -> jnp.ndarray:
+                  eos_id: int = EOS_ID, bos_id: int = BOS_ID, never_ids: Tuple[int, ...] = ()
+                  ) -> jnp.ndarray:
   """Greedy decoding: y_t = argmax_v logits_fn(y_{t-1}, cache)[v], starting from y_0 = BOS.
 
   One callback call per step, each fed the previous token ([N, 1]); at most ``max_len`` calls,
@@ -40,6 +48,7 @@ def greedy_decode(logits_fn: LogitsFn, cache: Any, batch_size: int, max_len: int
     batch_size: B (static).
     max_len: number of tokens to generate at most (static), >= 1.
     eos_id, bos_id: special ids.
+    never_ids: ids never generated (their logits count as -inf), e.g. Marian's pad.
   Returns:
     ids int32 [B, max_len]: generated tokens (BOS not included), EOS included, PAD (0) after EOS;
     a row that never produced EOS is ``max_len`` real tokens.
@@ -54,7 +63,7 @@ def greedy_decode(logits_fn: LogitsFn, cache: Any, batch_size: int, max_len: int
   def body(state):
     step, last, out, done, cache = state
     logits, cache = logits_fn(last[:, None], cache)
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    token = jnp.argmax(forbid(logits, never_ids), axis=-1).astype(jnp.int32)
     token = jnp.where(done, PAD_ID, token)
     out = jax.lax.dynamic_update_slice(out, token[:, None], (0, step))
     return step + 1, token, out, done | (token == eos_id), cache

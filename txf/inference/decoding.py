@@ -13,25 +13,32 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf import decode
-from txf.data.base import EOS_ID, Task, pad_batch
+from txf.data.base import EOS_ID, PAD_ID, Task, pad_batch
 from txf.models.inference import expand_cache, init_cache, make_logits_fn, reorder_cache
 from txf.nn import TransformerConfig
 
 
 @functools.lru_cache(maxsize=16)
 def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: int, beam_size: int,
-                      alpha: float, wrap: Callable = jax.jit):
+                      alpha: float, wrap: Callable = jax.jit, length_penalty: str = "gnmt",
+                      early_stopping: bool = False):
   """``wrap(run)``, by default jit'd, of run(params, inputs [B, S]) -> ids [B, max_len] (best beam
   when beam_size > 1); a runner's ``rows_fn`` as ``wrap`` decodes on all its devices. ``run``
-  takes its row count from ``inputs`` (under pmap each device sees batch_size / devices rows)."""
+  takes its row count from ``inputs`` (under pmap each device sees batch_size / devices rows).
+  Decoders start from ``model_cfg.decoder_start_id``; beam search scores with ``length_penalty``
+  (see txf.decode.beam) and stops as ``early_stopping`` says."""
 
   def run(params, inputs):
     rows = inputs.shape[0]
     cache = init_cache(model_cfg, params, rows, max_len, inputs)
     logits_fn = make_logits_fn(model_cfg, params)
+    never = (PAD_ID,) if model_cfg.forbid_pad else ()
     if beam_size == 1:
-      return decode.greedy_decode(logits_fn, cache, rows, max_len)
+      return decode.greedy_decode(logits_fn, cache, rows, max_len,
+                                  bos_id=model_cfg.decoder_start_id, never_ids=never)
     ids, _ = decode.beam_search(logits_fn, cache, rows, beam_size, max_len, alpha=alpha,
+                                bos_id=model_cfg.decoder_start_id, length_penalty=length_penalty,
+                                early_stopping=early_stopping, never_ids=never,
                                 expand_cache=expand_cache, reorder_cache=reorder_cache)
     return ids[:, 0]
 
@@ -46,15 +53,18 @@ def decode_buffer_len(model_cfg: TransformerConfig, task: Task, max_extra: int) 
 def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.ndarray], input_len: int,
                   max_len: int, batch_size: int = 64, beam_size: int = 1, alpha: float = 0.6,
                   max_extra: Optional[int] = None, wrap: Callable = jax.jit,
-                  progress: Optional[Callable[[int], None]] = None) -> List[np.ndarray]:
+                  progress: Optional[Callable[[int], None]] = None, length_penalty: str = "gnmt",
+                  early_stopping: bool = False) -> List[np.ndarray]:
   """Decode source id rows (each ending with EOS) -> generated id rows (EOS kept, padding dropped).
 
   Sources are padded to [batch_size, input_len]; output length is at most ``max_len`` (the decode
   buffer, fixed for every batch: one compile), and with ``max_extra`` at most each row's own source
   length (EOS counted) + max_extra. ``wrap`` compiles the decoder (see ``_compiled_decoder``);
-  ``progress(rows_done)`` is called after each batch.
+  ``progress(rows_done)`` is called after each batch. ``length_penalty`` and ``early_stopping``:
+  the beam search's (txf.decode.beam).
   """
-  fn = _compiled_decoder(model_cfg, batch_size, max_len, beam_size, float(alpha), wrap)
+  fn = _compiled_decoder(model_cfg, batch_size, max_len, beam_size, float(alpha), wrap,
+                         length_penalty, bool(early_stopping))
   out = []
   for s in range(0, len(sources), batch_size):
     chunk = list(sources[s:s + batch_size])
@@ -72,12 +82,14 @@ def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.nda
 def translate_texts(model_cfg: TransformerConfig, params, task: Task, sources: Sequence[np.ndarray],
                     max_extra: int = 50, batch_size: int = 64, beam_size: int = 1,
                     alpha: float = 0.6, wrap: Callable = jax.jit,
-                    progress: Optional[Callable[[int], None]] = None) -> List[str]:
+                    progress: Optional[Callable[[int], None]] = None, length_penalty: str = "gnmt",
+                    early_stopping: bool = False) -> List[str]:
   """Detokenized translations of source id rows (each at most its source length + max_extra);
   ``progress(rows_done)`` is called after each batch."""
   ids = translate_ids(model_cfg, params, sources, task.max_input_len,
                       decode_buffer_len(model_cfg, task, max_extra), batch_size, beam_size, alpha,
-                      max_extra=max_extra, wrap=wrap, progress=progress)
+                      max_extra=max_extra, wrap=wrap, progress=progress,
+                      length_penalty=length_penalty, early_stopping=early_stopping)
   return [task.decode_target(i) for i in ids]
 
 

@@ -76,9 +76,10 @@ class Evaluator:
   def __init__(self, model_cfg: TransformerConfig, task, batches: Sequence[Batch],
                examples: Sequence[Example] = (), beam_size: int = 1, alpha: float = 0.6,
                max_extra: int = 50, decode_batch_size: int = 64, bleu_protocol: str = "sacrebleu",
-               lang: str = "en"):
+               lang: str = "en", length_penalty: str = "gnmt", early_stopping: bool = False):
     self.model_cfg, self.task = model_cfg, task
     self.bleu_protocol, self.lang = bleu_protocol, lang
+    self.length_penalty, self.early_stopping = length_penalty, early_stopping
     self.batches, self.examples = list(batches), list(examples)
     self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
     self.decode_batch_size = decode_batch_size
@@ -113,7 +114,8 @@ class Evaluator:
     batch_size = -(-self.decode_batch_size // where.shards) * where.shards
     return translate_texts(self.model_cfg, where.params, self.task, sources, self.max_extra,
                            batch_size, self.beam_size, self.alpha, wrap=where.rows_fn,
-                           progress=progress)
+                           progress=progress, length_penalty=self.length_penalty,
+                           early_stopping=self.early_stopping)
 
   def __call__(self, sums_fn: Callable[[Batch], Dict[str, Any]], params: Callable[[], Any]
                ) -> Dict[str, Any]:
@@ -220,7 +222,8 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
   examples = run.task.examples(split, n) if family == "encoder_decoder" else []
   report: Dict[str, Any] = {"workdir": run.workdir, "params": os.path.abspath(run.params_path),
                             "split": split, "family": family, "num_examples": n}
-  evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size)
+  evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size,
+                        run.config.get("length_penalty", "gnmt"), run.config.get("early_stopping", False))
   step = jax.jit(make_eval_step(run.model_cfg, 0.0))
   sums = evaluator.sums(lambda b: step(run.params, b),
                         progress=lambda k: progress("scoring", k, len(batches), "batches"))

@@ -148,13 +148,15 @@ def translate_lines(run: Run, lines: Sequence[str], beam: int = 1, alpha: float 
 
   Non-empty lines are sorted by length and decoded in fixed [batch_size, data.max_input_len]
   batches (one compile); each output is cut at its own source length (EOS counted) + max_extra.
+  Beam search scores and stops as the run's config says (``length_penalty``, ``early_stopping``).
   """
   check_decoding_flags(beam, max_extra, batch_size)
   sources = encode_lines(run.task, lines, warn)
   todo = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: -len(sources[i]))
   ids = translate_ids(run.model_cfg, run.params, [sources[i] for i in todo], run.task.max_input_len,
                       decode_buffer_len(run.model_cfg, run.task, max_extra), batch_size, beam, alpha,
-                      max_extra=max_extra)
+                      max_extra=max_extra, length_penalty=run.config.get("length_penalty", "gnmt"),
+                      early_stopping=run.config.get("early_stopping", False))
   out = [""] * len(lines)
   for i, row in zip(todo, ids):
     out[i] = " ".join(run.task.decode_target(row).split("\n"))  # one output line per input line

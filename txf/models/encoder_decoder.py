@@ -66,5 +66,6 @@ class EncoderDecoder(nn.Module):
     ``project=False``: (final decoder states h [B, T, d], output table W [V, d]), logits = h W^T.
     """
     encoded, valid = self.encode(inputs, inputs_segmentation, inputs_position)
-    return self.decode(encoded, valid, shift_right(targets, targets_segmentation),
+    decoder_inputs = shift_right(targets, targets_segmentation, self.config.decoder_start_id)
+    return self.decode(encoded, valid, decoder_inputs,
                        targets_segmentation, targets_position, inputs_segmentation, project)

@@ -130,6 +130,13 @@ class MultiHeadAttention(nn.Module):
     w_q = proj("query", (cfg.d_model, h, dk))
     w_k, w_v = proj("key", (cfg.d_model, h, dk)), proj("value", (cfg.d_model, h, dk))
     w_o = proj("out", (h, dk, cfg.d_model))
+    biases = None
+    if cfg.attention_bias:  # Marian/BART: Q = x W^Q + b_q, ..., out = Concat(...) W^O + b_o
+      zeros = nn.initializers.zeros
+      bias = lambda name, shape, axes: self.param(
+          name, nn.with_logical_partitioning(zeros, axes), shape).astype(dt)
+      biases = (bias("query_bias", (h, dk), ("heads", "kv")), bias("key_bias", (h, dk), ("heads", "kv")),
+                bias("value_bias", (h, dk), ("heads", "kv")), bias("out_bias", (cfg.d_model,), ("norm",)))
 
     x_kv, kv_hook = x, None
     if self.kind == "cross":
@@ -152,7 +159,7 @@ class MultiHeadAttention(nn.Module):
 
     out, weights = attn_ops.multi_head_attention(
         x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,
-        matmul=dots.matmul_for(dt))
+        matmul=dots.matmul_for(dt), biases=biases)
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
     return constrain(out, HIDDEN_AXES)

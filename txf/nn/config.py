@@ -42,6 +42,15 @@ class TransformerConfig:
   pooling: str = "mean"                # encoder_classifier: mean | first
   attention_impl: str = "auto"         # auto (per backend) | reference (einsum, weights) | fused (jax.nn.dot_product_attention)
   dtype: str = "float32"               # compute dtype; parameters stay float32
+  # options a Marian (OPUS-MT) checkpoint needs; the defaults are the paper's
+  activation: str = "relu"             # FFN activation: relu | gelu | swish
+  positional_layout: str = "interleaved"  # sinusoidal PE: interleaved sin/cos | sin_cos (sines, then cosines)
+  position_offset: int = 0             # added to every position before the sinusoidal PE
+  embed_scale: bool = True             # token embeddings times sqrt(d_model)
+  attention_bias: bool = False         # biases on the Q, K, V and output projections
+  logits_bias: bool = False            # a learned vector added to the output logits
+  decoder_start_id: int = 1            # the id that starts every decoder input (BOS; Marian: its pad)
+  forbid_pad: bool = False             # decoding never generates id 0 (PAD)
   deterministic: bool = False          # True disables dropout (eval, decode)
   decode: bool = False                 # True: one position per call with a KV cache
 

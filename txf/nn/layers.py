@@ -32,7 +32,8 @@ class Embed(nn.Module):
 
   def __call__(self, ids: jnp.ndarray) -> jnp.ndarray:
     """ids int [B, L] -> [B, L, d_model]."""
-    return constrain(ops.embed(ids, self.table.astype(self.config.compute_dtype)), HIDDEN_AXES)
+    return constrain(ops.embed(ids, self.table.astype(self.config.compute_dtype),
+                               scale=self.config.embed_scale), HIDDEN_AXES)
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
     """h [B, L, d_model] -> logits [B, L, V_pad] = h E^T (padding columns included)."""
@@ -64,7 +65,8 @@ class AddPositions(nn.Module):
     if positions is None:
       positions = jnp.arange(length)[None, :]
     if cfg.positional == "sinusoidal":
-      x = x + ops.positional_encoding_at(positions, cfg.d_model).astype(x.dtype)
+      x = x + ops.positional_encoding_at(positions, cfg.d_model, layout=cfg.positional_layout,
+                                         offset=cfg.position_offset).astype(x.dtype)
     elif cfg.positional == "learned":
       table = self.param("pos_embedding", nn.with_logical_partitioning(
           nn.initializers.normal(0.02), ("length", "embed")), (cfg.max_len, cfg.d_model))
@@ -85,7 +87,7 @@ class LayerNorm(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (txf.ops.feed_forward)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (txf.ops.feed_forward; ``activation`` may replace max(0, .))."""
   config: TransformerConfig
 
   @nn.compact
@@ -96,8 +98,8 @@ class FeedForward(nn.Module):
     b1 = self.param("bi", axes(nn.initializers.zeros, "mlp"), (cfg.d_ff,)).astype(dt)
     w2 = self.param("wo", axes(xavier, "mlp", "embed"), (cfg.d_ff, cfg.d_model)).astype(dt)
     b2 = self.param("bo", axes(nn.initializers.zeros, "norm"), (cfg.d_model,)).astype(dt)
-    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2, matmul=dots.matmul_for(dt)),
-                     HIDDEN_AXES)
+    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2, matmul=dots.matmul_for(dt),
+                                      activation=cfg.activation), HIDDEN_AXES)
 
 
 def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
@@ -206,4 +208,9 @@ class Decoder(nn.Module):
       logits = (dots.matmul_for(y.dtype) or jnp.matmul)(y, w.astype(y.dtype))
     logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
     # the padding columns of a padded vocabulary (model.vocab_multiple) are cut off: never predicted
-    return logits[..., :cfg.tgt_vocab_size] if logits.shape[-1] > cfg.tgt_vocab_size else logits
+    if logits.shape[-1] > cfg.tgt_vocab_size:
+      logits = logits[..., :cfg.tgt_vocab_size]
+    if cfg.logits_bias:  # Marian's final_logits_bias: logits = h W^T + b
+      logits = logits + self.param("logits_bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("vocab",)), (cfg.tgt_vocab_size,))
+    return logits

@@ -124,7 +124,8 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
                          mask: Optional[jnp.ndarray] = None, *,
                          kv_hook: Optional[Callable] = None,
                          attention_fn: Callable = scaled_dot_product_attention,
-                         matmul: Optional[Callable] = None
+                         matmul: Optional[Callable] = None,
+                         biases: Optional[Tuple[jnp.ndarray, ...]] = None
                          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -148,25 +149,35 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
     matmul: ``(x [..., K], w [K, M]) -> [..., M]`` (e.g. txf.ops.dots.dense): the projections
       then run as products with the flattened kernels [d_model, h*d_k] and [h*d_v, d_model];
       default: einsums with the per-head kernels.
+    biases: optional (b_q, b_k, b_v [h*d_k], b_o [d_model]) added after each projection
+      (Q = x_q W^Q + b_q, ..., output Concat(...) W^O + b_o), as Marian/BART attention has;
+      None: no biases, as in the paper.
   Returns:
     (output [B, L_q, d_model], weights [B, h, L_q, L_k] or whatever ``attention_fn`` returns).
   """
-  def heads(x, w):  # [B, L, d_model] -> [B, h, L, d_k]: the h projections, then split
+  b_q, b_k, b_v, b_o = biases if biases is not None else (None,) * 4
+
+  def heads(x, w, bias=None):  # [B, L, d_model] -> [B, h, L, d_k]: the h projections, then split
     b, l, _ = x.shape
     if matmul is not None:
-      return split_heads(matmul(x, w.reshape(w.shape[0], -1)), num_heads)
-    projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1))
-    return split_heads(projected.reshape(b, l, -1), num_heads)
+      projected = matmul(x, w.reshape(w.shape[0], -1))
+    else:
+      projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1)).reshape(b, l, -1)
+    if bias is not None:
+      projected = projected + bias.reshape(-1)
+    return split_heads(projected, num_heads)
 
-  q = heads(x_q, w_q)
+  q = heads(x_q, w_q, b_q)
   k = v = None
   if x_kv is not None:
-    k, v = heads(x_kv, w_k), heads(x_kv, w_v)
+    k, v = heads(x_kv, w_k, b_k), heads(x_kv, w_v, b_v)
   if kv_hook is not None:
     k, v, mask = kv_hook(k, v, mask)
   out, weights = attention_fn(q, k, v, mask)
   concat = merge_heads(out)  # [B, L_q, h*d_v]
   if matmul is not None:
-    return matmul(concat, w_o.reshape(-1, w_o.shape[-1])), weights
-  w_o = _per_head(w_o, num_heads, 0)
-  return jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o), weights
+    projected = matmul(concat, w_o.reshape(-1, w_o.shape[-1]))
+  else:
+    w_o = _per_head(w_o, num_heads, 0)
+    projected = jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o)
+  return (projected if b_o is None else projected + b_o), weights

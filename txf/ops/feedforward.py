@@ -6,9 +6,19 @@ import jax
 import jax.numpy as jnp
 
 
+# The FFN activations f of FFN(x) = f(x W1 + b1) W2 + b2: relu (the paper), gelu (exact, erf),
+# swish = silu (z * sigmoid(z), Marian/OPUS-MT).
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": lambda z: jax.nn.gelu(z, approximate=False),
+               "swish": jax.nn.silu}
+
+
 def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
-                 b2: jnp.ndarray, matmul: Optional[Callable] = None) -> jnp.ndarray:
+                 b2: jnp.ndarray, matmul: Optional[Callable] = None,
+                 activation: str = "relu") -> jnp.ndarray:
   """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately.
+
+  ``activation`` replaces max(0, .) by another f of ``ACTIVATIONS``: gelu(z) = z Phi(z) (the
+  exact, erf form), swish(z) = z sigmoid(z).
 
   Args:
     x: [..., d_model]; w1: [d_model, d_ff]; b1: [d_ff]; w2: [d_ff, d_model]; b2: [d_model].
@@ -17,6 +27,11 @@ def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarr
   Returns:
     [..., d_model].
   """
+  if activation != "relu":
+    f = ACTIVATIONS[activation]
+    if matmul is not None:
+      return matmul(f(matmul(x, w1) + b1), w2) + b2
+    return f(x @ w1 + b1) @ w2 + b2
   if matmul is not None:
     return matmul(jax.nn.relu(matmul(x, w1) + b1), w2) + b2
   # jax.nn.relu = max(0, .) with the gradient select(z > 0, g, 0); jnp.maximum's gradient splits

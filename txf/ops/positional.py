@@ -30,20 +30,34 @@ def sinusoidal_positional_encoding(length: int, d_model: int, max_timescale: flo
   return jnp.asarray(pe, dtype=jnp.float32)
 
 
-def positional_encoding_at(positions: jnp.ndarray, d_model: int, max_timescale: float = 10000.0) -> jnp.ndarray:
+LAYOUTS = ("interleaved", "sin_cos")
+
+
+def positional_encoding_at(positions: jnp.ndarray, d_model: int, max_timescale: float = 10000.0,
+                           layout: str = "interleaved", offset: int = 0) -> jnp.ndarray:
   """Sinusoidal encoding evaluated at arbitrary (e.g. packed-segment) positions, traceable under jit.
 
-  Same formula as :func:`sinusoidal_positional_encoding`, with ``pos`` taken from ``positions``.
+  Same formula as :func:`sinusoidal_positional_encoding`, with ``pos`` = ``positions + offset``.
+  ``layout="interleaved"`` (the paper): columns 2i, 2i+1 hold sin, cos of frequency i.
+  ``layout="sin_cos"`` (Marian, fairseq): the ceil(d/2) sines first, then the floor(d/2) cosines,
+  PE[pos, i] = sin(pos / 10000^(2i/d)), PE[pos, ceil(d/2) + i] = cos(pos / 10000^(2i/d)).
 
   Args:
     positions: int array [..., L] of positions.
     d_model: model width d.
+    layout: "interleaved" or "sin_cos"; offset: added to every position.
   Returns:
     float32 array [..., L, d_model].
   """
+  if layout not in LAYOUTS:
+    raise ValueError(f"positional layout must be one of {LAYOUTS}, got {layout!r}")
   two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
   inv_freq = jnp.power(max_timescale, -two_i / d_model)  # [ceil(d/2)]
+  if offset:
+    positions = positions + offset
   angles = positions.astype(jnp.float32)[..., None] * inv_freq
   sin, cos = jnp.sin(angles), jnp.cos(angles)
+  if layout == "sin_cos":
+    return jnp.concatenate([sin, cos[..., :d_model // 2]], axis=-1)
   pe = jnp.stack([sin, cos], axis=-1).reshape(*angles.shape[:-1], -1)  # interleave sin, cos
   return pe[..., :d_model]

@@ -42,6 +42,7 @@ from txf.models import (LossFn, ModelBuilder, count_params, init_params, model_c
 from txf.parallel import distributed, make_runner
 from txf.parallel.feeding import Feed
 from txf.parallel.sharding import check_splits
+from txf.train.init_from import apply_init_from, copy_tokenizer, initial_params
 from txf.train.logs import Eta, LogWindow, log_line, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.samples import lm_prompts, lm_samples
@@ -131,6 +132,7 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   at a barrier after each (``distributed.main_first``) and raises process 0's error if it failed.
   A mesh run creates its state born sharded (``runner.init_state``): no device or host holds it all.
   """
+  apply_init_from(config)  # config.init_from: its architecture and tokenizer
   config_lib.validate(config)
   is_main = jax.process_index() == 0
   say = print if is_main else (lambda *a, **k: None)
@@ -140,6 +142,7 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   made = {}
 
   def make_and_save():
+    copy_tokenizer(config, workdir)
     made["task"] = _make_task(config, workdir, model)
     made["task"].save(os.path.join(workdir, "tokenizer"))
     workdir_lib.write_json(os.path.join(workdir, "task.json"), made["task"].describe())
@@ -153,7 +156,11 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
   schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
   tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
-  init_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch, model), tx)
+  start = initial_params(config, model_cfg, task)  # config.init_from's parameters, or None
+  if start is None:
+    init_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch, model), tx)
+  else:
+    init_state = lambda: create_train_state(jax.tree_util.tree_map(jax.numpy.asarray, start), tx)
   abstract_state = jax.eval_shape(init_state)
   axes = param_axes(model_cfg, example_batch, model)
   check_splits(config, abstract_state.params, axes, jax.device_count())  # before any compile
@@ -177,7 +184,8 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   examples = task.examples(config.data.eval_split, config.decode_examples) if decodes else []
   evaluator = Evaluator(model_cfg, task, eval_batches, examples, config.beam_size, config.alpha,
                         config.decode_max_extra, bleu_protocol=config.get("bleu_protocol", "sacrebleu"),
-                        lang=config.data.tgt_lang)
+                        lang=config.data.tgt_lang, length_penalty=config.length_penalty,
+                        early_stopping=config.early_stopping)
   return Setup(config, workdir, task, model_cfg, runner, train_it,
                Checkpointer(workdir, config), MetricWriter(workdir, enabled=is_main), evaluator,
                new_state, abstract_state, dropout_rng, say, is_main, resumed, progress,

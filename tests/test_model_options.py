@@ -1,0 +1,176 @@
+"""The model options a Marian (OPUS-MT) checkpoint needs, each against an independent computation
+(numpy float64 from the formulas, or a hand-built decoding table), and their paper defaults."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txf import ops
+from txf.data.tokenizer import marian_order
+from txf.decode import beam_search, greedy_decode
+from txf.models import build_model, init_params
+from txf.models.encoder_decoder import shift_right
+from txf.models.inference import init_cache, make_logits_fn
+from txf.nn import TransformerConfig
+
+RNG = np.random.default_rng(3)
+EOS = 2
+
+
+def test_sin_cos_layout_and_offset_elementwise():
+  d, offset = 10, 3
+  pe = np.asarray(ops.positional_encoding_at(jnp.arange(6)[None], d, layout="sin_cos",
+                                             offset=offset))[0]
+  for pos in range(6):
+    for j in range(d):
+      i = j if j < d // 2 else j - d // 2
+      angle = (pos + offset) / 10000 ** (2 * i / d)
+      expected = math.sin(angle) if j < d // 2 else math.cos(angle)
+      assert abs(pe[pos, j] - expected) < 1e-5, (pos, j)
+
+
+def test_interleaved_stays_the_default():
+  at = ops.positional_encoding_at(jnp.arange(9)[None], 8)[0]
+  np.testing.assert_allclose(at, ops.sinusoidal_positional_encoding(9, 8), atol=1e-6)
+  np.testing.assert_array_equal(
+      at, ops.positional_encoding_at(jnp.arange(9)[None], 8, layout="interleaved", offset=0)[0])
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+def test_feed_forward_activations(activation):
+  x, w1, b1 = RNG.normal(size=(3, 4)), RNG.normal(size=(4, 6)), RNG.normal(size=6)
+  w2, b2 = RNG.normal(size=(6, 4)), RNG.normal(size=4)
+  z = x @ w1 + b1
+  f = {"relu": lambda v: np.maximum(v, 0),
+       "gelu": lambda v: v * 0.5 * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
+       "swish": lambda v: v / (1 + np.exp(-v))}[activation]
+  expected = f(z) @ w2 + b2
+  args = [jnp.asarray(a, jnp.float32) for a in (x, w1, b1, w2, b2)]
+  np.testing.assert_allclose(ops.feed_forward(*args, activation=activation), expected, atol=1e-4)
+
+
+def test_attention_biases_against_numpy():
+  b, l, d, h = 2, 3, 8, 2
+  x = RNG.normal(size=(b, l, d))
+  wq, wk, wv, wo = (RNG.normal(size=(d, d)) for _ in range(4))
+  bq, bk, bv, bo = (RNG.normal(size=d) for _ in range(4))
+  q, k, v = x @ wq + bq, x @ wk + bk, x @ wv + bv
+  heads = []
+  for i in range(h):
+    s = slice(i * d // h, (i + 1) * d // h)
+    logits = q[..., s] @ np.swapaxes(k[..., s], 1, 2) / math.sqrt(d // h)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    heads.append((w / w.sum(-1, keepdims=True)) @ v[..., s])
+  expected = np.concatenate(heads, -1) @ wo + bo
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  out, _ = ops.multi_head_attention(f32(x), f32(x), f32(wq), f32(wk), f32(wv), f32(wo), h,
+                                    biases=tuple(map(f32, (bq, bk, bv, bo))))
+  np.testing.assert_allclose(out, expected, atol=1e-4)
+
+
+def small_config(**kw):
+  base = dict(vocab_size=11, d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1,
+              num_decoder_layers=1, dropout_rate=0.0, max_len=16)
+  return TransformerConfig(**{**base, **kw})
+
+
+BATCH = {"inputs": np.array([[4, 5, 6, 2]], np.int32), "targets": np.array([[7, 8, 2, 0]], np.int32)}
+
+
+def test_logits_bias_adds_its_vector():
+  cfg = small_config(logits_bias=True)
+  params = init_params(cfg, jax.random.key(0), BATCH)
+  bias = RNG.normal(size=11).astype(np.float32)
+  model = build_model(cfg, deterministic=True)
+  zero = model.apply({"params": params}, **BATCH)
+  params["decoder"]["logits_bias"] = jnp.asarray(bias)
+  np.testing.assert_allclose(model.apply({"params": params}, **BATCH) - zero,
+                             np.broadcast_to(bias, zero.shape), atol=1e-5)
+
+
+def test_embed_scale_off_and_separate_tables():
+  cfg = small_config(embed_scale=False, share_embeddings=False, tie_output=False)
+  params = init_params(cfg, jax.random.key(1), BATCH)
+  assert {"source_embed", "target_embed"} <= set(params) and "logits_kernel" in params["decoder"]
+  enc = build_model(cfg, deterministic=True)
+  # with no layers and no PE, the encoder output is LN-free embedding lookup: E[x] unscaled
+  bare = small_config(embed_scale=False, share_embeddings=False, num_encoder_layers=0,
+                      positional="none")
+  out, _ = build_model(bare, deterministic=True).apply({"params": params}, BATCH["inputs"],
+                                                        method="encode")
+  np.testing.assert_allclose(out[0], np.asarray(params["source_embed"]["embedding"])[BATCH["inputs"][0]],
+                             atol=1e-6)
+  scaled = small_config(share_embeddings=False, num_encoder_layers=0, positional="none")
+  out, _ = build_model(scaled, deterministic=True).apply({"params": params}, BATCH["inputs"],
+                                                          method="encode")
+  np.testing.assert_allclose(out[0], np.asarray(params["source_embed"]["embedding"])[BATCH["inputs"][0]]
+                             * math.sqrt(8), atol=1e-5)
+  assert enc.apply({"params": params}, **BATCH).shape == (1, 4, 11)
+
+
+def test_decoder_start_id_starts_teacher_forcing_and_decoding():
+  np.testing.assert_array_equal(shift_right(jnp.array([[7, 8, 2]]), bos_id=0), [[0, 7, 8]])
+  cfg = small_config(decoder_start_id=0)
+  params = init_params(cfg, jax.random.key(2), BATCH)
+  model = build_model(cfg, deterministic=True)
+  teacher = model.apply({"params": params}, **BATCH)
+  # the first cached step fed the start id 0 gives the teacher-forced first position's logits
+  cache = init_cache(cfg, params, 1, 4, jnp.asarray(BATCH["inputs"]))
+  logits, _ = make_logits_fn(cfg, params)(jnp.array([[0]]), cache)
+  np.testing.assert_allclose(logits[0], teacher[0, 0], atol=1e-5)
+  # and not BOS's: the start id matters
+  assert not np.allclose(make_logits_fn(cfg, params)(jnp.array([[1]]), cache)[0][0], teacher[0, 0],
+                         atol=1e-3)
+
+
+def test_never_ids_are_never_generated_and_stay_in_the_normaliser():
+  # step table: PAD (0) is the most likely token; EOS (2) .3, a (3) .1 -- see step_table_fn
+  fn = step_table_fn([{0: .6, 2: .3, 3: .1}])
+  cache = {"step": jnp.array(0)}
+  assert int(greedy_decode(fn, cache, 1, 3)[0, 0]) == 0
+  assert int(greedy_decode(fn, cache, 1, 3, never_ids=(0,))[0, 0]) == 2
+  ids, scores = beam_search(fn, cache, 1, 2, 3, length_penalty="power", alpha=1.0,
+                            never_ids=(0,))
+  assert 0 not in np.asarray(ids)
+  # the score of "EOS" is log .3 (normalised over all ids, PAD included), as Hugging Face's
+  # bad-words rule gives, not log(.3 / .4)
+  np.testing.assert_allclose(scores[0, 0], math.log(.3), rtol=1e-4)
+
+
+def test_marian_order_hand_worked():
+  # Marian: eos 0, unk 1, pad 6 (last) -> txf: pad 0, eos 2, unk 3, the rest (2, 3, 4, 5) in order
+  np.testing.assert_array_equal(marian_order(7, pad=6, eos=0, unk=1), [6, 2, 0, 1, 3, 4, 5])
+
+
+def step_table_fn(rows):
+  """Next-token probabilities by step (the same for every beam): rows[t] = {token: prob}."""
+  table = np.full((len(rows), 5), 1e-9)
+  for t, probs in enumerate(rows):
+    for v, p in probs.items():
+      table[t, v] = p
+  table = jnp.asarray(np.log(table / table.sum(-1, keepdims=True)), jnp.float32)
+
+  def logits_fn(ids, cache):
+    t = jnp.minimum(cache["step"], len(rows) - 1)
+    return jnp.broadcast_to(table[t], (ids.shape[0], 5)), {"step": cache["step"] + 1}
+
+  return logits_fn
+
+
+def test_beam_early_stopping_stops_at_k_finished():
+  # tokens: 2 = EOS, 3 = a, 4 = b. Beam 2, lp(L) = L (power, alpha 1).
+  # step 0: EOS .5, a .4, b .1 -> "EOS" finishes (score log .5 = -0.693); a, b stay alive.
+  # step 1: a .5, EOS .45   -> "a EOS" finishes (log .18 / 2 = -0.857): 2 finished.
+  # step 2: EOS .99         -> "a a EOS" would score log(.4 * .5 * .99) / 3 = -0.540, the best.
+  fn = step_table_fn([{2: .5, 3: .4, 4: .1}, {3: .5, 2: .45, 4: .05}, {2: .99, 3: .005, 4: .005}])
+  cache = {"step": jnp.array(0)}
+  ids, scores = beam_search(fn, cache, 1, 2, 5, alpha=1.0, length_penalty="power",
+                            early_stopping=True)
+  np.testing.assert_array_equal(ids[0, 0], [2, 0, 0, 0, 0])
+  np.testing.assert_allclose(scores[0], [math.log(.5), math.log(.4 * .45) / 2], rtol=1e-4)
+  ids, scores = beam_search(fn, cache, 1, 2, 5, alpha=1.0, length_penalty="power")
+  np.testing.assert_array_equal(ids[0, 0], [3, 3, 2, 0, 0])
+  np.testing.assert_allclose(scores[0, 0], math.log(.4 * .5 * .99) / 3, rtol=1e-4)

@@ -1,0 +1,27 @@
+"""``txf export-hf --workdir W --output DIR [--params params_avg5.msgpack]``.
+
+Writes DIR for Hugging Face: config.json, generation_config.json, model.safetensors and the Marian
+tokenizer files (source.spm, target.spm, vocab.json, tokenizer_config.json), which
+``MarianMTModel.from_pretrained(DIR)`` and ``MarianTokenizer.from_pretrained(DIR)`` load. Works for
+a run imported with ``txf import-hf`` (fine-tuned or not) and for a txf translation run with a
+SentencePiece tokenizer and Marian's options (model.positional_layout=sin_cos,
+model.layer_norm_eps=1e-5, post-LN); anything else is refused with what stands in the way.
+"""
+
+from absl import flags
+
+from txf.errors import TxfError
+from txf.inference import hf
+
+flags.DEFINE_string("workdir", None, "run directory of a translation run", required=True)
+flags.DEFINE_string("output", None, "the new Hugging Face model directory (must not exist, or be empty)",
+                    required=True)
+flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack)")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise TxfError(f"unexpected arguments {argv[1:]}")
+  f = flags.FLAGS
+  out = hf.export_hf(f.workdir, f.output, f.params)
+  print(f"exported {f.workdir} -> {out} (MarianMTModel.from_pretrained / MarianTokenizer.from_pretrained)")

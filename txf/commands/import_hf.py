@@ -1,0 +1,32 @@
+"""``txf import-hf SRC --workdir W [--data_config multi30k_en_de] [--max_len 128]``.
+
+SRC is a directory written by Hugging Face's ``MarianMTModel.save_pretrained`` (config.json,
+model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json), or a Hub name such as
+``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub).
+Writes a complete txf workdir W (config.json, task.json, tokenizer/, params.msgpack) that
+``txf translate``, ``txf eval``, ``txf export-hf`` and ``txf train --config.init_from=W`` use.
+Its decoding settings are Hugging Face's ``generate(num_beams=K, length_penalty=1.0,
+early_stopping=True)`` (README, "OPUS-MT / Hugging Face").
+"""
+
+from absl import flags
+
+from txf.errors import TxfError
+from txf.inference import hf
+
+flags.DEFINE_string("workdir", None, "the new txf workdir (must not exist, or be empty)", required=True)
+flags.DEFINE_string("data_config", "multi30k_en_de", "the experiment whose data fields (source, "
+                    "languages, splits) the imported run gets: what `txf eval` reads; '' = none")
+flags.DEFINE_integer("max_len", 128, "data.max_input_len / max_target_len: longer source lines are "
+                     "truncated by txf translate (at most the model's max_position_embeddings)")
+
+
+def main(argv):
+  if len(argv) != 2:
+    raise TxfError("give one SRC: a save_pretrained directory or a Hub name, e.g. "
+                   "txf import-hf Helsinki-NLP/opus-mt-en-de --workdir runs/opus-en-de")
+  f = flags.FLAGS
+  if f.max_len < 2:
+    raise TxfError(f"--max_len={f.max_len} must be >= 2")
+  out = hf.import_hf(argv[1], f.workdir, f.data_config, f.max_len)
+  print(f"imported {argv[1]} -> {out} (txf translate --workdir {out})")

@@ -1,0 +1,287 @@
+"""Hugging Face Marian (OPUS-MT) models in and out of txf: ``txf import-hf`` and ``txf export-hf``.
+
+Import reads a ``save_pretrained`` directory (config.json, model.safetensors or pytorch_model.bin,
+source.spm, target.spm, vocab.json) with ``safetensors`` (numpy; torch only for a .bin file) and
+writes a complete txf workdir: config.json, task.json, tokenizer/ and params.msgpack, which
+``txf translate``, ``txf eval``, ``txf train --config.init_from`` and ``txf.inference.load_run`` use
+like any trained run. Export writes the inverse: a directory ``MarianMTModel.from_pretrained`` and
+``MarianTokenizer.from_pretrained`` load, with safetensors weights.
+
+Decoding conventions of an imported run (its config.json): ``beam_size`` = the model's num_beams,
+``length_penalty="power"`` with ``alpha=1.0`` and ``early_stopping=True``, i.e. Hugging Face's
+``generate(num_beams=K, length_penalty=1.0, early_stopping=True)``: a finished hypothesis scores
+log p(y) / |y| (|y| counts the generated tokens, EOS included, not the decoder start), a row
+stops at K finished hypotheses. txf bounds each output by its source length + ``--max_extra``
+tokens (HF: ``max_new_tokens``); the two agree on every output that ends with EOS before both.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from txf import config as config_lib
+from txf import workdir as workdir_lib
+from txf.data import tokenizer as tok
+from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from txf.errors import TxfError
+from txf.models import marian
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+
+
+def _safetensors():
+  try:
+    from safetensors import numpy as st_numpy
+  except ImportError:
+    raise TxfError("reading and writing Hugging Face weights needs the safetensors package: "
+                   "pip install safetensors (or pip install 'txf[hf]')") from None
+  return st_numpy
+
+
+def read_state_dict(src: str) -> Dict[str, np.ndarray]:
+  """The weights of a save_pretrained directory as float32 numpy arrays (safetensors; a
+  pytorch_model.bin only with torch installed)."""
+  path = os.path.join(src, "model.safetensors")
+  if os.path.isfile(path):
+    return _safetensors().load_file(path)
+  path = os.path.join(src, "pytorch_model.bin")
+  if os.path.isfile(path):
+    try:
+      import torch  # only for the legacy format
+    except ImportError:
+      raise TxfError(f"{path} is a torch pickle and torch is not installed: install torch, or save "
+                     f"the model with safetensors (save_pretrained's default)") from None
+    return {k: v.float().numpy() for k, v in torch.load(path, map_location="cpu",
+                                                         weights_only=True).items()}
+  raise TxfError(f"{src} has no model.safetensors or pytorch_model.bin: give a directory written "
+                 f"by MarianMTModel.save_pretrained")
+
+
+def resolve_source(src: str) -> str:
+  """A local directory as given; a Hub name (``Helsinki-NLP/opus-mt-en-de``) downloaded with
+  huggingface_hub, failing fast (TxfError) when it is not installed or the Hub cannot be reached."""
+  if os.path.isdir(src):
+    return src
+  if not re.fullmatch(r"[\w.-]+/[\w.-]+", src) or os.path.exists(src):
+    raise TxfError(f"{src} is not a directory: give a save_pretrained directory or a Hub name "
+                   f"such as Helsinki-NLP/opus-mt-en-de")
+  try:
+    from huggingface_hub import snapshot_download
+  except ImportError:
+    raise TxfError(f"{src} is not a local directory, and downloading it from the Hugging Face Hub "
+                   f"needs huggingface_hub: pip install 'txf[hf]'") from None
+  if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+    raise TxfError(f"{src} is not a local directory and HF_HUB_OFFLINE is set: download it "
+                   f"where the network is (save_pretrained) and pass the directory")
+  try:
+    socket.create_connection(("huggingface.co", 443), timeout=5).close()
+  except OSError as e:
+    raise TxfError(f"{src} is not a local directory and huggingface.co cannot be reached ({e}): "
+                   f"download it where the network is (save_pretrained) and pass the "
+                   f"directory") from None
+  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "model.safetensors"])
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+  with open(path) as f:
+    return json.load(f)
+
+
+def marian_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.Codec:
+  """The Codec of a Marian tokenizer directory: source.spm for sources, target.spm for targets,
+  one vocab.json, special ids from the model config (pad, eos) and the vocabulary (``<unk>``)."""
+  missing = [f for f in TOKENIZER_FILES if not os.path.isfile(os.path.join(src, f))]
+  if missing:
+    raise TxfError(f"{src} has no {', '.join(missing)}: txf imports Marian models with their "
+                   f"SentencePiece tokenizer (source.spm, target.spm, vocab.json)")
+  tconf_path = os.path.join(src, "tokenizer_config.json")
+  tconf = _read_json(tconf_path) if os.path.isfile(tconf_path) else {}
+  if tconf.get("separate_vocabs"):
+    raise TxfError(f"{tconf_path}: separate_vocabs=True (two vocabularies) is not supported")
+  clean_up = bool(tconf.get("clean_up_tokenization_spaces", False))
+  vocab = _read_json(os.path.join(src, "vocab.json"))
+  size = int(hf["vocab_size"])
+  specials = {"pad": int(hf["pad_token_id"]), "eos": int(hf["eos_token_id"]),
+              "unk": int(vocab.get("<unk>", 1))}
+  protos = []
+  for name in ("source.spm", "target.spm"):
+    with open(os.path.join(src, name), "rb") as f:
+      protos.append(f.read())
+  # MarianTokenizer detokenizes targets with the source model when the vocabulary is shared
+  source = tok.MarianTokenizer(protos[0], vocab, specials, size, clean_up=clean_up)
+  target = tok.MarianTokenizer(protos[1], vocab, specials, size, decode_proto=protos[0],
+                               clean_up=clean_up)
+  return tok.Codec(source, target, settings)
+
+
+# data fields an imported run keeps from its own tokenizer, not from --data_config's experiment
+_OWN_DATA_FIELDS = ("tokenizer", "vocab_size", "spm_model_type", "joint_vocab", "max_input_len",
+                    "max_target_len")
+
+
+def import_config(hf: Dict[str, Any], fields: Dict[str, Any], name: str, data_config: str,
+                  max_len: int):
+  """The txf run config of an imported Marian model (decoding as Hugging Face's generate); its
+  data fields (what `txf eval` and fine-tuning read) are those of the experiment ``data_config``
+  ("" = base_config's), but for the tokenizer and lengths."""
+  c = config_lib.base_config()
+  c.name = name
+  if data_config:
+    theirs = config_lib.load_experiment(data_config).data
+    for k, v in theirs.items():
+      if k not in _OWN_DATA_FIELDS:
+        c.data[k] = v
+  for k, v in fields.items():
+    c.model[k] = v
+  c.data.tokenizer, c.data.vocab_size, c.data.joint_vocab = "sentencepiece", int(hf["vocab_size"]), False
+  c.data.max_input_len = c.data.max_target_len = min(max_len, fields["max_len"])
+  c.beam_size = int(hf.get("num_beams") or 4)
+  c.alpha, c.length_penalty, c.early_stopping = 1.0, "power", True
+  return c
+
+
+def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_len: int = 128) -> str:
+  """Write the txf workdir of a Marian model; returns the workdir. Refuses a non-empty workdir."""
+  local = resolve_source(src)
+  config_path = os.path.join(local, "config.json")
+  if not os.path.isfile(config_path):
+    raise TxfError(f"{local} has no config.json: give a directory written by save_pretrained")
+  hf = {**marian.MARIAN_DEFAULTS, **_read_json(config_path)}
+  gen_path = os.path.join(local, "generation_config.json")
+  if os.path.isfile(gen_path):  # generate()'s settings: beams, never-generated ids
+    hf = {**hf, **{k: v for k, v in _read_json(gen_path).items()
+                   if k in ("num_beams", "bad_words_ids") and v is not None}}
+  try:
+    fields = marian.model_fields(hf)
+  except marian.UnsupportedMarianConfig as e:
+    raise TxfError(f"{config_path}: txf cannot represent {e}") from None
+  if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
+    raise TxfError(f"--workdir {workdir} exists and is not empty: choose a new directory")
+  name = os.path.basename(os.path.normpath(src))
+  config = import_config(hf, fields, name, data_config, max_len)
+  config_lib.validate(config)
+  codec = marian_codec(local, hf, {"tokenizer": "marian", "from": src})
+  order = codec.target.order
+  params = marian.params_from_state_dict(read_state_dict(local), fields, order)
+  parent = os.path.dirname(os.path.abspath(workdir))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".import-hf-", dir=parent)  # all files, then one rename
+  try:
+    with workdir_lib.disk_errors(tmp):
+      workdir_lib.write_json(os.path.join(tmp, "config.json"), workdir_lib.config_to_dict(config))
+      codec.save(os.path.join(tmp, "tokenizer"))
+      size = codec.source.vocab_size
+      workdir_lib.write_json(os.path.join(tmp, "task.json"), {
+          "family": "encoder_decoder", "vocab_size": size, "target_vocab_size": size,
+          "num_classes": 0, "max_input_len": config.data.max_input_len,
+          "max_target_len": config.data.max_target_len})
+      workdir_lib.save_params(tmp, params)
+      if os.path.isdir(workdir):
+        os.rmdir(workdir)
+      os.replace(tmp, workdir)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return workdir
+
+
+def export_problems(config, codec: Optional[tok.Codec]) -> list:
+  """What keeps a run from being a Marian model (empty when it can be exported)."""
+  m, problems = config.model, []
+  if m.family != "encoder_decoder":
+    problems.append(f"model.family={m.family!r} (Marian is a translation model)")
+  if m.positional != "sinusoidal" or m.positional_layout != "sin_cos" or m.position_offset:
+    problems.append(f"positional encodings {m.positional}/{m.positional_layout}/offset "
+                    f"{m.position_offset} (Marian: sinusoidal, sin_cos, offset 0)")
+  if abs(m.layer_norm_eps - marian.MARIAN_LAYER_NORM_EPS) > 1e-12:
+    problems.append(f"model.layer_norm_eps={m.layer_norm_eps} (Marian: 1e-5)")
+  if m.pre_ln:
+    problems.append("model.pre_ln=True (Marian is post-LN)")
+  if codec is None or not isinstance(codec.target, (tok.SentencePieceTokenizer, tok.MarianTokenizer)):
+    kind = "none" if codec is None else codec.target.kind
+    problems.append(f"its tokenizer ({kind}; Marian needs SentencePiece)")
+  elif not isinstance(codec.target, tok.MarianTokenizer) and not codec.joint:
+    problems.append("separate source/target vocabularies (export needs one vocab.json)")
+  return problems
+
+
+def _vocab_and_specials(codec: tok.Codec):
+  """(vocab.json dict, order, special ids in the exported model's numbering, spm protos)."""
+  if isinstance(codec.target, tok.MarianTokenizer):
+    t = codec.target
+    s = t.specials
+    return (t.vocab, t.order, {"pad": s["pad"], "eos": s["eos"], "start": s["pad"]},
+            (codec.source.model_proto, t.model_proto))
+  sp = codec.target  # a txf SentencePiece model: Marian ids = txf ids, BOS starts the decoder
+  proc = sp._sp
+  vocab = {proc.id_to_piece(i): i for i in range(proc.get_piece_size())}
+  order = np.arange(sp.vocab_size)
+  return vocab, order, {"pad": PAD_ID, "eos": EOS_ID, "start": BOS_ID}, (sp.model_proto,) * 2
+
+
+def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> str:
+  """Write ``output``: config.json, generation_config.json, model.safetensors and the Marian
+  tokenizer files of the run in ``workdir``. Raises TxfError naming what cannot be exported."""
+  config = workdir_lib.load_config(workdir)
+  codec = tok.load_codec(os.path.join(workdir, "tokenizer"))
+  problems = export_problems(config, codec)
+  if problems:
+    raise TxfError(f"{workdir} cannot be exported as a Marian model: {'; '.join(problems)}")
+  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    raise TxfError(f"--output {output} exists and is not empty: choose a new directory")
+  vocab, order, ids, protos = _vocab_and_specials(codec)
+  size = codec.target.vocab_size
+  m = config.model
+  fields = m.to_dict()
+  params = workdir_lib.load_params(workdir, params_name)
+  sd = marian.state_dict_from_params(params, fields, order, size)
+  activation = {"swish": "swish", "relu": "relu", "gelu": "gelu"}[m.activation]
+  hf = {"architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": size,
+        "decoder_vocab_size": size, "d_model": m.d_model, "encoder_layers": m.num_encoder_layers,
+        "decoder_layers": m.num_decoder_layers, "encoder_attention_heads": m.num_heads,
+        "decoder_attention_heads": m.num_heads, "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff,
+        "activation_function": activation, "dropout": m.dropout_rate,
+        "attention_dropout": m.attention_dropout_rate, "activation_dropout": 0.0,
+        "max_position_embeddings": m.max_len, "scale_embedding": bool(m.embed_scale),
+        "share_encoder_decoder_embeddings": bool(m.share_embeddings),
+        "tie_word_embeddings": bool(m.tie_output), "pad_token_id": ids["pad"],
+        "eos_token_id": ids["eos"], "decoder_start_token_id": ids["start"],
+        "forced_eos_token_id": ids["eos"], "is_encoder_decoder": True, "init_std": 0.02,
+        "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "use_cache": True}
+  generation = {"decoder_start_token_id": ids["start"], "eos_token_id": ids["eos"],
+                "pad_token_id": ids["pad"], "forced_eos_token_id": ids["eos"],
+                "num_beams": int(config.beam_size), "max_length": m.max_len}
+  if m.forbid_pad:
+    generation["bad_words_ids"] = [[ids["pad"]]]
+  parent = os.path.dirname(os.path.abspath(output))
+  with workdir_lib.disk_errors(parent, "creating"):
+    os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".export-hf-", dir=parent)
+  try:
+    with workdir_lib.disk_errors(tmp):
+      workdir_lib.write_json(os.path.join(tmp, "config.json"), hf)
+      workdir_lib.write_json(os.path.join(tmp, "generation_config.json"), generation)
+      _safetensors().save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+      for name, proto in zip(("source.spm", "target.spm"), protos):
+        with open(os.path.join(tmp, name), "wb") as f:
+          f.write(proto)
+      with open(os.path.join(tmp, "vocab.json"), "w") as f:
+        json.dump(vocab, f, ensure_ascii=False, indent=1)
+      workdir_lib.write_json(os.path.join(tmp, "tokenizer_config.json"), {
+          "tokenizer_class": "MarianTokenizer", "source_lang": config.data.src_lang,
+          "target_lang": config.data.tgt_lang, "separate_vocabs": False,
+          "model_max_length": m.max_len, "eos_token": "</s>", "unk_token": "<unk>",
+          "pad_token": "<pad>",
+          "clean_up_tokenization_spaces": bool(getattr(codec.target, "clean_up", False))})
+      if os.path.isdir(output):
+        os.rmdir(output)
+      os.replace(tmp, output)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return output

@@ -1,0 +1,62 @@
+"""Start a run from another run's parameters: ``config.init_from = W`` (a txf run, or a workdir of
+``txf import-hf``), e.g. fine-tuning OPUS-MT on Multi30k.
+
+The source run decides what its parameters need: the model's architecture (every ``model.*``
+field but the dropout rates, attention implementation and compute dtype, which stay the
+experiment's), and the tokenizer (its ``tokenizer/`` is copied into the new workdir, so its
+vocabulary decides the data pipeline's ids). Optimizer, schedule, data, sharding, checkpointing and
+evaluation are the experiment's. A run that resumes from its own checkpoint ignores init_from.
+"""
+
+import os
+import shutil
+from typing import Any, Optional
+
+from txf import workdir as workdir_lib
+from txf.errors import TxfError
+from txf.inference.run import check_params
+
+# model fields the new run keeps from its own experiment (training-time choices)
+KEPT_MODEL_FIELDS = ("dropout_rate", "attention_dropout_rate", "attention_impl", "dtype")
+# data fields that describe the tokenizer, taken from the source run with its tokenizer
+TOKENIZER_FIELDS = ("tokenizer", "vocab_size", "spm_model_type", "joint_vocab",
+                    "spm_input_sentences", "spm_num_threads")
+
+
+def apply_init_from(config) -> None:
+  """Set (in place) the model and tokenizer fields of ``config`` to those of its init_from run."""
+  source = config.get("init_from", "")
+  if not source:
+    return
+  if not os.path.isfile(os.path.join(source, "config.json")):
+    raise TxfError(f"init_from={source!r} holds no txf run (no config.json): give a trained run's "
+                   f"workdir, or one written by `txf import-hf`")
+  if not os.path.isfile(os.path.join(source, "params.msgpack")):
+    raise TxfError(f"init_from={source!r} has no params.msgpack: train it to the end first")
+  theirs = workdir_lib.load_config(source)
+  for key, value in theirs.model.items():
+    if key not in KEPT_MODEL_FIELDS:
+      config.model[key] = value
+  if os.path.isfile(os.path.join(source, "tokenizer", "tokenizer.json")):
+    for key in TOKENIZER_FIELDS:
+      config.data[key] = theirs.data[key]
+
+
+def copy_tokenizer(config, workdir: str) -> None:
+  """Copy the init_from run's tokenizer/ into ``workdir`` unless the run already has one."""
+  source = config.get("init_from", "")
+  src, dst = os.path.join(source, "tokenizer"), os.path.join(workdir, "tokenizer")
+  if source and os.path.isdir(src) and not os.path.exists(dst):
+    with workdir_lib.disk_errors(dst):
+      shutil.copytree(src, dst)
+
+
+def initial_params(config, model_cfg, task) -> Optional[Any]:
+  """The init_from run's parameters (numpy tree), checked against this run's model, or None."""
+  source = config.get("init_from", "")
+  if not source:
+    return None
+  path = os.path.join(source, "params.msgpack")
+  params = workdir_lib.load_params(source, path)
+  check_params(model_cfg, task, params, path)
+  return params
