@@ -132,3 +132,44 @@ def maybe_reexec_with_tcmalloc(argv: List[str]) -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(new_argv[0], new_argv, env)
+
+
+def _xla_libraries() -> List[str]:
+  """The installed jaxlib's shared libraries (where XLA's flag table lives), found without importing
+  jax: XLA reads ``XLA_FLAGS`` once, when its backend starts, so flags must be settled before."""
+  import glob
+  import importlib.util
+  spec = importlib.util.find_spec("jaxlib")
+  if spec is None or not spec.submodule_search_locations:
+    return []
+  out = []
+  for d in spec.submodule_search_locations:
+    out += glob.glob(os.path.join(d, "**", "*.so"), recursive=True)
+  return sorted(out)
+
+
+def xla_knows(flag: str, libraries: Optional[Sequence[str]] = None) -> bool:
+  """Whether the installed XLA defines ``flag`` (``--xla_name=value`` or ``xla_name``): its name is a
+  string of jaxlib's libraries, as each flag registers it (not only a field of the options proto). XLA aborts the process on a flag it does not know (e.g.
+  ``--xla_cpu_use_fusion_emitters``, gone from jaxlib 0.12), so version-dependent flags go through this."""
+  import mmap
+  name = b"\0" + flag.lstrip("-").split("=", 1)[0].encode() + b"\0"  # the C string a flag registers
+  for path in _xla_libraries() if libraries is None else libraries:
+    try:
+      with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < len(name):
+          continue
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+          if m.find(name) >= 0:
+            return True
+    except (OSError, ValueError):
+      continue
+  return False
+
+
+def add_xla_flags(*flags: str, environ=os.environ) -> List[str]:
+  """Append to ``XLA_FLAGS`` those of ``flags`` the installed XLA knows (xla_knows); returns the
+  ones left out. Call before JAX starts its backend."""
+  known = [f for f in flags if xla_knows(f)]
+  environ["XLA_FLAGS"] = " ".join([environ.get("XLA_FLAGS", "").strip(), *known]).strip()
+  return [f for f in flags if f not in known]

@@ -46,6 +46,13 @@ def _one_line(e: Exception) -> str:
   return " ".join(str(e).split())
 
 
+def eval_advice(message: str) -> str:
+  """A data error's advice in txf eval's own flags: eval takes no --config.FIELD overrides; its
+  --data_path is the run's data.path (the folder holding the dataset, or the dataset's own)."""
+  return message.replace("set --config.data.path=", "pass --data_path=").replace(
+      "--config.data.path=", "--data_path=")
+
+
 def _split(run, wanted):
   """The split to score, checked against the data (opened here, from the run's data or
   --data_path): a missing split or missing data is a TxfError naming --data_path."""
@@ -56,8 +63,8 @@ def _split(run, wanted):
       run.task.split_name(split)
   except DataError as e:
     raise TxfError(f"txf eval reads the split it scores from the run's data (data.source="
-                   f"{run.config.data.source!r}): {_one_line(e)}; if the data has moved, pass "
-                   f"--data_path=/where/it/is/now") from None
+                   f"{run.config.data.source!r}): {eval_advice(_one_line(e))}; if the data has moved, "
+                   f"pass --data_path=/where/it/is/now") from None
   return split
 
 

@@ -81,6 +81,15 @@ class LoopState:
   divergence: Optional[DivergenceGuard] = None  # set at this process's first step
 
 
+def batch_phrase(config) -> str:
+  """What one step trains on, for the run's header: rows, or a token budget when the rows of each
+  batch come from ``data.tokens_per_batch`` (tokens_per_batch // the bucket's length)."""
+  tokens = config.data.get("tokens_per_batch", 0)
+  if tokens and tokens > 0:
+    return f"{tokens:,} tokens (data.tokens_per_batch)"
+  return f"{config.batch_size}"
+
+
 def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
           loss_fn: Optional[LossFn] = None, model: Optional[ModelBuilder] = None
           ) -> Dict[str, float]:
@@ -147,7 +156,7 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   abstract_state = jax.eval_shape(init_state)
   say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
       f"data {config.data.source}, "
-      f"{config.num_train_steps} steps of {config.batch_size} on {jax.device_count()} "
+      f"{config.num_train_steps} steps of {batch_phrase(config)} on {jax.device_count()} "
       f"{jax.devices()[0].platform} device(s) -> {workdir}")
   smoothing = config.optimizer.label_smoothing
   runner = make_runner(
