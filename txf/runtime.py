@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from txf.errors import disk_errno_of
+
 TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                "/usr/local/lib")
@@ -59,7 +61,10 @@ class LibraryFilter:
   def filter(self, record) -> bool:
     import logging
     if record.levelno >= logging.ERROR:
-      return True
+      # a library's report of a full or read-only disk (orbax's background save logs it with its
+      # traceback): txf reports it as one txf: error line when the failure reaches its caller
+      return not (record.exc_info and record.exc_info[1] is not None
+                  and disk_errno_of(record.exc_info[1]))
     return record.levelno >= logging.WARNING and record.pathname.startswith(self.package_dir)
 
 

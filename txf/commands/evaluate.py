@@ -99,6 +99,6 @@ def main(argv):
       max_extra=run.config.decode_max_extra if f.max_extra is None else f.max_extra,
       max_examples=f.max_examples, batch_size=f.batch_size,
       progress=inference.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every))
-  workdir_lib.write_json(path, report)
+  workdir_lib.write_json(path, report, elsewhere="--output")
   print(json.dumps(report, indent=2, sort_keys=True))
   print(f"report written to {path}", file=sys.stderr)

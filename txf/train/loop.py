@@ -343,9 +343,14 @@ def _restore_target(runner, abstract_state):
 
 
 def _write_plots(workdir: str, say) -> None:
+  """The run's plots; a full or read-only disk is a DiskError (params.msgpack is written by then, so
+  running the command again after freeing space writes them), any other failure a warning."""
   from txf import viz  # deferred: matplotlib takes a second to import
   try:
-    paths = viz.write_run_plots(workdir)
+    with workdir_lib.disk_errors(workdir, "writing the plots to", need_bytes=1 << 20):
+      paths = viz.write_run_plots(workdir)
     say("plots: " + ", ".join(paths))
+  except workdir_lib.DiskError:
+    raise
   except Exception as e:  # a plotting failure must not lose a finished run
     say(f"warning: could not write plots: {e}")
