@@ -78,6 +78,7 @@ RUN = {
     "txf eval --workdir runs/default --output report.json": "--max_examples=8",
     "txf average-checkpoints --workdir runs/sst2 --step best": "",
     "txf eval --workdir runs/sst2 --split dev --params params_best.msgpack": "",
+    "TXF_DATA=../shared/data python -m txf.bench.data": "--batches=2 --batch_size=8",
 }
 
 A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag changed: tests/test_train_e2e.py"
@@ -117,7 +118,6 @@ NOT_RUN = {
         "minutes of benchmarking: tests/test_bench.py runs it shrunk",
     "python -m txf.bench.decode --config small": "a benchmark: tests/test_bench.py",
     "python -m txf.bench.memory": "a benchmark: tests/test_bench.py",
-    "TXF_DATA=../shared/data python -m txf.bench.data": "a benchmark over the real Multi30k: tests/test_bench.py",
     "python -m txf.bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":
         "the peers' own venv with torch and a Flax WMT copy (BENCHMARKS.md)",
     "python -m txf.bench.peers ... --systems txf,flax-wmt,torch-eager,marian,txf-bf16,torch-bf16,"
@@ -354,10 +354,52 @@ def test_the_readme_runs_in_order_from_a_fresh_clone(tmp_path):
     assert "Traceback" not in r.stderr and "\ufffd" not in r.stdout, f"{doc}:{line}: {r.stderr[-3000:]}"
     check_output(cmd, r, clone)
   print(timings)
+  extra_checks(clone, prelude, env)
+
+
+def extra_checks(clone, prelude, env):
+  """What a newcomer meets beyond the documented commands, on the runs they made."""
+  def sh(script, **more):
+    return subprocess.run(["bash", "-c", prelude + script], cwd=clone, env={**env, **more},
+                          capture_output=True, text=True, timeout=300)
+  # an error's advice names flags of the command that printed it: txf eval without TXF_DATA
+  r = sh("txf eval --workdir runs/sst2 --split dev")
+  assert r.returncode == 2 and r.stderr.startswith("txf: error: "), r.stderr[-3000:]
+  named = set(re.findall(r"--(\w+)=", r.stderr))
+  assert named and named <= command_flags("eval"), (named, r.stderr)
+  # a character model samples only characters: no U+FFFD even from a hot, untrained model
+  r = sh("txf generate --workdir runs/shakespeare_char --prompt ROMEO: --temperature 5 "
+         "--max_new_tokens 24 --num_samples 8")
+  assert r.returncode == 0 and r.stdout.count("--- prompt") == 8, r.stderr[-3000:]
+  assert "\ufffd" not in r.stdout, r.stdout
+  # average-checkpoints on a classifier: a step number, and the commands a classifier has
+  r = sh("txf average-checkpoints --workdir runs/sst2 --step latest")
+  assert r.returncode == 0 and "at step 4 ->" in r.stdout and "txf classify" in r.stdout, r.stdout
+  assert "translate" not in r.stdout, r.stdout
+
+
+TXF_MODULES = {os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "txf", "**", "*.py"), recursive=True)}
+ABSL_LINE = re.compile(r"^[DIWEF]\d{4} [\d:.]+\s+\d+ (\S+?):\d+\]")
+
+
+def check_quiet(cmd, r):
+  """Quiet by default: no library log lines (absl format, from a file outside txf), no tfds prints
+  or progress bars while data is prepared, at most one txf line about a preparation."""
+  out = r.stdout + r.stderr
+  library = [l for l in out.splitlines() if ABSL_LINE.match(l) and ABSL_LINE.match(l).group(1)
+             not in TXF_MODULES]
+  assert not library, f"{cmd}: library log lines:\n" + "\n".join(library)
+  assert "Downloading and preparing" not in out and "downloaded and prepared" not in out, out
+  assert "\x1b[" not in r.stderr or "--progress=false" not in cmd, r.stderr
+  assert sum(l.startswith("txf: prepared") for l in out.splitlines()) <= 1, out
 
 
 def check_output(cmd, r, clone):
   """What each command printed or wrote, as the document says."""
+  check_quiet(cmd, r)
+  if "multi30k_en_de.py" in cmd:  # rows come from data.tokens_per_batch: the header says so
+    header = next(l for l in r.stdout.splitlines() if l.startswith("txf: encoder_decoder"))
+    assert "steps of 512 tokens (data.tokens_per_batch)" in header, header
   if cmd.startswith("txf translate") and "hyps.txt" in cmd:
     with open(clone / "hyps.txt", encoding="utf-8") as f:
       assert len(f.read().splitlines()) == 2  # one hypothesis a source line
@@ -366,9 +408,19 @@ def check_output(cmd, r, clone):
     assert label in ("0", "1") and 0.5 <= float(prob) <= 1.0
   elif cmd.startswith("txf average-checkpoints"):
     assert (clone / "runs" / "sst2" / "params_best.msgpack").is_file()
-    assert "[" not in r.stdout + r.stderr and "translate" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert re.search(r"checkpoint at step \d+ ->", r.stdout), r.stdout
+    assert "translate" not in r.stdout + r.stderr and "txf classify" in r.stdout, r.stdout
   elif "txf generate" in cmd:
     headers = [l for l in r.stdout.splitlines() if l.startswith("--- prompt")]
     assert len(headers) == (4 if "--num_samples 2" in cmd else 0) or "--num_samples" not in cmd
   elif cmd.startswith("txf eval --workdir runs/default --output"):
     assert (clone / "report.json").is_file()
+
+
+def test_the_catalog_script_says_one_line_for_a_dataset_it_cannot_prepare(tmp_path):
+  r = subprocess.run([sys.executable, "-m", "txf.data.catalog", "no_such_dataset_txf",
+                      "--data_dir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                     cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("txf: error: "), r.stderr
+  assert "no_such_dataset_txf" in lines[0] and "Traceback" not in r.stderr

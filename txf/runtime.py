@@ -85,6 +85,19 @@ def quiet_logging() -> None:
       h.addFilter(LibraryFilter())
 
 
+def quiet_script_logging() -> None:
+  """For ``python -m txf.X`` scripts (no txf command around them): libraries' log records below
+  ERROR are dropped (absl WARNING lines from tfds, grain or orbax), txf's own warnings stay."""
+  import logging
+  from absl import logging as absl_logging
+  handler = absl_logging.get_absl_handler()
+  for h in [handler, *logging.getLogger().handlers]:
+    if not any(isinstance(f, LibraryFilter) for f in h.filters):
+      h.addFilter(LibraryFilter())
+  if not logging.getLogger().handlers:  # absl's handler is installed by app.run; scripts add it
+    logging.getLogger().addHandler(handler)
+
+
 def allocator() -> str:
   """'tcmalloc' if this process runs with tcmalloc preloaded, else 'system'."""
   return "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "system"

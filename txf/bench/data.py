@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from txf import runtime
 from txf.config import base_config
 from txf.data.real import make_real_task
 
@@ -79,6 +80,7 @@ def bench_mode(task, batches: int, batch_size: int, warmup: int = 5) -> Dict[str
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
   """Run every mode and print one line each; returns the rows."""
+  runtime.quiet_script_logging()
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--data", default="", help="Multi30k folder (default $TXF_DATA/multi30k)")
   parser.add_argument("--data_dir", default="", help="prepared-data cache (default ~/.cache/txf/tfds)")
