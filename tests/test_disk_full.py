@@ -104,3 +104,45 @@ def test_a_full_disk_while_writing_an_eval_report_is_one_line_naming_output(tmp_
   assert run_txf("eval", "--workdir", str(uninterrupted), "--output", str(report),
                  "--max_examples=4").returncode == 0
   assert json.loads(report.read_text())
+
+
+def test_orbax_background_failure_of_a_full_disk_is_a_disk_error_and_its_logs_are_dropped(
+    tmp_path, monkeypatch):
+  """The same fault without a training run: orbax really fails in its background thread, the error
+  reaches the caller at the next wait, the checkpoint before stays, and txf's log filter drops
+  orbax's traceback records of it."""
+  import logging
+  import numpy as np
+  from tests import faults
+  from txf import runtime
+  from txf import workdir as workdir_lib
+  from txf.checkpoint import Checkpointer
+  from txf.config import base_config
+
+  records = []
+
+  class Keep(logging.Handler):
+    def emit(self, record):
+      records.append(record)
+
+  handler = Keep(level=logging.DEBUG)
+  handler.addFilter(runtime.LibraryFilter())
+  logging.getLogger().addHandler(handler)
+  try:
+    faults.disk_full_in_async_save(monkeypatch, 4)
+    config = base_config()
+    config.keep_checkpoints = 0
+    ckpt = Checkpointer(str(tmp_path), config)
+    state = {"w": np.arange(6, dtype=np.float32), "step": np.int32(0)}
+    ckpt.save(2, state, {"position": 2})
+    ckpt.wait()
+    ckpt.save(4, state, {"position": 4})  # returns: the write fails later, in orbax's thread
+    with pytest.raises(workdir_lib.DiskError, match="no space left on .* GiB there or choose another"):
+      with workdir_lib.disk_errors(ckpt.directory, "saving a checkpoint to"):
+        ckpt.wait()
+    ckpt.close()
+  finally:
+    logging.getLogger().removeHandler(handler)
+  assert ckpt.all_steps() == [2]
+  assert sorted(os.listdir(ckpt.directory))[0] == "2"
+  assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]

@@ -63,8 +63,10 @@ class LibraryFilter:
     if record.levelno >= logging.ERROR:
       # a library's report of a full or read-only disk (orbax's background save logs it with its
       # traceback): txf reports it as one txf: error line when the failure reaches its caller
-      return not (record.exc_info and record.exc_info[1] is not None
-                  and disk_errno_of(record.exc_info[1]))
+      # (and its abandoned metadata thread, which fails once the interpreter shuts down)
+      exc = record.exc_info[1] if record.exc_info else None
+      return not (exc is not None and (disk_errno_of(exc) or (
+          isinstance(exc, RuntimeError) and "cannot schedule new futures after" in str(exc))))
     return record.levelno >= logging.WARNING and record.pathname.startswith(self.package_dir)
 
 
