@@ -22,7 +22,9 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before XLA loads: no C++ INFO/WARNING lines
+
+import numpy as np  # noqa: E402
 
 from txf import runtime
 from txf.config import base_config
