@@ -4,7 +4,9 @@ while the final parameters are saved.
 
 In-process tests call ``nan_at_step`` / ``slow_saves`` with pytest's ``monkeypatch``. Subprocess
 tests run ``python -m tests.faults <txf command and flags>`` with ``FAULT_NAN_AT_STEP=k``,
-``FAULT_SAVE_DELAY_S=s`` and/or ``FAULT_ENOSPC_AT_CHECKPOINT=step`` in the environment: this
+``FAULT_SAVE_DELAY_S=s``, ``FAULT_ENOSPC_AT_CHECKPOINT=step``, ``FAULT_DISK_FULL_IN_ASYNC_SAVE=step``
+(the disk fills in orbax's background write) and/or ``FAULT_DISK_FULL_FOR=NAME`` (files named
+``*NAME*`` cannot be written) in the environment: this
 installs the faults, then runs ``txf`` as usual.
 ``FAULT_SIGNAL_AT_STEP=k`` (with ``FAULT_SIGNAL=TERM|INT``, ``FAULT_SIGNAL_PROCESS=i``,
 ``FAULT_SIGNAL_WHEN_PIPE_CLOSED=1``) and ``FAULT_SIGNAL_IN_FINISH=TERM`` likewise; every
@@ -145,6 +147,52 @@ def disk_full_at_checkpoint(monkeypatch, step: int) -> None:
   monkeypatch.setattr(ocp.CheckpointManager, "save", full_save)
 
 
+def disk_full_in_async_save(monkeypatch, step: int) -> None:
+  """The disk fills while orbax writes checkpoint ``step`` in its background thread: the write fails
+  there as TensorStore reports a full disk (a ValueError carrying the OS error text), after the save
+  call has returned; orbax logs it and raises it at the next save or wait."""
+  save = ocp.handlers.JsonCheckpointHandler._save_fn
+
+  async def full_save(self, x, directory):
+    if isinstance(x, dict) and "data_iterator" in x and x.get("step") == step:
+      raise ValueError(f'Error writing local file "{directory}/meta/metadata": '
+                       "[OS error: No space left on device]")
+    await save(self, x, directory)
+
+  monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "_save_fn", full_save)
+
+
+def disk_full_for(monkeypatch, name: str) -> None:
+  """The disk is full for every file opened for writing whose name contains ``name`` (e.g.
+  ``params.msgpack``, ``loss_curves.png``, ``report.json``): its first write raises ENOSPC."""
+  import builtins
+  real_open = builtins.open
+
+  class FullFile:
+    def __init__(self, f):
+      self._f = f
+
+    def write(self, *args, **kwargs):
+      raise OSError(errno.ENOSPC, "No space left on device", self._f.name)
+
+    def __getattr__(self, attr):
+      return getattr(self._f, attr)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self._f.close()
+
+  def full_open(file, mode="r", *args, **kwargs):
+    f = real_open(file, mode, *args, **kwargs)
+    if isinstance(file, (str, os.PathLike)) and name in os.fspath(file) and set(mode) & set("wax"):
+      return FullFile(f)
+    return f
+
+  monkeypatch.setattr(builtins, "open", full_open)
+
+
 class _Patch:
   """The part of pytest's monkeypatch that the faults use, for a subprocess."""
 
@@ -157,6 +205,10 @@ if __name__ == "__main__":
     nan_at_step(_Patch(), int(os.environ["FAULT_NAN_AT_STEP"]))
   if os.environ.get("FAULT_ENOSPC_AT_CHECKPOINT"):
     disk_full_at_checkpoint(_Patch(), int(os.environ["FAULT_ENOSPC_AT_CHECKPOINT"]))
+  if os.environ.get("FAULT_DISK_FULL_IN_ASYNC_SAVE"):
+    disk_full_in_async_save(_Patch(), int(os.environ["FAULT_DISK_FULL_IN_ASYNC_SAVE"]))
+  if os.environ.get("FAULT_DISK_FULL_FOR"):
+    disk_full_for(_Patch(), os.environ["FAULT_DISK_FULL_FOR"])
   if os.environ.get("FAULT_SAVE_DELAY_S"):
     slow_saves(_Patch(), float(os.environ["FAULT_SAVE_DELAY_S"]))
   if os.environ.get("FAULT_SIGNAL_AT_STEP"):

@@ -1,5 +1,7 @@
 """txf.runtime: when the txf command re-executes itself under tcmalloc, and that it really does."""
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -52,3 +54,26 @@ def test_txf_command_runs_under_tcmalloc_and_system_malloc_on_request():
   assert r.returncode == 0 and "allocator: tcmalloc" in r.stdout, r.stderr
   r = run_txf("info", env={**env, "TXF_MALLOC": "system"})
   assert r.returncode == 0 and "allocator: system" in r.stdout, r.stderr
+
+
+def test_xla_knows_reads_the_flag_names_a_library_registers(tmp_path):
+  lib = tmp_path / "libfake.so"
+  lib.write_bytes(b"\x7fELF junk\x00xla_cpu_old_flag\x00more\x00xla_backend_optimization_level\x00"
+                  b"\n\x1bxla_only_a_proto_field\x18")
+  assert runtime.xla_knows("--xla_cpu_old_flag=false", [str(lib)])
+  assert runtime.xla_knows("xla_backend_optimization_level", [str(lib)])
+  assert not runtime.xla_knows("--xla_cpu_old", [str(lib)])                  # a prefix is not a flag
+  assert not runtime.xla_knows("--xla_only_a_proto_field=1", [str(lib)])     # not registered as a flag
+
+
+def test_add_xla_flags_passes_only_what_the_installed_xla_knows():
+  env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  left_out = runtime.add_xla_flags("--xla_backend_optimization_level=0", "--xla_txf_no_such_flag=1",
+                                   environ=env)
+  assert left_out == ["--xla_txf_no_such_flag=1"]
+  assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+  # XLA starts with what was kept (an unknown flag would abort the process)
+  code = "import jax; print(len(jax.devices()))"
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu", **env})
+  assert r.returncode == 0 and r.stdout.strip() == "2", r.stderr[-2000:]

@@ -133,3 +133,22 @@ def test_ragged_greedy_matches_the_teacher_forced_forward(lm):
     seq = jnp.asarray([p + list(got[b])], jnp.int32)
     logits = model.apply({"params": params}, seq)  # BOS is prepended by the model (shifted right)
     np.testing.assert_array_equal(np.argmax(logits[0, len(p):], -1), got[b])
+
+
+def test_generation_never_samples_ids_that_are_no_text():
+  """txf.inference.decoding.text_logits_fn: PAD, BOS and UNK (U+FFFD for a character model) are
+  never drawn, even when the model puts almost all its mass on them; the other ids keep their
+  relative probabilities (here uniform), so every other id still appears."""
+  from txf.inference.decoding import NEVER_SAMPLED, text_logits_fn
+  vocab = 8
+  bias = jnp.zeros(vocab).at[jnp.asarray(NEVER_SAMPLED)].set(20.0).at[2].set(-1e9)  # EOS off too
+
+  def logits_fn(ids, cache):
+    return jnp.broadcast_to(bias, (ids.shape[0], vocab)), cache
+
+  prompt = jnp.full((16, 1), 5, jnp.int32)
+  raw = np.asarray(sample(logits_fn, jnp.zeros(()), prompt, jax.random.key(0), 12))
+  assert set(raw.ravel()) & set(NEVER_SAMPLED)   # without the mask they dominate
+  out = np.asarray(sample(text_logits_fn(logits_fn), jnp.zeros(()), prompt, jax.random.key(0), 12))
+  assert not set(out.ravel()) & set(NEVER_SAMPLED)
+  assert set(out.ravel()) == {4, 5, 6, 7}

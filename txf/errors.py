@@ -20,3 +20,25 @@ EXIT_RESUMABLE = 75
 
 class TxfError(Exception):
   """Bad input, found on purpose by txf: the message names the problem and the fix."""
+
+
+# How libraries word the disk failures of OSError errnos (ENOSPC 28, EDQUOT 122, EROFS 30) when they
+# re-raise them as other types: TensorStore (orbax's array writer) raises ValueError with the OS text.
+DISK_FAILURE_TEXTS = {"no space left on device": 28, "disk quota exceeded": 122,
+                      "read-only file system": 30}
+
+
+def disk_errno_of(exc: BaseException) -> int:
+  """The errno of a disk failure (full, over quota, read-only) behind ``exc``, else 0: an OSError's
+  errno in (28, 122, 30), or such a failure's text in any exception of its cause/context chain."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    seen.add(id(exc))
+    if isinstance(exc, OSError) and exc.errno in (28, 122, 30):
+      return exc.errno
+    text = str(exc).lower()
+    for phrase, number in DISK_FAILURE_TEXTS.items():
+      if phrase in text:
+        return number
+    exc = exc.__cause__ or exc.__context__
+  return 0

@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from txf.errors import disk_errno_of
+
 TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                "/usr/local/lib")
@@ -59,7 +61,12 @@ class LibraryFilter:
   def filter(self, record) -> bool:
     import logging
     if record.levelno >= logging.ERROR:
-      return True
+      # a library's report of a full or read-only disk (orbax's background save logs it with its
+      # traceback): txf reports it as one txf: error line when the failure reaches its caller
+      # (and its abandoned metadata thread, which fails once the interpreter shuts down)
+      exc = record.exc_info[1] if record.exc_info else None
+      return not (exc is not None and (disk_errno_of(exc) or (
+          isinstance(exc, RuntimeError) and "cannot schedule new futures after" in str(exc))))
     return record.levelno >= logging.WARNING and record.pathname.startswith(self.package_dir)
 
 
@@ -78,6 +85,19 @@ def quiet_logging() -> None:
   for h in logging.getLogger().handlers:  # handlers other than absl's (set up by a library)
     if h is not handler and not any(isinstance(f, LibraryFilter) for f in h.filters):
       h.addFilter(LibraryFilter())
+
+
+def quiet_script_logging() -> None:
+  """For ``python -m txf.X`` scripts (no txf command around them): libraries' log records below
+  ERROR are dropped (absl WARNING lines from tfds, grain or orbax), txf's own warnings stay."""
+  import logging
+  from absl import logging as absl_logging
+  handler = absl_logging.get_absl_handler()
+  for h in [handler, *logging.getLogger().handlers]:
+    if not any(isinstance(f, LibraryFilter) for f in h.filters):
+      h.addFilter(LibraryFilter())
+  if not logging.getLogger().handlers:  # absl's handler is installed by app.run; scripts add it
+    logging.getLogger().addHandler(handler)
 
 
 def allocator() -> str:
@@ -132,3 +152,44 @@ def maybe_reexec_with_tcmalloc(argv: List[str]) -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(new_argv[0], new_argv, env)
+
+
+def _xla_libraries() -> List[str]:
+  """The installed jaxlib's shared libraries (where XLA's flag table lives), found without importing
+  jax: XLA reads ``XLA_FLAGS`` once, when its backend starts, so flags must be settled before."""
+  import glob
+  import importlib.util
+  spec = importlib.util.find_spec("jaxlib")
+  if spec is None or not spec.submodule_search_locations:
+    return []
+  out = []
+  for d in spec.submodule_search_locations:
+    out += glob.glob(os.path.join(d, "**", "*.so"), recursive=True)
+  return sorted(out)
+
+
+def xla_knows(flag: str, libraries: Optional[Sequence[str]] = None) -> bool:
+  """Whether the installed XLA defines ``flag`` (``--xla_name=value`` or ``xla_name``): its name is a
+  string of jaxlib's libraries, as each flag registers it (not only a field of the options proto). XLA aborts the process on a flag it does not know (e.g.
+  ``--xla_cpu_use_fusion_emitters``, gone from jaxlib 0.12), so version-dependent flags go through this."""
+  import mmap
+  name = b"\0" + flag.lstrip("-").split("=", 1)[0].encode() + b"\0"  # the C string a flag registers
+  for path in _xla_libraries() if libraries is None else libraries:
+    try:
+      with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < len(name):
+          continue
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+          if m.find(name) >= 0:
+            return True
+    except (OSError, ValueError):
+      continue
+  return False
+
+
+def add_xla_flags(*flags: str, environ=os.environ) -> List[str]:
+  """Append to ``XLA_FLAGS`` those of ``flags`` the installed XLA knows (xla_knows); returns the
+  ones left out. Call before JAX starts its backend."""
+  known = [f for f in flags if xla_knows(f)]
+  environ["XLA_FLAGS"] = " ".join([environ.get("XLA_FLAGS", "").strip(), *known]).strip()
+  return [f for f in flags if f not in known]

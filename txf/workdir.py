@@ -21,7 +21,7 @@ import numpy as np
 from flax import serialization
 
 from txf.config import _flatten, base_config
-from txf.errors import TxfError
+from txf.errors import TxfError, disk_errno_of
 
 # Fields that may change between a run and its resumption (length of the run, logging, decoding).
 RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_every",
@@ -55,20 +55,67 @@ _DISK_ERRNOS = {
 
 def disk_error_of(exc: BaseException) -> Optional[OSError]:
   """The OSError with a disk errno (full, read-only, no permission) behind ``exc`` (itself, or its
-  cause/context chain, as libraries such as orbax re-raise it), or None."""
-  seen = set()
+  cause/context chain, as libraries such as orbax re-raise it), or None. A full disk that a library
+  reports as another type (TensorStore's ValueError from orbax's background save) counts too."""
+  seen, first = set(), exc
   while exc is not None and id(exc) not in seen:
     seen.add(id(exc))
     if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS and not isinstance(exc, DiskError):
       return exc
     exc = exc.__cause__ or exc.__context__
-  return None
+  number = 0 if isinstance(first, DiskError) else disk_errno_of(first)
+  return OSError(number, os.strerror(number)) if number else None
+
+
+def _mount_of(path: str) -> Tuple[str, str]:
+  """(device, mount point) of the file system holding ``path`` (/proc/mounts; ("", "") elsewhere)."""
+  path = os.path.realpath(path)
+  best = ("", "")
+  try:
+    with open("/proc/mounts", encoding="utf-8") as f:
+      for line in f:
+        device, mount = line.split()[:2]
+        if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best[1]):
+          best = (device, mount)
+  except OSError:
+    pass
+  return best
+
+
+def _size_of(path: str) -> int:
+  """Bytes of the files under ``path`` (a file's own size; 0 if absent)."""
+  if os.path.isfile(path):
+    return os.path.getsize(path)
+  total = 0
+  for root, _, files in os.walk(path):
+    for name in files:
+      try:
+        total += os.path.getsize(os.path.join(root, name))
+      except OSError:
+        pass
+  return total
+
+
+def full_disk_message(path: str, need_bytes: int = 0, elsewhere: str = "--workdir") -> str:
+  """'no space left on DEVICE (mounted on M, F GiB free): free N GiB there or choose another
+  --workdir, ...': N is ``need_bytes`` (what the write needs), at least 0.01."""
+  device, mount = _mount_of(path)
+  try:
+    free = shutil.disk_usage(mount or ".").free
+  except OSError:
+    free = 0
+  where = f"{device} (mounted on {mount}, {free / 2**30:.2f} GiB free)" if mount else "the device"
+  return (f"no space left on {where}: free {max(need_bytes / 2**30, 0.01):.2f} GiB there or choose "
+          f"another {elsewhere}, then run the same command again")
 
 
 @contextlib.contextmanager
-def disk_errors(path: str, what: str = "writing"):
+def disk_errors(path: str, what: str = "writing", need_bytes: Optional[int] = None,
+                elsewhere: str = "--workdir"):
   """Turn a disk failure (ENOSPC, EDQUOT, EROFS, EACCES, EPERM) raised inside the block into a
-  DiskError naming ``path`` and the fix; every other exception passes unchanged."""
+  DiskError naming ``path`` and the fix; every other exception passes unchanged. A full disk names
+  the device, its free space and what to free: ``need_bytes``, by default the size of ``path``, or
+  of its newest numbered subfolder (a checkpoint) when ``path`` is a checkpoints folder."""
   try:
     yield
   except DiskError:
@@ -78,6 +125,12 @@ def disk_errors(path: str, what: str = "writing"):
     if found is None:
       raise
     problem, fix = _DISK_ERRNOS[found.errno]
+    if found.errno in (errno.ENOSPC, errno.EDQUOT):
+      if need_bytes is None:
+        steps = sorted((int(n) for n in os.listdir(path) if n.isdigit()), reverse=True) \
+            if os.path.isdir(path) else []
+        need_bytes = _size_of(os.path.join(path, str(steps[0]))) if steps else _size_of(path)
+      raise DiskError(f"{what} {path}: {full_disk_message(path, need_bytes, elsewhere)}") from e
     raise DiskError(f"{what} {path}: {problem}; {fix}") from e
 
 
@@ -158,10 +211,11 @@ def _check_writable(workdir: str) -> None:
     os.remove(probe)
 
 
-def write_json(path: str, obj: Any) -> None:
-  """Write JSON atomically (temp file + rename): a crash never leaves half a file."""
+def write_json(path: str, obj: Any, elsewhere: str = "--workdir") -> None:
+  """Write JSON atomically (temp file + rename): a crash never leaves half a file; a full disk is a
+  DiskError whose fix names ``elsewhere`` (the flag that picks another place)."""
   tmp = f"{path}.tmp-{os.getpid()}"
-  with disk_errors(path):
+  with disk_errors(path, elsewhere=elsewhere):
     try:
       with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
@@ -176,7 +230,7 @@ def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
   path = os.path.join(workdir, name)
   tmp = f"{path}.tmp-{os.getpid()}"
   data = serialization.msgpack_serialize(jax.device_get(params))
-  with disk_errors(path):
+  with disk_errors(path, need_bytes=len(data)):
     try:
       with open(tmp, "wb") as f:
         f.write(data)

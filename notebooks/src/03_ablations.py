@@ -33,8 +33,8 @@ import time
 # XLA:CPU to compile fast and run slow: a smoke test, not a measurement.
 SMALL = os.environ.get("TXF_NOTEBOOK_SMALL", "").strip().lower() not in ("", "0", "false", "no")
 if SMALL:
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-                             " --xla_cpu_use_fusion_emitters=false").strip()
+  from txf.runtime import add_xla_flags  # only the flags this jaxlib's XLA knows (an unknown one is fatal)
+  add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
 print(f"small mode: {SMALL}; figures in {OUT}")

@@ -22,8 +22,11 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before XLA loads: no C++ INFO/WARNING lines
 
+import numpy as np  # noqa: E402
+
+from txf import runtime
 from txf.config import base_config
 from txf.data.real import make_real_task
 
@@ -79,6 +82,7 @@ def bench_mode(task, batches: int, batch_size: int, warmup: int = 5) -> Dict[str
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
   """Run every mode and print one line each; returns the rows."""
+  runtime.quiet_script_logging()
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--data", default="", help="Multi30k folder (default $TXF_DATA/multi30k)")
   parser.add_argument("--data_dir", default="", help="prepared-data cache (default ~/.cache/txf/tfds)")

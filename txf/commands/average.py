@@ -13,6 +13,7 @@ import os
 from absl import flags
 
 from txf.checkpoint import average_checkpoints
+from txf import workdir as workdir_lib
 from txf.errors import TxfError
 from txf.parallel import distributed
 
@@ -33,7 +34,21 @@ def main(argv):
     raise TxfError(f"no run directory {f.workdir}")
   path, steps = average_checkpoints(f.workdir, f.last, f.output, f.step)
   shown = f.output or os.path.basename(path)
-  what = "exported the parameters of the checkpoint at step" if f.step else \
-      "averaged the parameters of the checkpoints at steps"
-  print(f"{what} {steps} -> {path}\n"
-        f"use them with --params={shown} (txf eval / txf translate)")
+  if f.step:
+    done = f"exported the parameters of the checkpoint at step {steps[-1]}"
+  else:
+    done = f"averaged the parameters of the checkpoints at steps {', '.join(map(str, steps))}"
+  print(f"{done} -> {path}\nuse them with --params={shown} ({users(f.workdir)})")
+
+
+USERS = {"encoder_decoder": "txf eval / txf translate", "encoder_classifier": "txf eval / txf classify",
+         "decoder_lm": "txf eval / txf generate"}
+
+
+def users(workdir: str) -> str:
+  """The commands that take a run's --params, for its model family (config.json)."""
+  try:
+    family = workdir_lib.load_config(workdir).model.family
+  except Exception:  # pylint: disable=broad-except  # an unreadable config: name only txf eval
+    family = None
+  return USERS.get(family, "txf eval")

@@ -51,6 +51,13 @@ def _one_line(e: Exception) -> str:
   return " ".join(str(e).split())
 
 
+def eval_advice(message: str) -> str:
+  """A data error's advice in txf eval's own flags: eval takes no --config.FIELD overrides; its
+  --data_path is the run's data.path (the folder holding the dataset, or the dataset's own)."""
+  return message.replace("set --config.data.path=", "pass --data_path=").replace(
+      "--config.data.path=", "--data_path=")
+
+
 def _split(run, wanted):
   """The split to score, checked against the data (opened here, from the run's data or
   --data_path): a missing split or missing data is a TxfError naming --data_path."""
@@ -61,8 +68,8 @@ def _split(run, wanted):
       run.task.split_name(split)
   except DataError as e:
     raise TxfError(f"txf eval reads the split it scores from the run's data (data.source="
-                   f"{run.config.data.source!r}): {_one_line(e)}; if the data has moved, pass "
-                   f"--data_path=/where/it/is/now") from None
+                   f"{run.config.data.source!r}): {eval_advice(_one_line(e))}; if the data has moved, "
+                   f"pass --data_path=/where/it/is/now") from None
   return split
 
 
@@ -98,6 +105,6 @@ def main(argv):
       max_examples=f.max_examples, batch_size=f.batch_size,
       progress=inference.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every),
       bleu_protocol=f.bleu or run.config.get("bleu_protocol", "sacrebleu"))
-  workdir_lib.write_json(path, report)
+  workdir_lib.write_json(path, report, elsewhere="--output")
   print(json.dumps(report, indent=2, sort_keys=True))
   print(f"report written to {path}", file=sys.stderr)

@@ -15,11 +15,14 @@ dataset's metadata. No TensorFlow is imported: array_record is written and read 
 Python writers and ``ArrayRecordDataSource``.
 """
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
+import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
@@ -229,6 +232,22 @@ class Prepared:
   path: str                         # the prepared dataset's directory
 
 
+@contextlib.contextmanager
+def quiet_tfds():
+  """tfds without its own output while it prepares: no tqdm bars (raw escape codes off a terminal)
+  and none of the lines it prints to stdout ("Downloading and preparing dataset ...", "Dataset ...
+  downloaded and prepared ..."); txf says in one line what was prepared (say_prepared)."""
+  tfds.disable_progress_bar()
+  with contextlib.redirect_stdout(io.StringIO()):
+    yield
+
+
+def say_prepared(name: str, sources: Mapping[str, Sequence[Any]], path: str) -> None:
+  """The one line on stderr of a preparation: 'txf: prepared NAME: train 29,000, val 1,014 examples -> PATH'."""
+  counts = ", ".join(f"{split} {len(src):,}" for split, src in sources.items())
+  print(f"txf: prepared {name}: {counts} examples -> {path}", file=sys.stderr)
+
+
 def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepared:
   """Prepare (once) and open the local text in ``directory`` as tfds array_record data sources."""
   cls = BUILDERS[spec["kind"]]
@@ -240,11 +259,14 @@ def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepar
   prepared_now = not os.path.isfile(os.path.join(path, "dataset_info.json"))
   if prepared_now:
     logging.info("preparing %s (%s) as array_record under %s", directory, spec["kind"], data_dir)
-  sources = tfds.data_source(      # prepares once (a no-op when prepared), then opens every split
-      cls.name, data_dir=data_dir, builder_kwargs={"config": config, "file_format": FILE_FORMAT},
-      download_and_prepare_kwargs={
-          "file_format": FILE_FORMAT,
-          "download_config": tfds.download.DownloadConfig(try_download_gcs=False)})
+  with quiet_tfds():
+    sources = tfds.data_source(    # prepares once (a no-op when prepared), then opens every split
+        cls.name, data_dir=data_dir, builder_kwargs={"config": config, "file_format": FILE_FORMAT},
+        download_and_prepare_kwargs={
+            "file_format": FILE_FORMAT,
+            "download_config": tfds.download.DownloadConfig(try_download_gcs=False)})
   sources = {str(k): v for k, v in sources.items()}
+  if prepared_now:
+    say_prepared(slug or directory, sources, path)
   metadata = dict(next(iter(sources.values())).dataset_info.metadata or {})
   return Prepared(sources, metadata, fingerprint, prepared_now, path)

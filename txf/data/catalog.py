@@ -27,8 +27,11 @@ from absl import logging
 import numpy as np
 import tensorflow_datasets as tfds
 
+from txf import runtime
+from txf.data import builders
 from txf.data.builders import FILE_FORMAT, resolve_data_dir
 from txf.data.text import DataError
+from txf.errors import TxfError
 
 # base name -> (module that registers the builder, hosts its download uses)
 CATALOG = {
@@ -124,7 +127,7 @@ def prepare(name: str, data_dir: str,
       raise _not_prepared_error(name, data_dir, hosts)
     logging.info("preparing tfds:%s as %s under %s (downloads %s)", name, FILE_FORMAT, data_dir,
                  list(hosts))
-    with _without_tensorflow_patches(name):
+    with _without_tensorflow_patches(name), builders.quiet_tfds():
       builder.download_and_prepare(
           file_format=FILE_FORMAT,
           download_config=tfds.download.DownloadConfig(try_download_gcs=False))
@@ -192,11 +195,16 @@ def open_catalog(name: str, splits: Sequence[str], data_dir: str, src_lang: str,
 def main(argv: Optional[Sequence[str]] = None) -> None:
   """``python -m txf.data.catalog NAME [--data_dir DIR]``: prepare a catalog dataset for offline use."""
   import argparse
+  runtime.quiet_script_logging()
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument("name", help="e.g. wmt14_translate/de-en")
   parser.add_argument("--data_dir", default="", help="default: $TXF_DATA_DIR or ~/.cache/txf/tfds")
   args = parser.parse_args(argv)
-  builder = prepare(args.name, resolve_data_dir(args.data_dir))
+  try:
+    builder = prepare(args.name, resolve_data_dir(args.data_dir))
+  except TxfError as e:  # offline, an unknown name: one line, exit status 2
+    print(f"txf: error: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.exit(2)
   print(f"prepared {args.name} in {builder.data_path}")
 
 

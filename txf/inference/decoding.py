@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf import decode
-from txf.data.base import EOS_ID, PAD_ID, Task, pad_batch
+from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Task, pad_batch
 from txf.models.inference import expand_cache, init_cache, make_logits_fn, reorder_cache
 from txf.nn import TransformerConfig
 
@@ -93,6 +93,21 @@ def translate_texts(model_cfg: TransformerConfig, params, task: Task, sources: S
   return [task.decode_target(i) for i in ids]
 
 
+NEVER_SAMPLED = (PAD_ID, BOS_ID, UNK_ID)  # no text: padding, a start, an unknown character (U+FFFD)
+
+
+def text_logits_fn(logits_fn: Callable) -> Callable:
+  """``logits_fn`` with the logits of the ids that are no text (NEVER_SAMPLED) at -inf, so a sample
+  holds only real tokens and EOS: logits float32 [B, V] -> the same with those columns masked."""
+  banned = jnp.asarray(NEVER_SAMPLED)
+
+  def masked(ids, cache):
+    logits, cache = logits_fn(ids, cache)
+    return logits.at[:, banned].set(-jnp.inf), cache
+
+  return masked
+
+
 @functools.lru_cache(maxsize=8)
 def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len: int,
                      max_new_tokens: int, temperature: float, top_k: int, top_p: float):
@@ -100,7 +115,8 @@ def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len:
 
   def run_sampler(params, prompts, rng):
     cache = init_cache(model_cfg, params, num_samples, prompt_len + max_new_tokens)
-    return decode.sample(make_logits_fn(model_cfg, params), cache, prompts, rng, max_new_tokens,
+    return decode.sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, rng,
+                         max_new_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p)
 
   return jax.jit(run_sampler)
@@ -129,7 +145,8 @@ def compiled_ragged_sampler(model_cfg: TransformerConfig, rows: int, prompt_len:
 
   def run_sampler(params, prompts, lengths, keys):
     cache = init_cache(model_cfg, params, rows, prompt_len + max_new_tokens)
-    return decode.sample(make_logits_fn(model_cfg, params), cache, prompts, keys, max_new_tokens,
+    return decode.sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, keys,
+                         max_new_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p,
                          prompt_lengths=lengths)
 

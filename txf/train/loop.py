@@ -91,6 +91,15 @@ class LoopState:
   # (step, metrics on device) not yet given to the guards (``check_steps``)
 
 
+def batch_phrase(config) -> str:
+  """What one step trains on, for the run's header: rows, or a token budget when the rows of each
+  batch come from ``data.tokens_per_batch`` (tokens_per_batch // the bucket's length)."""
+  tokens = config.data.get("tokens_per_batch", 0)
+  if tokens and tokens > 0:
+    return f"{tokens:,} tokens (data.tokens_per_batch)"
+  return f"{config.batch_size}"
+
+
 def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
           loss_fn: Optional[LossFn] = None, model: Optional[ModelBuilder] = None
           ) -> Dict[str, float]:
@@ -166,7 +175,7 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   check_splits(config, abstract_state.params, axes, jax.device_count())  # before any compile
   say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
       f"data {config.data.source}, "
-      f"{config.num_train_steps} steps of {config.batch_size} on {jax.device_count()} "
+      f"{config.num_train_steps} steps of {batch_phrase(config)} on {jax.device_count()} "
       f"{jax.devices()[0].platform} device(s) -> {workdir}")
   smoothing = config.optimizer.label_smoothing
   runner = make_runner(
@@ -375,9 +384,14 @@ def _restore_target(runner, abstract_state):
 
 
 def _write_plots(workdir: str, say) -> None:
+  """The run's plots; a full or read-only disk is a DiskError (params.msgpack is written by then, so
+  running the command again after freeing space writes them), any other failure a warning."""
   from txf import viz  # deferred: matplotlib takes a second to import
   try:
-    paths = viz.write_run_plots(workdir)
+    with workdir_lib.disk_errors(workdir, "writing the plots to", need_bytes=1 << 20):
+      paths = viz.write_run_plots(workdir)
     say("plots: " + ", ".join(paths))
+  except workdir_lib.DiskError:
+    raise
   except Exception as e:  # a plotting failure must not lose a finished run
     say(f"warning: could not write plots: {e}")

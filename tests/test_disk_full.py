@@ -1,0 +1,148 @@
+"""A disk that fills while txf writes: one ``txf: error:`` line, exit 2, nothing lost, resumable.
+
+The faults come from outside txf (tests/faults.py, run as ``python -m tests.faults <txf command>``):
+the disk fills in orbax's background checkpoint write (the failure surfaces in another thread,
+after ``save`` returned), or files named ``params.msgpack``, ``loss_curves.png`` or an eval report
+cannot be written. After space is back (the same command without the fault) the run resumes and
+ends bit-identical to a run that never failed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import EXPERIMENTS, ROOT, run_txf
+
+COPY = os.path.join(EXPERIMENTS, "copy.py")
+TINY = ("--progress=false", "--config.num_train_steps=6", "--config.log_every=2",
+        "--config.checkpoint_every=2", "--config.keep_checkpoints=0", "--config.decode_examples=4",
+        "--config.model.d_model=16", "--config.model.d_ff=32", "--config.batch_size=8")
+
+
+def train(workdir, **faults):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TXF_MALLOC": "system", **faults}
+  return subprocess.run([sys.executable, "-m", "tests.faults", "train", "--config", COPY,
+                         "--workdir", str(workdir), *TINY],
+                        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+
+
+def one_full_disk_line(r, what, path, elsewhere="--workdir"):
+  """The single stderr line of a full disk: exit 2, no traceback, no library log lines."""
+  assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+  lines = [line for line in r.stderr.splitlines()
+           if line.strip() and not line.startswith("process 0: the loop ended")]
+  assert len(lines) == 1, r.stderr[-5000:]
+  line = lines[0]
+  assert line.startswith(f"txf: error: {what} {path}: no space left on "), line
+  assert f"GiB there or choose another {elsewhere}, then run the same command again" in line, line
+  return line
+
+
+def finished_steps(workdir):
+  ckpt = os.path.join(workdir, "checkpoints")
+  return sorted(int(n) for n in os.listdir(ckpt) if n.isdigit())
+
+
+def metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  for r in rows:
+    r.pop("tokens_per_second", None)
+  return rows
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("disk") / "uninterrupted"
+  r = train(workdir)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return workdir
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_an_async_checkpoint_is_one_line_and_resumes_bit_exactly(
+    tmp_path, uninterrupted):
+  workdir = tmp_path / "w"
+  r = train(workdir, FAULT_DISK_FULL_IN_ASYNC_SAVE="4")
+  one_full_disk_line(r, "saving a checkpoint to", workdir / "checkpoints")
+  assert finished_steps(workdir) == [2]  # the last complete checkpoint is kept; 4 never looks done
+  assert not (workdir / "params.msgpack").exists()
+  r = train(workdir)  # space is back: the same command resumes from step 2
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert metrics(workdir) == metrics(uninterrupted)
+  assert (workdir / "params.msgpack").read_bytes() == (uninterrupted / "params.msgpack").read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,what", [("params.msgpack", "writing"),
+                                       ("loss_curves.png", "writing the plots to")])
+def test_a_full_disk_at_the_end_of_training_is_one_line_and_the_same_command_finishes(
+    tmp_path, uninterrupted, name, what):
+  workdir = tmp_path / "w"
+  r = train(workdir, FAULT_DISK_FULL_FOR=name)
+  path = workdir / name if name == "params.msgpack" else workdir
+  one_full_disk_line(r, what, path)
+  assert finished_steps(workdir)[-1] == 6  # the final checkpoint is written before
+  r = train(workdir)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert (workdir / "params.msgpack").read_bytes() == (uninterrupted / "params.msgpack").read_bytes()
+  assert (workdir / "loss_curves.png").is_file()
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_writing_an_eval_report_is_one_line_naming_output(tmp_path, uninterrupted):
+  report = tmp_path / "report.json"
+  env = {"FAULT_DISK_FULL_FOR": "report.json", "TXF_MALLOC": "system"}
+  r = subprocess.run([sys.executable, "-m", "tests.faults", "eval", "--workdir", str(uninterrupted),
+                      "--output", str(report), "--max_examples=4"], capture_output=True, text=True,
+                     timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu", **env}, cwd=ROOT)
+  one_full_disk_line(r, "writing", report, "--output")
+  assert not report.exists() and not [p for p in os.listdir(tmp_path) if p.startswith("report.json")]
+  assert run_txf("eval", "--workdir", str(uninterrupted), "--output", str(report),
+                 "--max_examples=4").returncode == 0
+  assert json.loads(report.read_text())
+
+
+def test_orbax_background_failure_of_a_full_disk_is_a_disk_error_and_its_logs_are_dropped(
+    tmp_path, monkeypatch):
+  """The same fault without a training run: orbax really fails in its background thread, the error
+  reaches the caller at the next wait, the checkpoint before stays, and txf's log filter drops
+  orbax's traceback records of it."""
+  import logging
+  import numpy as np
+  from tests import faults
+  from txf import runtime
+  from txf import workdir as workdir_lib
+  from txf.checkpoint import Checkpointer
+  from txf.config import base_config
+
+  records = []
+
+  class Keep(logging.Handler):
+    def emit(self, record):
+      records.append(record)
+
+  handler = Keep(level=logging.DEBUG)
+  handler.addFilter(runtime.LibraryFilter())
+  logging.getLogger().addHandler(handler)
+  try:
+    faults.disk_full_in_async_save(monkeypatch, 4)
+    config = base_config()
+    config.keep_checkpoints = 0
+    ckpt = Checkpointer(str(tmp_path), config)
+    state = {"w": np.arange(6, dtype=np.float32), "step": np.int32(0)}
+    ckpt.save(2, state, {"position": 2})
+    ckpt.wait()
+    ckpt.save(4, state, {"position": 4})  # returns: the write fails later, in orbax's thread
+    with pytest.raises(workdir_lib.DiskError, match="no space left on .* GiB there or choose another"):
+      with workdir_lib.disk_errors(ckpt.directory, "saving a checkpoint to"):
+        ckpt.wait()
+    ckpt.close()
+  finally:
+    logging.getLogger().removeHandler(handler)
+  assert ckpt.all_steps() == [2]
+  assert sorted(os.listdir(ckpt.directory))[0] == "2"
+  assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]

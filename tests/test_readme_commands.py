@@ -1,0 +1,426 @@
+"""Every shell command the documentation shows is run here, or listed here as not run in CI with why.
+
+The documents are README.md, notebooks/README.md, docs/**/*.md and experiments/*.md; their commands are
+the lines of their ```bash (sh, shell, console) blocks, continuation lines joined and a trailing
+`# comment` dropped. Each command must be a key of exactly one table below:
+
+* ``RUN``: executed, in document order, by ``test_the_readme_runs_in_order_from_a_fresh_clone`` in a
+  folder laid out like a fresh clone (``experiments/`` beside it, ``../shared/data`` a tiny stand-in of
+  the shared data), with the value's arguments appended to its ``txf`` call to shorten it (steps,
+  eval_every, small sizes). Later commands use what earlier ones made (``runs/default``, ...).
+* ``NOT_RUN``: not run in CI; the value says why (a download, hours of compute, an accelerator, a
+  cluster, a duplicate of a run command with one flag changed). Their ``txf`` subcommands, flags,
+  config files and ``--config.FIELD`` names are still checked against ``txf <cmd> --help`` and
+  txf/config.py (``test_every_txf_call_names_commands_flags_and_fields_that_exist``), and so are
+  ``python -m txf.X`` modules and their flags.
+
+A new command in a document: add it to RUN (if it runs in a few seconds once shortened) or NOT_RUN.
+The notebooks' calls run in tests/test_notebooks.py.
+"""
+
+import functools
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import test_data_fixtures as fx
+from tests.conftest import ROOT
+from txf import cli
+from txf import config as config_lib
+
+DOCUMENTS = ["README.md", "notebooks/README.md", "docs/**/*.md", "experiments/*.md"]
+SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
+
+# Arguments that shorten a run of each experiment to seconds (tiny model, a few steps, one evaluation).
+_TINY = "--progress=false --config.num_train_steps=4 --config.log_every=2 --config.time_limit_minutes=0"
+TINY_TRANSLATE = (f"{_TINY} --config.eval_every=4 --config.checkpoint_every=4 --config.model.d_model=32 "
+                  "--config.model.num_heads=2 --config.model.d_ff=64 --config.model.num_encoder_layers=1 "
+                  "--config.model.num_decoder_layers=1 --config.decode_examples=4 --config.num_samples=1")
+TINY_MULTI30K = (f"{TINY_TRANSLATE} --config.data.vocab_size=300 --config.data.tokens_per_batch=512 "
+                 "--config.batch_size=8")
+TINY_SST2 = (f"{_TINY} --config.eval_every=2 --config.checkpoint_every=2 --config.model.d_model=32 "
+             "--config.model.d_ff=64 --config.model.num_encoder_layers=1 --config.data.vocab_size=200 "
+             "--config.batch_size=8 --config.optimizer.cooldown_steps=0")
+TINY_CHAR = (f"{_TINY} --config.eval_every=4 --config.checkpoint_every=4 --config.eval_batches=1 "
+             "--config.batch_size=4 --config.data.max_target_len=32 --config.model.max_len=64 "
+             "--config.model.d_model=32 --config.model.num_heads=2 --config.model.d_ff=64 "
+             "--config.model.num_decoder_layers=1 --config.optimizer.cooldown_steps=0 --config.num_samples=1")
+
+# command as written -> arguments the test appends to its txf call ("" = run exactly as written).
+# A value may also be a tuple (appended arguments, text of the command to leave out), for a command
+# whose first part the test environment has already done (an install).
+RUN = {
+    # Quick start: the install has happened (this is the installed txf); the default run, shortened
+    "pip install -e . && txf train": (TINY_TRANSLATE, "pip install -e . && "),
+    # Real data
+    "TXF_DATA=../shared/data txf train --config experiments/multi30k_en_de.py": TINY_MULTI30K,
+    "TXF_DATA=../shared/data txf train --config experiments/sst2.py": TINY_SST2,
+    "TXF_DATA=../shared/data txf train --config experiments/shakespeare_char.py": TINY_CHAR,
+    # Decoding and evaluation, on the runs made above
+    "printf 'the big dog sees a small cat\\nthe small cats see the dog\\n' > sources.txt": "",
+    "txf translate --workdir runs/default --beam 4 --alpha 0.6 < sources.txt > hyps.txt": "",
+    'echo "the big dog sees a small cat" | txf translate --workdir runs/default': "",
+    "txf eval --workdir runs/default --split test --beam 4": "--max_examples=8",
+    "txf eval --workdir runs/sst2 --split dev": "",
+    "echo \"it 's a charming and often affecting journey .\" | txf classify --workdir runs/sst2": "",
+    'txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --temperature 0.8 --top_p 0.95':
+        "--max_new_tokens=16",
+    'txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --prompt "JULIET: O" --num_samples 2':
+        "--max_new_tokens=16",
+    "cp -r ../shared/data/multi30k moved-multi30k": "",
+    "txf eval --workdir runs/multi30k_en_de --data_path moved-multi30k": "--max_examples=8",
+    "txf eval --workdir runs/default --output report.json": "--max_examples=8",
+    "txf average-checkpoints --workdir runs/sst2 --step best": "",
+    "txf eval --workdir runs/sst2 --split dev --params params_best.msgpack": "",
+    "TXF_DATA=../shared/data python -m txf.bench.data": "--batches=2 --batch_size=8",
+}
+
+A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag changed: tests/test_train_e2e.py"
+NOT_RUN = {
+    "pip install -e '.[test]' && pytest -n 2 -q": "the whole test suite: what CI runs (.ci/run)",
+    "txf train --config experiments/default.py --workdir runs/h2 --config.model.num_heads=2 --config.seed=1":
+        A_RUN_WITH_ONE_FLAG,
+    "txf train --config experiments/copy.py --workdir runs/copy": "tests/test_train_e2e.py trains copy.py",
+    "txf train --config experiments/default.py --workdir runs/preln --config.model.pre_ln=True "
+    "--config.model.positional=learned": A_RUN_WITH_ONE_FLAG,
+    "txf train --config experiments/default.py --workdir runs/pmap --config.parallelism=pmap":
+        "several devices: tests/test_parallel.py and the runner x family matrix test run pmap on 8 CPU devices",
+    "txf train --config experiments/default.py --workdir runs/mesh --config.parallelism=mesh "
+    "--config.mesh_shape='(4,1,2)'": "8 devices: tests/test_parallel.py and the matrix test run this mesh",
+    "txf train --config experiments/default.py --workdir runs/fsdp --config.parallelism=mesh "
+    "--config.mesh_shape='(1,-1,1)'": "several devices: tests/test_parallel.py and the matrix test run fsdp",
+    "XLA_FLAGS=--xla_force_host_platform_device_count=8 txf train --config experiments/default.py "
+    "--workdir runs/pmap8 --config.parallelism=pmap": "8 fake devices: the matrix test runs pmap on them",
+    "python launch/local.py -n 2 -d 2 -- txf train --config experiments/default.py --config.parallelism=mesh "
+    "--workdir runs/mp": "2 processes: tests/test_multiprocess.py runs them on 127.0.0.1",
+    "launch/tpu_pod.sh TPU_NAME ZONE --config=experiments/wmt14_en_de_base.py --config.parallelism=mesh "
+    "--workdir=/mnt/shared/runs/pod": "a TPU pod and a download",
+    "sbatch launch/slurm.sbatch --config=experiments/wmt14_en_de_base.py --config.parallelism=mesh "
+    "--workdir=/shared/runs/base": "a SLURM cluster and a download",
+    "txf plan --config experiments/wmt14_en_de_1b.py --devices 64 --json plan.json":
+        "minutes of compiling a 1B model for 64 devices: tests/test_plan.py plans small configs",
+    "txf plan --config experiments/wmt14_en_de_base.py --devices 8 --config.parallelism=mesh "
+    "--config.mesh_shape='(1,-1,1)' --device_peak_tflops=197 --mfu=0.4":
+        "a minute of compiling: tests/test_plan.py plans small configs with these flags",
+    "pip install -e '.[test]' jupyterlab && jupyter lab notebooks/": "an interactive notebook server",
+    "TXF_NOTEBOOK_SMALL=1 pytest tests/test_notebooks.py": "tests/test_notebooks.py is part of the suite",
+    "pip install -e '.[test]'": "the install: done before the tests run",
+    "jupyter lab notebooks/": "an interactive notebook server",
+    "jupytext --sync notebooks/src/*.py": "rewrites the notebooks: tests/test_notebooks.py checks they are in sync",
+    "txf bench": "minutes of benchmarking: tests/test_bench.py runs it shrunk",
+    "txf bench --configs base --dtypes float32,bfloat16 --attention_impls reference,fused --output bench.json":
+        "minutes of benchmarking: tests/test_bench.py runs it shrunk",
+    "python -m txf.bench.decode --config small": "a benchmark: tests/test_bench.py",
+    "python -m txf.bench.memory": "a benchmark: tests/test_bench.py",
+    "python -m txf.bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":
+        "the peers' own venv with torch and a Flax WMT copy (BENCHMARKS.md)",
+    "python -m txf.bench.peers ... --systems txf,flax-wmt,torch-eager,marian,txf-bf16,torch-bf16,"
+    "txf-attn-dropout --before_tree OLD_CHECKOUT": "the peers' own venv with torch and an old checkout",
+    "python -m txf.bench.dropout --masks": "a benchmark: tests/test_dropout.py checks the masks",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def documented_commands():
+  """[(document, line, command)] of every shell command in DOCUMENTS, in document order."""
+  paths = []
+  for pattern in DOCUMENTS:
+    paths += sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True))
+  out = []
+  for path in dict.fromkeys(paths):
+    out += [(os.path.relpath(path, ROOT), line, cmd) for line, cmd in shell_commands(path)]
+  return out
+
+
+def shell_commands(path):
+  """(line, command) of each command in the shell code blocks of one Markdown file."""
+  out, language, pending, start = [], None, "", 0
+  with open(path, encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  for number, line in enumerate(lines, 1):
+    text = line.strip()
+    if text.startswith("```"):
+      language = (text[3:].strip() or "text") if language is None else None
+      continue
+    if language not in SHELL_LANGUAGES:
+      continue
+    if not pending:
+      start = number
+      if not text or text.startswith("#"):
+        continue
+    if text.endswith("\\"):
+      pending += text[:-1].strip() + " "
+      continue
+    out.append((start, normalise(pending + text)))
+    pending = ""
+  return out
+
+
+def normalise(command):
+  """The command without its trailing ``# comment`` and with runs of spaces collapsed."""
+  words = []
+  lexer = shlex.shlex(command, posix=False, punctuation_chars="|&;<>")
+  lexer.whitespace_split = True
+  lexer.commenters = "#"
+  for word in lexer:
+    words.append(word)
+  return " ".join(words)
+
+
+def test_every_documented_command_is_run_or_listed_as_not_run():
+  missing = [f"{doc}:{line}: {cmd}" for doc, line, cmd in documented_commands()
+             if cmd not in RUN and cmd not in NOT_RUN]
+  assert not missing, (
+      "these documented commands are neither run nor listed as not run in tests/test_readme_commands.py: "
+      "add each to RUN (with arguments that shorten it) or to NOT_RUN (with why CI cannot run it):\n  "
+      + "\n  ".join(missing))
+  both = sorted(set(RUN) & set(NOT_RUN))
+  assert not both, f"listed both as run and as not run: {both}"
+
+
+def test_every_listed_command_is_still_documented():
+  documented = {cmd for _, _, cmd in documented_commands()}
+  stale = [cmd for cmd in list(RUN) + list(NOT_RUN) if cmd not in documented]
+  assert not stale, ("tests/test_readme_commands.py lists commands no document shows any more "
+                     f"(remove them, or fix the document): {stale}")
+
+
+# -- the txf commands, flags and fields a command names exist --------------------------------------
+
+COMMON_FLAGS = {"v", "verbosity", "verbose_errors", "help", "helpshort", "helpfull", "version"}
+LAUNCHERS = ("launch/tpu_pod.sh", "launch/slurm.sbatch")  # the flags after these are txf train's
+
+
+def txf_calls(command):
+  """[(subcommand or 'python -m MODULE', [args])] of every txf call in a shell command."""
+  words = shlex.split(command, comments=True)
+  segments, current = [], []
+  for w in words:
+    if w in ("|", "&&", "||", ";", "<", ">", "2>", ">>"):
+      segments.append(current)
+      current = []
+    else:
+      current.append(w)
+  segments.append(current)
+  calls = []
+  for seg in segments:
+    while seg and re.match(r"^[A-Z_][A-Z0-9_]*=", seg[0]):
+      seg = seg[1:]  # VAR=value prefixes
+    if "txf" in seg:
+      i = seg.index("txf")
+      if i + 1 < len(seg) and not seg[i + 1].startswith("-"):
+        calls.append((seg[i + 1], seg[i + 2:]))
+      else:
+        calls.append(("", seg[i + 1:]))
+    elif len(seg) >= 3 and seg[0].startswith("python") and seg[1] == "-m" and seg[2].startswith("txf."):
+      calls.append((f"python -m {seg[2]}", seg[3:]))
+    elif any(w.endswith(LAUNCHERS) for w in seg):
+      i = next(i for i, w in enumerate(seg) if w.endswith(LAUNCHERS))
+      calls.append(("train", [w for w in seg[i + 1:] if w.startswith("--")]))
+  return calls
+
+
+FLAG_DEFINITIONS = re.compile(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']|add_argument\(\s*[\"']--(\w+)[\"']")
+
+
+def module_flags(module):
+  """The flag names a module defines (absl ``DEFINE_*`` or argparse ``add_argument``), read from its
+  source: what ``txf CMD --help`` lists for a command's module, without starting JAX once per command."""
+  path = os.path.join(ROOT, *module.split(".")) + ".py"
+  assert os.path.isfile(path), f"no module {module} ({path})"
+  with open(path, encoding="utf-8") as f:
+    return {a or b for a, b in FLAG_DEFINITIONS.findall(f.read())}
+
+
+def command_flags(sub):
+  """The flags of ``txf SUB``: its module's own."""
+  return module_flags(cli.COMMANDS[sub][0])
+
+
+def known_flag(name, known):
+  """Whether --name is one of ``known`` (absl's --noFLAG form of a boolean included)."""
+  return name in known or name.startswith("no") and name[2:] in known
+
+
+def flag_names(args):
+  """Names of the --flags in args, and the --config file and --config.FIELD names."""
+  names, configs, fields = [], [], []
+  for i, a in enumerate(args):
+    if not a.startswith("-") or a in ("-", "--", "..."):
+      continue
+    name = a.lstrip("-").split("=", 1)[0]
+    if name.startswith("config."):
+      fields.append(name[len("config."):])
+    elif name == "config":
+      configs.append(a.split("=", 1)[1] if "=" in a else args[i + 1])
+    names.append(name.split(".", 1)[0])
+  return names, configs, fields
+
+
+def test_every_txf_call_names_commands_flags_and_fields_that_exist():
+  calls = [(doc, line, cmd, sub, args) for doc, line, cmd in documented_commands()
+           for sub, args in txf_calls(cmd)]
+  assert calls, "no txf call found in the documents"
+  fields_known = config_lib.field_names()
+  problems = []
+  for doc, line, cmd, sub, args in calls:
+    where = f"{doc}:{line}: {cmd}\n    "
+    if sub.startswith("python -m "):
+      module = sub.split()[-1]
+      try:
+        known = module_flags(module) | COMMON_FLAGS
+      except AssertionError as e:
+        problems.append(where + str(e))
+        continue
+    elif sub == "":
+      known = COMMON_FLAGS
+    elif sub not in cli.COMMANDS:
+      problems.append(where + f"txf has no command '{sub}' (txf --help lists {sorted(cli.COMMANDS)})")
+      continue
+    else:
+      known = command_flags(sub) | COMMON_FLAGS
+    names, configs, fields = flag_names(args)
+    problems += [where + f"{sub or 'txf'} has no flag --{n}" for n in names if not known_flag(n, known)]
+    problems += [where + f"no config field '{f}' (txf/config.py)" for f in fields if f not in fields_known]
+    for c in configs:
+      if not sub.startswith("python -m "):
+        try:
+          config_lib.experiment_path(c if os.path.isabs(c) else os.path.join(ROOT, c))
+        except config_lib.ConfigError as e:
+          problems.append(where + str(e))
+  assert not problems, "documented commands name what txf does not have:\n  " + "\n  ".join(problems)
+
+
+# -- running them ------------------------------------------------------------------------------------
+
+def stand_in_data(root):
+  """A tiny copy of ../shared/data's layout: multi30k, sst2, tinyshakespeare (tests/test_data_fixtures)."""
+  fx.parallel_dir(os.path.join(root, "multi30k"), n_train=120, n_val=16,
+                  splits=("train", "val", "test_2016_flickr"))
+  fx.tsv_dir(os.path.join(root, "sst2"), n_train=120, n_val=16)
+  fx.plain_dir(os.path.join(root, "tinyshakespeare"), n_lines=200)
+
+
+def shortened(command, extra):
+  """The command with ``extra`` appended to its txf call (before any redirection or pipe after it)."""
+  if isinstance(extra, tuple):
+    extra, drop = extra
+    command = command.replace(drop, "", 1)
+  if not extra:
+    return command
+  words = re.split(r"(\s+)", command)
+  out, in_txf = [], False
+  for w in words:
+    if w.strip() in ("|", "<", ">", "&&", ";", "2>") and in_txf:
+      out.append(extra + " ")
+      in_txf = False
+      extra = ""
+    if w.strip() == "txf":
+      in_txf = True
+    out.append(w)
+  if extra:
+    out.append(" " + extra)
+  return "".join(out)
+
+
+@pytest.mark.slow
+def test_the_readme_runs_in_order_from_a_fresh_clone(tmp_path):
+  """The RUN commands in document order, each shortened, in a folder laid out like a fresh clone."""
+  clone = tmp_path / "clone"
+  clone.mkdir()
+  os.symlink(os.path.join(ROOT, "experiments"), clone / "experiments")
+  stand_in_data(tmp_path / "shared" / "data")
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TXF_") and k != "XLA_FLAGS"}
+  env.update(JAX_PLATFORMS="cpu", TXF_DATA_DIR=str(tmp_path / "tfds"), TXF_MALLOC="system",
+             PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+  # `txf` is the txf of this interpreter, as after `pip install -e .`
+  prelude = f"set -eo pipefail; txf() {{ {shlex.quote(sys.executable)} -m txf.cli \"$@\"; }}; "
+  timings = []
+  for doc, line, cmd in documented_commands():
+    if cmd not in RUN:
+      continue
+    script = shortened(cmd, RUN[cmd])
+    t0 = time.perf_counter()
+    r = subprocess.run(["bash", "-c", prelude + script], cwd=clone, env=env, capture_output=True,
+                       text=True, timeout=900)  # seconds on a quiet CPU; minutes on a loaded one
+    timings.append((round(time.perf_counter() - t0, 1), cmd))
+    assert r.returncode == 0, f"{doc}:{line}: `{script}` failed ({r.returncode}):\n{r.stderr[-3000:]}"
+    assert "Traceback" not in r.stderr and "\ufffd" not in r.stdout, f"{doc}:{line}: {r.stderr[-3000:]}"
+    check_output(cmd, r, clone)
+  print(timings)
+  extra_checks(clone, prelude, env)
+
+
+def extra_checks(clone, prelude, env):
+  """What a newcomer meets beyond the documented commands, on the runs they made."""
+  def sh(script, **more):
+    return subprocess.run(["bash", "-c", prelude + script], cwd=clone, env={**env, **more},
+                          capture_output=True, text=True, timeout=900)
+  # an error's advice names flags of the command that printed it: txf eval without TXF_DATA
+  r = sh("txf eval --workdir runs/sst2 --split dev")
+  assert r.returncode == 2 and r.stderr.startswith("txf: error: "), r.stderr[-3000:]
+  named = set(re.findall(r"--(\w+)=", r.stderr))
+  assert named and named <= command_flags("eval"), (named, r.stderr)
+  # a character model samples only characters: no U+FFFD even from a hot, untrained model
+  r = sh("txf generate --workdir runs/shakespeare_char --prompt ROMEO: --temperature 5 "
+         "--max_new_tokens 24 --num_samples 8")
+  assert r.returncode == 0 and r.stdout.count("--- prompt") == 8, r.stderr[-3000:]
+  assert "\ufffd" not in r.stdout, r.stdout
+  # average-checkpoints on a classifier: a step number, and the commands a classifier has
+  r = sh("txf average-checkpoints --workdir runs/sst2 --step latest")
+  assert r.returncode == 0 and "at step 4 ->" in r.stdout and "txf classify" in r.stdout, r.stdout
+  assert "translate" not in r.stdout, r.stdout
+
+
+TXF_MODULES = {os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "txf", "**", "*.py"), recursive=True)}
+ABSL_LINE = re.compile(r"^[DIWEF]\d{4} [\d:.]+\s+\d+ (\S+?):\d+\]")
+
+
+def check_quiet(cmd, r):
+  """Quiet by default: no library log lines (absl format, from a file outside txf), no tfds prints
+  or progress bars while data is prepared, at most one txf line about a preparation."""
+  out = r.stdout + r.stderr
+  library = [l for l in out.splitlines() if ABSL_LINE.match(l) and ABSL_LINE.match(l).group(1)
+             not in TXF_MODULES]
+  assert not library, f"{cmd}: library log lines:\n" + "\n".join(library)
+  assert "Downloading and preparing" not in out and "downloaded and prepared" not in out, out
+  assert "\x1b[" not in r.stderr, r.stderr  # piped: no progress bar (txf's or tfds') escape codes
+  assert sum(l.startswith("txf: prepared") for l in out.splitlines()) <= 1, out
+
+
+def check_output(cmd, r, clone):
+  """What each command printed or wrote, as the document says."""
+  check_quiet(cmd, r)
+  if "multi30k_en_de.py" in cmd:  # rows come from data.tokens_per_batch: the header says so
+    header = next(l for l in r.stdout.splitlines() if l.startswith("txf: encoder_decoder"))
+    assert "steps of 512 tokens (data.tokens_per_batch)" in header, header
+  if cmd.startswith("txf translate") and "hyps.txt" in cmd:
+    with open(clone / "hyps.txt", encoding="utf-8") as f:
+      assert len(f.read().splitlines()) == 2  # one hypothesis a source line
+  elif "| txf classify" in cmd:
+    label, prob = r.stdout.strip().split("\t")
+    assert label in ("0", "1") and 0.5 <= float(prob) <= 1.0
+  elif cmd.startswith("txf average-checkpoints"):
+    assert (clone / "runs" / "sst2" / "params_best.msgpack").is_file()
+    assert re.search(r"checkpoint at step \d+ ->", r.stdout), r.stdout
+    assert "translate" not in r.stdout + r.stderr and "txf classify" in r.stdout, r.stdout
+  elif "txf generate" in cmd:
+    headers = [l for l in r.stdout.splitlines() if l.startswith("--- prompt")]
+    assert len(headers) == (4 if "--num_samples 2" in cmd else 0) or "--num_samples" not in cmd
+  elif cmd.startswith("txf eval --workdir runs/default --output"):
+    assert (clone / "report.json").is_file()
+
+
+def test_the_catalog_script_says_one_line_for_a_dataset_it_cannot_prepare(tmp_path):
+  r = subprocess.run([sys.executable, "-m", "txf.data.catalog", "no_such_dataset_txf",
+                      "--data_dir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                     cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("txf: error: "), r.stderr
+  assert "no_such_dataset_txf" in lines[0] and "Traceback" not in r.stderr
