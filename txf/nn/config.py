@@ -1,11 +1,21 @@
 """The one frozen config every module receives (Flax-example style: no kwarg plumbing)."""
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
+import jax
 import jax.numpy as jnp
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+def resolve_dtype(name: str, backend: Optional[str] = None) -> str:
+  """The compute dtype ``model.dtype`` names: "auto" -> "bfloat16" on TPU and GPU (parameters,
+  optimizer state, softmax and loss stay float32), "float32" on CPU; any other name as given.
+  ``backend``: "cpu" | "gpu" | "tpu" (default: ``jax.default_backend()``)."""
+  if name != "auto":
+    return name
+  return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +44,9 @@ class TransformerConfig:
   layer_norm_eps: float = 1e-6
   pooling: str = "mean"                # encoder_classifier: mean | first
   attention_impl: str = "auto"         # auto (per backend) | reference (einsum, weights) | fused (jax.nn.dot_product_attention)
-  dtype: str = "float32"               # compute dtype; parameters stay float32
+  dtype: str = "float32"               # compute dtype (auto: resolve_dtype); parameters stay float32
+  remat: str = "none"                  # none | full | a jax.checkpoint_policies name (txf.nn.stack)
+  scan_layers: bool = False            # True: each stack is one nn.scan, parameters [N, ...] under "layers"
   deterministic: bool = False          # True disables dropout (eval, decode)
   decode: bool = False                 # True: one position per call with a KV cache
 
@@ -44,7 +56,7 @@ class TransformerConfig:
 
   @property
   def compute_dtype(self) -> Any:
-    return jnp.dtype(self.dtype)
+    return jnp.dtype(resolve_dtype(self.dtype))
 
   @property
   def head_dim(self) -> int:
