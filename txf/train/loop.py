@@ -37,6 +37,7 @@ from txf.models import LossFn, ModelBuilder, count_params, init_params, model_co
 from txf.parallel import distributed, make_runner
 from txf.train.logs import Eta, LogWindow, log_line, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
+from txf.train.profile import StepProfiler
 from txf.train.samples import lm_prompts, lm_samples
 from txf.train.steps import create_train_state, make_train_step
 from txf.train.stopping import (DivergenceGuard, NonFiniteGuard, Preemption, TimeLimit,
@@ -79,6 +80,7 @@ class LoopState:
   stopped_by: str = ""              # "signal" or "time" when training ended early
   eta: Optional[Eta] = None         # time left (the one-line log); set at this process's first step
   divergence: Optional[DivergenceGuard] = None  # set at this process's first step
+  profiler: Optional[StepProfiler] = None  # config.profile_steps; set at this process's first step
 
 
 def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
@@ -110,6 +112,8 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
         run.checkpointer.close()  # waits for the save in flight: it holds a state checked finite
       if run.bar is not None:
         run.bar.close()
+      if loop.profiler is not None:
+        loop.profiler.close()
     return finish(run, loop, preemption)
 
 
@@ -219,10 +223,13 @@ def take_step(run: Setup, loop: LoopState) -> None:
     run.writer.write_config(workdir_lib.config_to_dict(run.config), loop.step)
     loop.eta = Eta(loop.step)
     loop.divergence = DivergenceGuard(run.config.divergence_factor, run.checkpointer.latest_step)
+    loop.profiler = StepProfiler(run.config.get("profile_steps", ""), run.workdir, loop.step)
+  loop.profiler.before(loop.step)
   batch = next(run.train_it)
   loop.state, metrics = run.runner.train_step(loop.state, batch,
                                               jax.random.fold_in(run.dropout_rng, loop.step))
   loop.step += 1
+  loop.profiler.after(loop.step, loop.state)
   loop.guard.push(loop.step, metrics)  # checks the step before: the host never waits on this one
   loop.divergence.push(loop.step, metrics)
   loop.window.add(metrics)
