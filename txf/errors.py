@@ -5,7 +5,17 @@
 malformed file, an occupied workdir. ``txf`` prints such an error as one ``txf: error: ...`` line
 naming the problem and the fix, and exits with status 2. Every other exception is a bug inside txf
 and keeps its traceback. This module imports nothing, so every layer may raise it.
+
+Exit statuses of ``txf`` (a scheduler may act on them):
+  0   done, or stopped by a signal after writing its checkpoint (run it again to go on)
+  1   a bug inside txf (with its traceback), or on another process of the job
+  2   ``TxfError``: fix the input (config, data, workdir) and run again
+  75  ``EXIT_RESUMABLE`` (EX_TEMPFAIL): the run stopped before its end and its last checkpoint is
+      intact (a lost peer process, a requested requeue): run the same command again to resume
 """
+
+EXIT_USER = 2
+EXIT_RESUMABLE = 75
 
 
 class TxfError(Exception):

@@ -160,6 +160,9 @@ class Preemption:
   left incomplete, which orbax never mistakes for a checkpoint).
   """
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  # Set once a signal has stopped a run of this process before its last step (its checkpoint is
+  # written by the time train() returns): `txf train` then exits with EXIT_RESUMABLE when asked to.
+  stopped_a_run = False
 
   def __init__(self):
     self.signum, self._previous = None, {}
@@ -191,7 +194,10 @@ class Preemption:
   def requested(self) -> bool:
     """Whether to stop after this step; call once per step on every process (``StopVote``): all
     processes agree, at most two steps after the signal reached any of them."""
-    return self._vote.vote(self.signum is not None)
+    stop = self._vote.vote(self.signum is not None)
+    if stop:
+      Preemption.stopped_a_run = True
+    return stop
 
 
 class TimeLimit:
