@@ -103,6 +103,40 @@ def test_slurm_dry_run():
   assert "#SBATCH --signal=B:TERM@120" in text and "#SBATCH --requeue" in text
 
 
+def _fake_slurm(tmp_path):
+  """A PATH with a recording `scontrol`, and a stand-in for txf's Python that waits for SIGTERM
+  and then exits with $FAKE_STATUS (what `txf train` does with TXF_EXIT_RESUMABLE_ON_SIGNAL=1)."""
+  bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.txt"
+  bin_dir.mkdir()
+  (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+  (bin_dir / "fake_python").write_text(
+      "#!/bin/bash\n[ \"$TXF_EXIT_RESUMABLE_ON_SIGNAL\" = 1 ] || exit 3\n"
+      "trap 'exit $FAKE_STATUS' TERM\ntouch \"$FAKE_READY\"\nwhile true; do sleep 0.1; done\n")
+  for f in ("scontrol", "fake_python"):
+    (bin_dir / f).chmod(0o755)
+  env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", TXF_SRUN="",
+             TXF_PYTHON=str(bin_dir / "fake_python"), SLURM_JOB_ID="77", FAKE_READY=str(tmp_path / "ready"))
+  return env, calls
+
+
+@pytest.mark.parametrize("status,requeued", [(75, True), (0, False), (1, False)])
+def test_slurm_script_passes_sigterm_on_and_requeues_only_on_75(tmp_path, status, requeued):
+  env, calls = _fake_slurm(tmp_path)
+  env["FAKE_STATUS"] = str(status)
+  proc = subprocess.Popen(["bash", os.path.join(LAUNCH, "slurm.sbatch"), "--workdir=/x"], cwd=ROOT,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 60
+  while not (tmp_path / "ready").exists():
+    assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)  # SLURM's --signal=B:TERM@120 reaches the batch shell only
+  out, _ = proc.communicate(timeout=60)
+  assert proc.returncode == status, out
+  assert calls.exists() == requeued, out
+  if requeued:
+    assert calls.read_text().split() == ["requeue", "77"] and "requeueing job 77" in out
+
+
 TRAIN = ["--config", os.path.join(EXPERIMENTS, "copy.py"), "--progress=false",
          "--config.batch_size=8", "--config.model.d_model=16", "--config.model.d_ff=32",
          "--config.model.num_heads=2", "--config.eval_batches=1", "--config.decode_examples=0",
