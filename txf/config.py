@@ -54,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
       "act_embed": "",           # d_model of activations [B, L, d]: not split (FSDP gathers weights)
       "norm": "",                # LayerNorm gain/bias and FFN b_2 [d]: replicated
       "classes": ""})            # classifier outputs: replicated
+  c.profile_steps = ""           # "START:END": a jax.profiler trace of steps START..END-1 in workdir/profile/ ("" = off)
   c.dcn_mesh_shape = ()          # mesh: () = one slice; else (data, fsdp, tensor) across slices/processes, mesh_shape within one
 
   c.model = ml_collections.ConfigDict()
@@ -74,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | first token
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
-  m.dtype = "float32"            # compute dtype: float32 | bfloat16 (parameters stay float32)
+  m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
   m.vocab_multiple = 0           # embedding/output tables get ceil(V/m)*m rows, the padding never predicted nor exported; 0 = auto: 1 on CPU, 128 on GPU/TPU, lcm(128, split) when the mesh splits the vocabulary (tensor axis > 1)
   # options of Marian (OPUS-MT) models, see `txf import-hf`; the defaults are the paper's
   m.activation = "relu"          # FFN activation: relu | gelu (exact, erf) | swish (= silu, Marian)
@@ -85,6 +86,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.logits_bias = False          # a vector added to the output logits (Marian's final_logits_bias)
   m.decoder_start_id = 1         # id that starts every decoder input: BOS (1); an imported Marian model starts with its pad (0 in txf)
   m.forbid_pad = False           # decoding never generates PAD (id 0), as Marian's generate
+  m.remat = "none"               # recompute layer activations in the backward pass: none | full | dots_saveable | nothing_saveable | ... (jax.checkpoint_policies)
+  m.scan_layers = False          # run each stack of layers as one nn.scan (params [N, ...] under "layers"): faster compiles
 
   c.optimizer = ml_collections.ConfigDict()
   o = c.optimizer
@@ -370,7 +373,10 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   choices = {"model.family": ("encoder_decoder", "encoder_classifier", "decoder_lm"),
              "model.positional": ("sinusoidal", "learned", "none"),
              "model.pooling": ("mean", "first"), "model.attention_impl": ("auto", "reference", "fused"),
-             "model.dtype": ("float32", "bfloat16"), "parallelism": ("single", "pmap", "mesh"),
+             "model.dtype": ("auto", "float32", "bfloat16"),
+             "model.remat": ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                             "nothing_saveable", "everything_saveable"),
+             "parallelism": ("single", "pmap", "mesh"),
              "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
              "bleu_protocol": ("sacrebleu", "tok-lc"),
              "data.tokenizer": ("word", "sentencepiece", "char"),
@@ -420,5 +426,11 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
       if length and length > m["max_len"]:
         errors.append(f"model.max_len={m['max_len']} is shorter than the data's {name}={length}: "
                       f"raise model.max_len to at least {length} or lower data.{name}")
+  profile = cfg.get("profile_steps", "")
+  if profile:
+    parts = str(profile).split(":")
+    if not (len(parts) == 2 and all(p.strip().isdigit() for p in parts) and 1 <= int(parts[0]) < int(parts[1])):
+      errors.append(f"profile_steps={profile!r} must be START:END with 1 <= START < END (steps START "
+                    f"to END-1 are traced), e.g. profile_steps=10:13")
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

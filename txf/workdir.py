@@ -29,7 +29,11 @@ RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_
                     "beam_size", "alpha", "decode_max_extra", "name", "best_metric", "best_mode",
                     "nan_policy", "divergence_factor", "data.path", "data.data_dir", "data.prefetch",
                     # the layout may change on resume: checkpoints restore onto any device count
-                    "parallelism", "mesh_shape", "dcn_mesh_shape"}
+                    "parallelism", "mesh_shape", "dcn_mesh_shape",
+                    # what is profiled, and what the backward pass recomputes, change no state
+                    "profile_steps", "model.remat",
+                    # the compute dtype: parameters and optimizer state are float32 either way
+                    "model.dtype"}
 RESUMABLE_PREFIXES = ("sharding_rules.",)
 SHARDED_PARAMS = "params"   # final parameters of a multi-process mesh run: orbax, each process its shards
 

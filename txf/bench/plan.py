@@ -15,6 +15,7 @@ The batch is the data's largest fixed shape: ``batch_size`` rows of ``max_input_
 """
 
 import dataclasses
+import time
 from typing import Dict, Optional
 
 import jax
@@ -23,6 +24,8 @@ import numpy as np
 from txf.bench.train import model_train_flops
 from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
+from txf.nn.attention import resolve_impl
+from txf.nn.config import resolve_dtype
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
 from txf.train.optimizer import make_optimizer, make_schedule
@@ -67,17 +70,39 @@ def _memory(compiled) -> Dict[str, int]:
   return {k: int(v) for k, v in out.items()}
 
 
+def _xla_flops(compiled) -> Optional[float]:
+  """FLOPs of one device's compiled program by XLA's cost analysis (None where not reported)."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # pylint: disable=broad-except  # not every backend implements it
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  flops = (cost or {}).get("flops")
+  return float(flops) if flops is not None and flops >= 0 else None
+
+
 def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
-         mfu: float = 0.4) -> Dict:
+         mfu: float = 0.4, hbm_bytes: int = 0) -> Dict:
   """Compile ``config``'s init and train step on a mesh over ``devices`` (default: all) and return
   the per-device figures (see the module docstring). Raises ConfigError for a mesh that does not
   fit the devices or does not divide the model."""
   devices = list(jax.devices() if devices is None else devices)
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  if slices > 1 and not tuple(config.get("dcn_mesh_shape", ()) or ()):
+    config = config.copy_and_resolve_references()
+    config.dcn_mesh_shape = (slices, 1, 1)   # multislice: data parallel across the slices
   mesh_shape = tuple(config.mesh_shape) if config.parallelism == "mesh" else (-1, 1, 1)
   mesh = sharding_lib.make_mesh(mesh_shape, devices, config.get("dcn_mesh_shape", ()))
   rules = dict(config.sharding_rules.items())
-  cfg = dataclasses.replace(model_config(config, vocab_size), vocab_multiple=resolve_vocab_multiple(
-      config, len(devices), devices[0].platform, len({d.process_index for d in devices})))
+  platform = devices[0].platform
+  cfg = model_config(config, vocab_size)
+  # "auto" choices as on the devices planned for (a TPU topology compiled from a CPU host)
+  cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, platform),
+                            attention_impl=resolve_impl(cfg.attention_impl, platform),
+                            vocab_multiple=resolve_vocab_multiple(
+                                config, len(devices), platform,
+                                len({d.process_index for d in devices})))
   shape = batch_shape(config)
   rows, s, t = shape["rows"], shape["source_len"], shape["target_len"]
   ways = int(np.prod([mesh.shape[a] for a in sharding_lib.MESH_AXES
@@ -103,7 +128,9 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   runner = MeshRunner(make_train_step(cfg, tx, config.optimizer.label_smoothing, schedule, None,
                                       config.grad_accum_steps),
                       make_eval_step(cfg, config.optimizer.label_smoothing), mesh, rules, axes)
+  start = time.perf_counter()
   step_compiled = runner.lower_train(target, example).compile()
+  compile_seconds = time.perf_counter() - start
 
   param_total = int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(abstract.params)))
   flops = model_train_flops(cfg, rows, s, t)
@@ -112,19 +139,24 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
          "mesh_axes": list(sharding_lib.MESH_AXES), "platform": devices[0].platform,
          "model": {k: getattr(cfg, k) for k in ("family", "d_model", "num_heads", "d_ff",
                                                 "num_encoder_layers", "num_decoder_layers",
-                                                "vocab_size", "dtype")},
+                                                "vocab_size", "dtype", "remat", "scan_layers")},
          "batch": shape,
          "params": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(abstract.params))),
          "param_bytes_total": param_total,
          "param_bytes_per_device": _bytes_per_device(target.params),
          "opt_bytes_per_device": _bytes_per_device(target.opt_state),
          "flops_per_step": flops, "tokens_per_step": rows * t,
-         "num_train_steps": int(config.num_train_steps)}
+         "num_train_steps": int(config.num_train_steps),
+         "step_compile_seconds": compile_seconds}
   step_mem, init_mem = _memory(step_compiled), _memory(init_compiled)
   out["temp_bytes_per_device"] = step_mem.get("temp_bytes")
   out["peak_bytes_per_device"] = step_mem.get("peak_bytes")
   out["init_peak_bytes_per_device"] = init_mem.get("peak_bytes")
   out["step_memory"] = step_mem
+  out["xla_flops_per_device"] = _xla_flops(step_compiled)
+  if hbm_bytes:
+    out["hbm_bytes_per_device"] = int(hbm_bytes)
+    out["fits"] = bool(out["peak_bytes_per_device"] is not None and out["peak_bytes_per_device"] <= hbm_bytes)
   if device_peak_tflops > 0:
     step_s = flops / (n * device_peak_tflops * 1e12 * mfu)
     out.update(device_peak_tflops=device_peak_tflops, mfu=mfu, step_seconds=step_s,
@@ -147,7 +179,8 @@ def format_plan(p: Dict) -> str:
   mesh = " x ".join(f"{a}={s}" for a, s in zip(p["mesh_axes"], p["mesh_shape"]))
   lines = [f"model      {m['family']}, {p['params'] / 1e6:.1f}M parameters (d_model {m['d_model']}, "
            f"{m['num_encoder_layers']}+{m['num_decoder_layers']} layers, d_ff {m['d_ff']}, "
-           f"V {m['vocab_size']}, {m['dtype']} compute)",
+           f"V {m['vocab_size']}, {m['dtype']} compute, remat {m['remat']}"
+           f"{', scanned layers' if m['scan_layers'] else ''})",
            f"mesh       {p['devices']} {p['platform']} devices: {mesh}",
            f"batch      {b['rows']} rows x {b['source_len']} / {b['target_len']} tokens "
            f"({p['tokens_per_step']} target tokens per step)",
@@ -158,7 +191,15 @@ def format_plan(p: Dict) -> str:
            f"  temporaries       {_size(p['temp_bytes_per_device']):>12}   (XLA, compiled train step)",
            f"  peak              {_size(p['peak_bytes_per_device']):>12}   (train step; init "
            f"{_size(p['init_peak_bytes_per_device'])})",
+           f"compile    train step in {p['step_compile_seconds']:.1f} s (lowering + XLA)",
            f"model FLOPs per step  {p['flops_per_step'] / 1e12:.2f} TFLOP (matmuls, forward + backward)"]
+  if p.get("xla_flops_per_device"):
+    lines.append(f"XLA FLOPs per step   {p['xla_flops_per_device'] / 1e12:.2f} TFLOP per device "
+                 f"(compiled program, all ops)")
+  if "hbm_bytes_per_device" in p:
+    share = (p["peak_bytes_per_device"] or 0) / p["hbm_bytes_per_device"]
+    lines.append(f"HBM        {_size(p['hbm_bytes_per_device'])} per chip: "
+                 f"{'fits' if p['fits'] else 'DOES NOT FIT'} (peak {100 * share:.0f}% of it)")
   if "step_seconds" in p:
     lines.append(f"at {p['device_peak_tflops']:g} TFLOP/s peak per device and {100 * p['mfu']:.0f}% MFU: "
                  f"{p['step_seconds'] * 1e3:.1f} ms/step, {p['tokens_per_second']:,.0f} tokens/s, "

@@ -25,6 +25,8 @@ flags.DEFINE_integer("vocab_size", 0, "vocabulary size (0 = config.data.vocab_si
 flags.DEFINE_float("device_peak_tflops", 0.0, "peak TFLOP/s of one device, for the time estimate")
 flags.DEFINE_float("mfu", 0.4, "model FLOPs utilisation assumed for the time estimate")
 flags.DEFINE_string("json", "", "also write the plan as JSON to this file")
+flags.DEFINE_string("topology", "", "compile for this TPU slice instead of local devices (needs libtpu: "
+                    "pip install -e '.[tpu]'), e.g. v5e-8, v4-32, v5p-128, v6e-256, 2xv5e-256")
 
 FAKE_FLAG = "--xla_force_host_platform_device_count"
 
@@ -32,7 +34,8 @@ FAKE_FLAG = "--xla_force_host_platform_device_count"
 def _reexec_with_fake_devices(n: int) -> None:
   """Run this command again with ``n`` fake CPU devices (XLA reads XLA_FLAGS once, at start)."""
   xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(FAKE_FLAG))
-  env = dict(os.environ, XLA_FLAGS=f"{xla} {FAKE_FLAG}={n}".strip(), TXF_PLAN_FAKE_DEVICES=str(n))
+  env = dict(os.environ, XLA_FLAGS=f"{xla} {FAKE_FLAG}={n}".strip(), TXF_PLAN_FAKE_DEVICES=str(n),
+             JAX_PLATFORMS="cpu")
   # sys.argv is ["txf plan", flags...] here (txf.cli sets it before importing the command)
   os.execve(sys.executable, [sys.executable, "-m", "txf.cli", "plan"] + sys.argv[1:], env)
 
@@ -47,6 +50,10 @@ def main(argv):
   if f.devices < 0 or f.mfu <= 0 or f.mfu > 1 or f.device_peak_tflops < 0:
     raise ConfigError("--devices must be >= 0, --mfu in (0, 1], --device_peak_tflops >= 0")
   import jax
+  if f.topology:
+    jax.config.update("jax_platforms", "cpu")  # the host compiles; the TPU devices come from libtpu
+    _plan_topology(config, f)
+    return
   devices = jax.devices()
   if f.devices > len(devices):
     if devices[0].platform == "cpu" and not os.environ.get("TXF_PLAN_FAKE_DEVICES"):
@@ -56,11 +63,31 @@ def main(argv):
                       f"(JAX_PLATFORMS=cpu txf plan --devices {f.devices})")
   if f.devices:
     devices = devices[:f.devices]
-  from txf.bench.plan import format_plan, plan
+  from txf.bench.plan import plan
   result = plan(config, f.vocab_size or config.data.vocab_size, devices, f.device_peak_tflops, f.mfu)
+  _report(result, f.json)
+
+
+def _plan_topology(config, f) -> None:
+  """``--topology``: the plan compiled for a TPU slice's devices (libtpu, ahead of time)."""
+  from txf.bench import topology
+  from txf.bench.plan import plan
+  if f.devices:
+    raise TxfError("--devices and --topology do not go together: the topology decides the devices")
+  devices = topology.topology_devices(f.topology)
+  chip = topology.chip(f.topology)
+  result = plan(config, f.vocab_size or config.data.vocab_size, devices,
+                f.device_peak_tflops or chip["peak_tflops"], f.mfu, chip["hbm_bytes"])
+  result["topology"] = f.topology
+  _report(result, f.json)
+
+
+def _report(result, json_path: str) -> None:
+  """Print the plan; with ``--json`` also write it (atomically) to ``json_path``."""
+  from txf.bench.plan import format_plan
   print(format_plan(result))
-  if f.json:
-    tmp = f"{f.json}.tmp{os.getpid()}"
+  if json_path:
+    tmp = f"{json_path}.tmp{os.getpid()}"
     with open(tmp, "w") as out:
       json.dump(result, out, indent=1)
-    os.replace(tmp, f.json)
+    os.replace(tmp, json_path)

@@ -7,9 +7,14 @@ from absl import flags
 from ml_collections import config_flags
 
 from txf.commands.common import default_config_path
-from txf.errors import TxfError
+from txf.errors import EXIT_RESUMABLE, TxfError
 from txf.parallel import distributed
 from txf.train import train
+from txf.train.stopping import Preemption
+
+# Set to 1 by a launcher that requeues (launch/slurm.sbatch): a run stopped by a signal before its
+# end (checkpoint written) exits with EXIT_RESUMABLE (75) instead of 0, so the script requeues it.
+REQUEUE_ENV = "TXF_EXIT_RESUMABLE_ON_SIGNAL"
 
 config_flags.DEFINE_config_file("config", default_config_path(),
                                 "experiment config file (a get_config() file in experiments/)",
@@ -31,3 +36,5 @@ def main(argv):
   if progress is None:
     progress = sys.stdout.isatty()
   train(config, workdir, fresh=flags.FLAGS.fresh, progress=progress)
+  if Preemption.stopped_a_run and os.environ.get(REQUEUE_ENV, "") not in ("", "0"):
+    sys.exit(EXIT_RESUMABLE)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from txf.models import build_model
 from txf.nn import Embed, TransformerConfig
 from txf.nn.attention import PER_SOURCE_CACHE
+from txf.nn.stack import unstack_layers
 
 
 def init_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int, inputs=None):
@@ -32,8 +33,8 @@ def init_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int, in
     raise ValueError(f"decoding {max_len} positions needs a learned position table of at least that "
                      f"size, but model.max_len={cfg.max_len}: decode fewer tokens or train with a "
                      f"larger model.max_len")
+  cfg, params = _unrolled(cfg, _model_params(params))
   model = build_model(cfg, decode=True)
-  params = _model_params(params)
   dummy = jnp.zeros((batch_size, max_len), jnp.int32)
   if cfg.family == "encoder_decoder":
     if inputs is None:
@@ -52,9 +53,9 @@ def make_logits_fn(cfg: TransformerConfig, params) -> Callable:
   """logits_fn(ids int [B, L], cache) -> (logits float32 [B, V] at the last position, new cache).
 
   ``params``: the model's parameters, or those of :func:`prepare_for_decoding`."""
-  model = build_model(cfg, decode=True)
   kernel = params.get(OUTPUT_KERNEL) if isinstance(params, dict) else None
-  params = _model_params(params)
+  cfg, params = _unrolled(cfg, _model_params(params))
+  model = build_model(cfg, decode=True)
 
   def logits_fn(ids: jnp.ndarray, cache) -> Tuple[jnp.ndarray, dict]:
     apply = lambda: model.apply({"params": params, "cache": cache}, ids,
@@ -116,6 +117,14 @@ def _model_params(params):
   if isinstance(params, dict) and OUTPUT_KERNEL in params:
     return {k: v for k, v in params.items() if k != OUTPUT_KERNEL}
   return params
+
+
+def _unrolled(cfg: TransformerConfig, params):
+  """(cfg, params) of the unrolled stack: decoding keeps one KV cache per layer, so a scanned
+  model (``scan_layers``) decodes with its parameters unstacked (txf.nn.stack.unstack_layers)."""
+  if not cfg.scan_layers:
+    return cfg, params
+  return dataclasses.replace(cfg, scan_layers=False), unstack_layers(params)
 
 
 def _output_kernel(kernel):

@@ -43,14 +43,29 @@ CPU_AUTO_IMPL = "reference"
 PER_SOURCE_CACHE = ("cross_key", "cross_value", "cross_valid")
 
 
-def resolve_impl(impl: str) -> str:
-  """``auto`` -> ``fused`` on GPU/TPU (cuDNN flash attention on GPU), CPU_AUTO_IMPL on CPU."""
+def resolve_impl(impl: str, backend: Optional[str] = None) -> str:
+  """``auto`` -> ``fused`` on GPU/TPU (cuDNN flash attention on GPU), CPU_AUTO_IMPL on CPU.
+
+  ``backend``: "cpu" | "gpu" | "tpu" (default: ``jax.default_backend()``)."""
   if impl != "auto":
     return impl
-  return CPU_AUTO_IMPL if jax.default_backend() == "cpu" else "fused"
+  return CPU_AUTO_IMPL if (backend or jax.default_backend()) == "cpu" else "fused"
 
 
-def _fused_attention(q, k, v, mask):
+def fused_kernel(backend: str, dtype, causal: bool) -> dict:
+  """The keyword arguments of ``jax.nn.dot_product_attention`` for the fused path on ``backend``.
+
+  GPU with bf16/fp16 inputs: ``implementation="cudnn"`` (flash attention), with ``is_causal`` for
+  causal self-attention (the padding/segment mask is passed beside it); everything else, TPU
+  included: ``implementation="xla"``, XLA's own fused attention, the mask alone. The CPU path is
+  the XLA one (tests/test_accelerator_defaults.py).
+  """
+  if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return {"implementation": "cudnn", "is_causal": bool(causal)}
+  return {"implementation": "xla"}
+
+
+def _fused_attention(q, k, v, mask, causal: bool = False):
   """jax.nn.dot_product_attention; cuDNN on GPU for half-precision inputs it supports, else XLA.
 
   A query row whose keys are all masked gets a zero output, as on the reference path (XLA's
@@ -59,9 +74,10 @@ def _fused_attention(q, k, v, mask):
   if mask is not None:
     mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
   out = None
-  if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
+  kernel = fused_kernel(jax.default_backend(), q.dtype, causal and q.shape[1] == k.shape[1])
+  if kernel["implementation"] == "cudnn":
     try:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, **kernel)
     except Exception:  # pylint: disable=broad-except  # cuDNN rejects this shape/GPU at trace time
       out = None
   if out is None:
@@ -71,7 +87,7 @@ def _fused_attention(q, k, v, mask):
   return out
 
 
-def attend(q, k, v, mask, impl: str):
+def attend(q, k, v, mask, impl: str, causal: bool = False):
   """softmax(Q K^T / sqrt(d_k) + M) V on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None).
 
   ``reference`` is txf.ops.scaled_dot_product_attention (weights returned for inspection);
@@ -82,7 +98,7 @@ def attend(q, k, v, mask, impl: str):
   impl = resolve_impl(impl)
   if impl == "fused":
     t = lambda x: x.transpose(0, 2, 1, 3)
-    return t(_fused_attention(t(q), t(k), t(v), mask)), None
+    return t(_fused_attention(t(q), t(k), t(v), mask, causal)), None
   products = (dots.scores, dots.weighted) if dots.uses_bf16_units(q.dtype) else None
   return attn_ops.scaled_dot_product_attention(q, k, v, mask, products)
 
@@ -155,7 +171,7 @@ class MultiHeadAttention(nn.Module):
         _, weights = attend(q, k, v, mask, "reference")
         dropped = Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
         return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
-      return attend(q, k, v, mask, cfg.attention_impl)
+      return attend(q, k, v, mask, cfg.attention_impl, causal=self.kind == "causal")
 
     out, weights = attn_ops.multi_head_attention(
         x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,

@@ -1,8 +1,9 @@
 """The one frozen config every module receives (Flax-example style: no kwarg plumbing)."""
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
+import jax
 import jax.numpy as jnp
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -12,6 +13,15 @@ def padded_size(size: int, multiple: int) -> int:
   """ceil(size / multiple) * multiple (``size`` itself for multiple <= 1)."""
   multiple = max(int(multiple or 1), 1)
   return -(-int(size) // multiple) * multiple
+
+
+def resolve_dtype(name: str, backend: Optional[str] = None) -> str:
+  """The compute dtype ``model.dtype`` names: "auto" -> "bfloat16" on TPU and GPU (parameters,
+  optimizer state, softmax and loss stay float32), "float32" on CPU; any other name as given.
+  ``backend``: "cpu" | "gpu" | "tpu" (default: ``jax.default_backend()``)."""
+  if name != "auto":
+    return name
+  return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +51,7 @@ class TransformerConfig:
   layer_norm_eps: float = 1e-6
   pooling: str = "mean"                # encoder_classifier: mean | first
   attention_impl: str = "auto"         # auto (per backend) | reference (einsum, weights) | fused (jax.nn.dot_product_attention)
-  dtype: str = "float32"               # compute dtype; parameters stay float32
+  dtype: str = "float32"               # compute dtype (auto: resolve_dtype); parameters stay float32
   # options a Marian (OPUS-MT) checkpoint needs; the defaults are the paper's
   activation: str = "relu"             # FFN activation: relu | gelu | swish
   positional_layout: str = "interleaved"  # sinusoidal PE: interleaved sin/cos | sin_cos (sines, then cosines)
@@ -51,6 +61,8 @@ class TransformerConfig:
   logits_bias: bool = False            # a learned vector added to the output logits
   decoder_start_id: int = 1            # the id that starts every decoder input (BOS; Marian: its pad)
   forbid_pad: bool = False             # decoding never generates id 0 (PAD)
+  remat: str = "none"                  # none | full | a jax.checkpoint_policies name (txf.nn.stack)
+  scan_layers: bool = False            # True: each stack is one nn.scan, parameters [N, ...] under "layers"
   deterministic: bool = False          # True disables dropout (eval, decode)
   decode: bool = False                 # True: one position per call with a KV cache
 
@@ -71,7 +83,7 @@ class TransformerConfig:
 
   @property
   def compute_dtype(self) -> Any:
-    return jnp.dtype(self.dtype)
+    return jnp.dtype(resolve_dtype(self.dtype))
 
   @property
   def head_dim(self) -> int:

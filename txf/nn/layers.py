@@ -10,6 +10,7 @@ from txf.ops import dots
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
+from txf.nn.stack import apply_layers
 
 
 class Embed(nn.Module):
@@ -115,6 +116,7 @@ def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) 
 class EncoderLayer(nn.Module):
   """Self-attention, Add & Norm, FFN, Add & Norm."""
   config: TransformerConfig
+  scanned: bool = False                # True: return (x, None), the carry form of nn.scan
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, mask: Optional[jnp.ndarray]) -> jnp.ndarray:
@@ -122,13 +124,15 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     attention = MultiHeadAttention(cfg, "self", name="self_attention")
     x = residual(cfg, LayerNorm(cfg, name="norm_1"), lambda h: attention(h, mask=mask), x)
-    return residual(cfg, LayerNorm(cfg, name="norm_2"), FeedForward(cfg, name="ffn"), x)
+    x = residual(cfg, LayerNorm(cfg, name="norm_2"), FeedForward(cfg, name="ffn"), x)
+    return (x, None) if self.scanned else x
 
 
 class DecoderLayer(nn.Module):
   """Causal self-attention, Add & Norm, cross-attention (if a memory), Add & Norm, FFN, Add & Norm."""
   config: TransformerConfig
   cross: bool = True
+  scanned: bool = False                # True: return (y, None), the carry form of nn.scan
 
   @nn.compact
   def __call__(self, y, self_mask, memory=None, cross_mask=None, memory_valid=None):
@@ -140,7 +144,8 @@ class DecoderLayer(nn.Module):
       cross_attention = MultiHeadAttention(cfg, "cross", name="cross_attention")
       y = residual(cfg, LayerNorm(cfg, name="norm_2"),
                    lambda h: cross_attention(h, memory=memory, mask=cross_mask, memory_valid=memory_valid), y)
-    return residual(cfg, LayerNorm(cfg, name="norm_3"), FeedForward(cfg, name="ffn"), y)
+    y = residual(cfg, LayerNorm(cfg, name="norm_3"), FeedForward(cfg, name="ffn"), y)
+    return (y, None) if self.scanned else y
 
 
 class Encoder(nn.Module):
@@ -156,8 +161,7 @@ class Encoder(nn.Module):
     mask = (ops.padding_mask(valid, valid) if segmentation is None
             else ops.segment_mask(segmentation, segmentation))
     x = AddPositions(cfg, name="positions")(self.embed(inputs), positions)
-    for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask)
+    x = apply_layers(EncoderLayer, cfg, cfg.num_encoder_layers, x, (mask,))
     if cfg.pre_ln:
       x = LayerNorm(cfg, name="final_norm")(x)
     return x, valid
@@ -191,9 +195,8 @@ class Decoder(nn.Module):
     elif memory_valid is not None:
       cross_mask = ops.padding_mask(jnp.ones(decoder_inputs.shape, bool), memory_valid)
     y = AddPositions(cfg, causal_cache=True, name="positions")(self.embed(decoder_inputs), positions)
-    for i in range(cfg.num_decoder_layers):
-      y = DecoderLayer(cfg, cross=self.cross, name=f"layer_{i}")(
-          y, self_mask, memory, cross_mask, memory_valid)
+    y = apply_layers(DecoderLayer, cfg, cfg.num_decoder_layers, y,
+                     (self_mask, memory, cross_mask, memory_valid), cross=self.cross)
     if cfg.pre_ln:
       y = LayerNorm(cfg, name="final_norm")(y)
     if cfg.tie_output:

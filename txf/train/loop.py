@@ -45,6 +45,7 @@ from txf.parallel.sharding import check_splits
 from txf.train.init_from import apply_init_from, copy_tokenizer, initial_params
 from txf.train.logs import Eta, LogWindow, log_line, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
+from txf.train.profile import StepProfiler
 from txf.train.samples import lm_prompts, lm_samples
 from txf.train.steps import create_train_state, fold_step_into_key, make_train_step
 from txf.train.stopping import (DivergenceGuard, NonFiniteGuard, Preemption, TimeLimit,
@@ -87,6 +88,7 @@ class LoopState:
   stopped_by: str = ""              # "signal" or "time" when training ended early
   eta: Optional[Eta] = None         # time left (the one-line log); set at this process's first step
   divergence: Optional[DivergenceGuard] = None  # set at this process's first step
+  profiler: Optional[StepProfiler] = None  # config.profile_steps; set at this process's first step
   unchecked: Deque[Tuple[int, Any]] = dataclasses.field(default_factory=collections.deque)
   # (step, metrics on device) not yet given to the guards (``check_steps``)
 
@@ -130,6 +132,8 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
         run.checkpointer.close()  # waits for the save in flight: it holds a state checked finite
       if run.bar is not None:
         run.bar.close()
+      if loop.profiler is not None:
+        loop.profiler.close()
     return finish(run, loop, preemption)
 
 
@@ -249,10 +253,13 @@ def take_step(run: Setup, loop: LoopState) -> None:
     run.writer.write_config(workdir_lib.config_to_dict(run.config), loop.step)
     loop.eta = Eta(loop.step)
     loop.divergence = DivergenceGuard(run.config.divergence_factor, run.checkpointer.latest_step)
+    loop.profiler = StepProfiler(run.config.get("profile_steps", ""), run.workdir, loop.step)
+  loop.profiler.before(loop.step)
   batch = next(run.train_it)
   loop.state, metrics = run.runner.train_step(loop.state, batch, run.dropout_rng)
   loop.step += 1
   loop.unchecked.append((loop.step, metrics))  # the guards take it at the next log row
+  loop.profiler.after(loop.step, loop.state)
   loop.window.add(metrics)
   if run.bar is not None:
     run.bar.update(1)

@@ -162,6 +162,9 @@ class Preemption:
   left incomplete, which orbax never mistakes for a checkpoint).
   """
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
+  # Set once a signal has stopped a run of this process before its last step (its checkpoint is
+  # written by the time train() returns): `txf train` then exits with EXIT_RESUMABLE when asked to.
+  stopped_a_run = False
 
   def __init__(self):
     self.signum, self._previous = None, {}
@@ -207,6 +210,7 @@ class Preemption:
     agreed = self._vote.vote(mine)
     if agreed:
       self.agreed = agreed
+      Preemption.stopped_a_run = True
     return bool(agreed)
 
 
