@@ -124,7 +124,7 @@ def _local_launcher():
   return module
 
 
-def _independent(workdir, extra, faults, heartbeat=5, timeout=900):
+def _independent(workdir, extra, faults, heartbeat=20, timeout=900):
   """Two processes started on their own (no launcher to clean up, as on a pod); returns
   [(status, output, seconds from start to exit)] of each."""
   launcher = _local_launcher()
@@ -166,8 +166,8 @@ def test_kill_9_of_one_process_ends_the_other_with_one_line_and_exit_75(tmp_path
   noise = [line for line in out0.splitlines() if "Traceback" in line or
            ("gloo" in line.lower() and not line.startswith("[Gloo] Rank"))]  # connection lines only
   assert not noise, out0[-3000:]
-  print(f"process 0 ended {t0 - t1:.1f} s after process 1 was killed (heartbeat 5 s)")
-  assert t0 - t1 < 30, (t0, t1)
+  print(f"process 0 ended {t0 - t1:.1f} s after process 1 was killed (heartbeat 20 s)")
+  assert t0 - t1 < 60, (t0, t1)
 
 
 def test_a_bad_row_on_one_process_stops_both_with_its_line_and_exit_2(tmp_path):
