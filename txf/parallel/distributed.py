@@ -241,6 +241,8 @@ def start_failure_watch() -> None:
         client.key_value_set(f"txf/ack/{me}", "1")
       except Exception:  # pylint: disable=broad-except
         pass
+      if me == 0:  # the coordination service lives here: let the failing process exit first
+        time.sleep(3.0)
       _say_and_exit(line, int(status))
 
   threading.Thread(target=beat, name="txf-heartbeat", daemon=True).start()
