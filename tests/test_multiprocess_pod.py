@@ -124,7 +124,7 @@ def _local_launcher():
   return module
 
 
-def _independent(workdir, extra, faults, heartbeat=5, timeout=240):
+def _independent(workdir, extra, faults, heartbeat=20, timeout=900):
   """Two processes started on their own (no launcher to clean up, as on a pod); returns
   [(status, output, seconds from start to exit)] of each."""
   launcher = _local_launcher()
@@ -163,9 +163,11 @@ def test_kill_9_of_one_process_ends_the_other_with_one_line_and_exit_75(tmp_path
   named = re.search(r"last checkpoint: step (\d+) \((.*)\)", errors[0])  # the newest complete one
   assert named and int(named.group(1)) in (2, 4) and os.path.isdir(named.group(2)), errors[0]
   assert "run the same command again" in errors[0]
-  assert "Traceback" not in out0 and "gloo" not in out0.lower(), out0[-3000:]
-  print(f"process 0 ended {t0 - t1:.1f} s after process 1 was killed (heartbeat 5 s)")
-  assert t0 - t1 < 30, (t0, t1)
+  noise = [line for line in out0.splitlines() if "Traceback" in line or
+           ("gloo" in line.lower() and not line.startswith("[Gloo] Rank"))]  # connection lines only
+  assert not noise, out0[-3000:]
+  print(f"process 0 ended {t0 - t1:.1f} s after process 1 was killed (heartbeat 20 s)")
+  assert t0 - t1 < 60, (t0, t1)
 
 
 def test_a_bad_row_on_one_process_stops_both_with_its_line_and_exit_2(tmp_path):

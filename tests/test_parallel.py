@@ -396,7 +396,7 @@ def test_distributed_environment_parsing():
   assert args == {"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 1,
                   "heartbeat_timeout_seconds": 7, "initialization_timeout": 300,
                   "shutdown_timeout_seconds": 300}
-  assert distributed.distributed_args({"TXF_DISTRIBUTED": "auto"})["heartbeat_timeout_seconds"] == 100
+  assert distributed.distributed_args({"TXF_DISTRIBUTED": "auto"})["heartbeat_timeout_seconds"] == distributed.HEARTBEAT_TIMEOUT == 30
   slurm = distributed.distributed_args({"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "16",
                                         "TXF_LOCAL_DEVICE_IDS": "0,1,2,3"})
   assert "coordinator_address" not in slurm and slurm["local_device_ids"] == [0, 1, 2, 3]

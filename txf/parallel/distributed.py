@@ -96,6 +96,9 @@ def maybe_initialize(env: Mapping[str, str] = os.environ) -> bool:
   if args is None:
     return False
   _state["heartbeat"] = args["heartbeat_timeout_seconds"]
+  # txf's own beat (start_failure_watch) names a lost process within TXF_HEARTBEAT_TIMEOUT; jax's
+  # heartbeat check, which aborts the process with a core dump, gets twice that and 10 s more
+  args = dict(args, heartbeat_timeout_seconds=2 * args["heartbeat_timeout_seconds"] + 10)
   _initialize(args)
   if jax.process_count() > 1:
     start_failure_watch()
@@ -129,7 +132,7 @@ def _initialize(args: Dict[str, Any]) -> None:
     if lib is not None:
       jax_distributed._jax = lib
   _state["client"] = jax_distributed.global_state.client
-  atexit.register(_state.__setitem__, "done", True)  # runs before jax's own shutdown (LIFO)
+  atexit.register(_finished_normally)  # runs before jax's own shutdown (LIFO)
 
 
 def note_workdir(workdir: str) -> None:
@@ -172,14 +175,60 @@ def _peer_lost(status=None, *_) -> None:
                 f"again to resume", EXIT_RESUMABLE)
 
 
-def start_failure_watch() -> None:
-  """A daemon thread that ends this process with the line and status another process published
-  (``stop_all``), within about a second."""
+def _finished_normally() -> None:
+  """At a normal exit: tell the others this process is done, not lost, then stop watching."""
   client = _state["client"]
-  me = jax.process_index()
+  if client is not None and not _state["done"]:
+    try:
+      client.key_value_set(f"txf/alive/{jax.process_index()}", "done", allow_overwrite=True)
+    except Exception:  # pylint: disable=broad-except
+      pass
+  _state["done"] = True
+
+
+def start_failure_watch() -> None:
+  """Daemon threads: one beats (``txf/alive/<i>`` counts up every second); the other ends this
+  process with the line and status another process published (``stop_all``) within about a
+  second, or with the lost-process line (exit 75) when a peer's beat has not moved for
+  ``TXF_HEARTBEAT_TIMEOUT`` seconds (the coordinator's: its store cannot be read)."""
+  client = _state["client"]
+  me, count = jax.process_index(), jax.process_count()
+  others = [p for p in range(count) if p != me]
+  bound = float(_state["heartbeat"])
+
+  def beat():
+    n = 0
+    while not _state["done"]:
+      n += 1
+      try:
+        client.key_value_set(f"txf/alive/{me}", str(n), allow_overwrite=True)
+      except Exception:  # pylint: disable=broad-except
+        pass
+      time.sleep(1.0)
+
+  seen = {p: (None, time.time()) for p in others}
+
+  def silent() -> list:
+    now, lost = time.time(), []
+    for p in others:
+      try:
+        value = client.key_value_try_get(f"txf/alive/{p}")
+      except Exception:  # pylint: disable=broad-except  # not yet written, or the store is gone
+        value = None
+      if value == "done":
+        seen[p] = (value, now + 1e9)
+      elif value is not None and value != seen[p][0]:
+        seen[p] = (value, now)
+      elif now - seen[p][1] > bound:
+        lost.append(p)
+    return lost
 
   def watch():
     while not _state["done"]:
+      lost = silent()
+      if lost and not _state["done"]:
+        _peer_lost(" ".join(f"task:{p}" for p in lost) if (me == 0 or len(lost) < len(others))
+                   else "the coordinator")
       try:
         value = client.blocking_key_value_get(_FAILURE_KEY, 1000)
       except Exception:  # pylint: disable=broad-except  # nothing yet (or the service is gone)
@@ -192,8 +241,11 @@ def start_failure_watch() -> None:
         client.key_value_set(f"txf/ack/{me}", "1")
       except Exception:  # pylint: disable=broad-except
         pass
+      if me == 0:  # the coordination service lives here: let the failing process exit first
+        time.sleep(3.0)
       _say_and_exit(line, int(status))
 
+  threading.Thread(target=beat, name="txf-heartbeat", daemon=True).start()
   threading.Thread(target=watch, name="txf-failure-watch", daemon=True).start()
 
 
