@@ -79,10 +79,50 @@ RUN = {
     "txf average-checkpoints --workdir runs/sst2 --step best": "",
     "txf eval --workdir runs/sst2 --split dev --params params_best.msgpack": "",
     "TXF_DATA=../shared/data python -m txf.bench.data": "--batches=2 --batch_size=8",
+    "txf eval --workdir runs/default --split test --bleu tok-lc": "--max_examples=8",
 }
 
 A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag changed: tests/test_train_e2e.py"
+HUB = "a Hub download: tests/test_hf_marian.py imports, translates, fine-tunes and exports a small local Marian model"
+EIGHT = "8 fake devices: tests/test_matrix.py runs every runner with every family"
 NOT_RUN = {
+    "txf import-hf Helsinki-NLP/opus-mt-en-de --workdir runs/opus-mt-en-de": HUB,
+    'echo "A man is riding a bike." | txf translate --workdir runs/opus-mt-en-de --beam 4': HUB,
+    "TXF_DATA=../shared/data txf eval --workdir runs/opus-mt-en-de --split test_2016_flickr --beam 4": HUB,
+    "TXF_DATA=../shared/data txf train --config multi30k_en_de --workdir runs/opus-ft "
+    "--config.init_from=runs/opus-mt-en-de --config.num_train_steps=300": HUB,
+    "txf export-hf --workdir runs/opus-ft --output exported/opus-ft-en-de": HUB,
+    "txf train --config experiments/default.py --workdir runs/data --config.parallelism=mesh "
+    "--config.mesh_shape='(-1,1,1)'": "a mesh run: tests/test_parallel.py and tests/test_matrix.py",
+    "XLA_FLAGS=--xla_force_host_platform_device_count=8 txf train --workdir runs/pmap8 --config.parallelism=pmap": EIGHT,
+    "XLA_FLAGS=--xla_force_host_platform_device_count=8 txf train --workdir runs/data8 --config.parallelism=mesh "
+    "--config.mesh_shape='(8,1,1)'": EIGHT,
+    "XLA_FLAGS=--xla_force_host_platform_device_count=8 txf train --workdir runs/fsdp8 --config.parallelism=mesh "
+    "--config.mesh_shape='(1,-1,1)'": EIGHT,
+    "XLA_FLAGS=--xla_force_host_platform_device_count=8 txf train --workdir runs/tensor8 --config.parallelism=mesh "
+    "--config.mesh_shape='(4,1,2)'": EIGHT,
+    "TXF_DATA=../shared/data python launch/local.py -n 2 -d 1 --timeout=600 -- txf train --config multi30k_en_de "
+    "--workdir runs/mp_multi30k --config.data.packing=False --config.data.bucketing=True "
+    "--config.data.tokens_per_batch=1024 --config.num_train_steps=3 --config.parallelism=mesh "
+    '"--config.mesh_shape=(-1,1,1)" --progress=false':
+        "2 processes on real data: tests/test_multiprocess_pod.py runs it shortened on 1, 2 and 4 processes",
+    "txf plan --config experiments/wmt14_en_de_base.py --topology v5e-8 --config.parallelism=mesh "
+    "--config.mesh_shape='(1,-1,1)'": "needs libtpu (the tpu extra): tests/test_topology.py, skipped without it",
+    "txf plan --config experiments/wmt14_en_de_1b.py --devices 8 --config.mesh_shape='(1,8,1)' "
+    "--config.model.remat=full": "minutes of compiling a 1B model: tests/test_stack.py checks remat on small models",
+    "txf plan --config experiments/wmt14_en_de_1b.py --devices 8 --config.mesh_shape='(1,8,1)' "
+    "--config.model.scan_layers=true": "minutes of compiling a 1B model: tests/test_stack.py checks scanned layers",
+    "txf train --config experiments/copy.py --workdir runs/copy_profile --config.profile_steps=10:13":
+        "tests/test_profile.py traces steps of a shortened copy run",
+    "launch/tpu_pod.sh --dry-run --queued v5p-128 v2-alpha-tpuv5 --num-slices 2 my-qr us-east5-a "
+    "--config=experiments/wmt14_en_de_1b.py --workdir=/mnt/runs/1b": "tests/test_launchers.py runs the dry runs",
+    "launch/tpu_pod.sh --dry-run --stop my-qr us-east5-a": "tests/test_launchers.py runs the dry runs",
+    "launch/gke_jobset.sh --hosts 4 --image IMAGE -- --config=experiments/wmt14_en_de_1b.py "
+    "--workdir=/data/runs/1b": "tests/test_launchers.py parses the manifest",
+    "launch/gke_jobset.sh --xpk my-cluster v5p-128 --num-slices 2 --image IMAGE --dry-run -- "
+    "--config=experiments/wmt14_en_de_1b.py --workdir=/data/runs/1b": "tests/test_launchers.py runs the dry runs",
+    "TXF_DRY_RUN=1 bash launch/slurm.sbatch --config=experiments/wmt14_en_de_base.py "
+    "--workdir=/shared/runs/base": "tests/test_launchers.py runs the dry runs",
     "pip install -e '.[test]' && pytest -n 2 -q": "the whole test suite: what CI runs (.ci/run)",
     "txf train --config experiments/default.py --workdir runs/h2 --config.model.num_heads=2 --config.seed=1":
         A_RUN_WITH_ONE_FLAG,
@@ -194,7 +234,8 @@ def test_every_listed_command_is_still_documented():
 # -- the txf commands, flags and fields a command names exist --------------------------------------
 
 COMMON_FLAGS = {"v", "verbosity", "verbose_errors", "help", "helpshort", "helpfull", "version"}
-LAUNCHERS = ("launch/tpu_pod.sh", "launch/slurm.sbatch")  # the flags after these are txf train's
+# the --config/--workdir flags after these are txf train's (the others are the launcher's own)
+LAUNCHERS = ("launch/tpu_pod.sh", "launch/slurm.sbatch", "launch/gke_jobset.sh")
 
 
 def txf_calls(command):
@@ -222,7 +263,7 @@ def txf_calls(command):
       calls.append((f"python -m {seg[2]}", seg[3:]))
     elif any(w.endswith(LAUNCHERS) for w in seg):
       i = next(i for i, w in enumerate(seg) if w.endswith(LAUNCHERS))
-      calls.append(("train", [w for w in seg[i + 1:] if w.startswith("--")]))
+      calls.append(("train", [w for w in seg[i + 1:] if w.startswith(("--config", "--workdir"))]))
   return calls
 
 
@@ -291,7 +332,8 @@ def test_every_txf_call_names_commands_flags_and_fields_that_exist():
     for c in configs:
       if not sub.startswith("python -m "):
         try:
-          config_lib.experiment_path(c if os.path.isabs(c) else os.path.join(ROOT, c))
+          bare = "/" not in c and not c.endswith(".py")  # a shipped experiment's name
+          config_lib.experiment_path(c if os.path.isabs(c) or bare else os.path.join(ROOT, c))
         except config_lib.ConfigError as e:
           problems.append(where + str(e))
   assert not problems, "documented commands name what txf does not have:\n  " + "\n  ".join(problems)
