@@ -74,7 +74,8 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], protocol: 
   hyps, refs = list(hypotheses), list(references)
   if protocol == "tok-lc":
     hyps, refs = tokenize_lowercase(hyps, lang), tokenize_lowercase(refs, lang)
-    metric = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
+    metric = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", lowercase=True,
+                                    force=True)  # lowercase: already done; the signature says case:lc
   else:
     metric = sacrebleu.metrics.BLEU()
   score = metric.corpus_score(hyps, [refs])
