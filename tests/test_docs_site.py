@@ -141,7 +141,7 @@ def test_notebook_page_shows_its_figures(server, browser, name):
 def test_search_finds_beam_search(server, browser):
   page, _, _ = _open(browser, server + "/")
   page.click("label.md-search__icon, .md-search__input", timeout=TIMEOUT_MS)
-  page.fill(".md-search__input", "beam_search")
+  page.type(".md-search__input", "beam_search", delay=30)  # key by key, as a person types
   page.wait_for_selector(".md-search-result__item", timeout=TIMEOUT_MS)
   results = page.inner_text(".md-search-result__list")
   assert "beam_search" in results
