@@ -135,7 +135,8 @@ def _decode_on_one_device(config, workdir):
   from txf.models import model_config_from
   from txf.train.samples import lm_prompts, lm_samples
   task = make_task(config, workdir)
-  model_cfg = model_config_from(config, task)
+  # params.msgpack holds the real vocabulary: the padding rows of a tensor mesh are not exported
+  model_cfg = model_config_from(config, task, vocab_multiple=1)
   params = workdir_lib.load_params(workdir)
   batches = task.eval_batches(config.data.eval_split, config.batch_size,
                               config.eval_batches * config.batch_size)
@@ -162,7 +163,7 @@ def _param_shapes(config, workdir, model_shapes):
     from txf.data import make_task
     from txf.models import init_params, model_config_from
     task = make_task(config, workdir)
-    model_cfg = model_config_from(config, task)
+    model_cfg = model_config_from(config, task, vocab_multiple=1)
     batch = next(task.train_iterator(config.batch_size, config.seed))
     want = flat(jax.eval_shape(lambda: init_params(model_cfg, jax.random.key(0), batch)))
   return want, flat(workdir_lib.load_params(workdir))
