@@ -131,12 +131,8 @@ NOT_RUN = {
     "--config.model.positional=learned": A_RUN_WITH_ONE_FLAG,
     "txf train --config experiments/default.py --workdir runs/pmap --config.parallelism=pmap":
         "several devices: tests/test_parallel.py and the runner x family matrix test run pmap on 8 CPU devices",
-    "txf train --config experiments/default.py --workdir runs/mesh --config.parallelism=mesh "
-    "--config.mesh_shape='(4,1,2)'": "8 devices: tests/test_parallel.py and the matrix test run this mesh",
     "txf train --config experiments/default.py --workdir runs/fsdp --config.parallelism=mesh "
     "--config.mesh_shape='(1,-1,1)'": "several devices: tests/test_parallel.py and the matrix test run fsdp",
-    "XLA_FLAGS=--xla_force_host_platform_device_count=8 txf train --config experiments/default.py "
-    "--workdir runs/pmap8 --config.parallelism=pmap": "8 fake devices: the matrix test runs pmap on them",
     "python launch/local.py -n 2 -d 2 -- txf train --config experiments/default.py --config.parallelism=mesh "
     "--workdir runs/mp": "2 processes: tests/test_multiprocess.py runs them on 127.0.0.1",
     "launch/tpu_pod.sh TPU_NAME ZONE --config=experiments/wmt14_en_de_base.py --config.parallelism=mesh "
