@@ -14,6 +14,8 @@ import pytest
 from txf.bench import run as bench_run
 from txf.bench import train as bench_train
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 TRAIN_FIELDS = {"config", "dtype", "attention_impl", "attention_resolved", "compile_s", "step_s_best",
                 "step_s_median", "target_tokens_per_s", "tokens_per_s", "flops_model", "flops_xla",
                 "model_gflops_per_s", "mfu_float32", "mfu_bfloat16", "mfu_paired_float32", "memory", "max_rss_mib",

@@ -16,6 +16,8 @@ from txf.config import ConfigError, validate
 from txf.data import builders
 from txf.inference import bleu
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

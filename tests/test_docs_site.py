@@ -20,6 +20,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 SITE = os.path.join(ROOT, "site")
 CHROMIUM = next((p for p in (os.environ.get("TXF_CHROMIUM"), shutil.which("chromium"),
                              shutil.which("chromium-browser")) if p), None)

@@ -104,12 +104,13 @@ def test_head_bfloat16_states_match_the_reference_path():
 
 SMALL = dict(num_encoder_layers=1, num_decoder_layers=1)   # one layer each: quick to compile
 
-FAMILIES = [
+FAMILIES = [  # the first in the quick tier, the others in the end-to-end tier (`pytest -m slow`)
     dict(family="encoder_decoder"),
-    dict(family="encoder_decoder", share_embeddings=False, target_vocab_size=23, tie_output=False),
-    dict(family="decoder_lm", pre_ln=True),
-    dict(family="decoder_lm", tie_output=False),
-    dict(family="encoder_classifier", num_classes=3),
+    pytest.param(dict(family="encoder_decoder", share_embeddings=False, target_vocab_size=23,
+                      tie_output=False), marks=pytest.mark.slow),
+    pytest.param(dict(family="decoder_lm", pre_ln=True), marks=pytest.mark.slow),
+    pytest.param(dict(family="decoder_lm", tie_output=False), marks=pytest.mark.slow),
+    pytest.param(dict(family="encoder_classifier", num_classes=3), marks=pytest.mark.slow),
 ]
 
 
@@ -179,6 +180,7 @@ def test_default_loss_fuses_from_a_vocabulary_size(monkeypatch, min_vocab, expec
   assert bool(calls) == expect_fused
 
 
+@pytest.mark.slow
 def test_train_step_fused_equals_reference_step(monkeypatch):
   cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, **SMALL,
                           dropout_rate=0.1)

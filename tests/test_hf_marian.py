@@ -25,6 +25,8 @@ import sentencepiece as spm  # noqa: E402
 from txf.errors import TxfError  # noqa: E402
 from txf.inference import hf, load_run, translate_lines  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 EN = "the a cat dog bird fish sees likes eats big small red green old young house tree".split()
 DE = "der ein katze hund vogel fisch sieht mag isst gross klein rot gruen alt jung haus baum".split()
 WORDS = dict(zip(EN, DE))
@@ -215,9 +217,9 @@ def test_import_refuses_what_txf_cannot_represent(small, tmp_path):
     hf.resolve_source(str(tmp_path / "nothing-here"))
 
 
-@pytest.mark.xfail(strict=False, reason="failing after this session's merges, not yet fixed: see the closing note of session 6")
 def test_fine_tune_from_imported(small, imported, tmp_path):
-  """init_from: the imported parameters and tokenizer start a txf run (lr 0: they stay as they are)."""
+  """init_from: the imported parameters and tokenizer start a txf run (lr 1e-30: each Adam step
+  moves a parameter by at most ~1e-30, so they stay as they are to 1e-25)."""
   from txf.config import base_config
   from txf.train import train
   from txf.workdir import load_params
@@ -231,7 +233,7 @@ def test_fine_tune_from_imported(small, imported, tmp_path):
   c.init_from = imported
   c.num_train_steps, c.batch_size, c.log_every, c.eval_every = 2, 8, 1, 0
   c.checkpoint_every, c.decode_examples, c.eval_batches = 0, 4, 1
-  c.optimizer.schedule, c.optimizer.learning_rate, c.optimizer.warmup_steps = "constant", 0.0, 1
+  c.optimizer.schedule, c.optimizer.learning_rate, c.optimizer.warmup_steps = "constant", 1e-30, 1
   c.data.source, c.data.data_dir = f"text:{data}", str(tmp_path / "prepared")
   c.data.max_input_len = c.data.max_target_len = 16
   workdir = str(tmp_path / "ft")
@@ -242,7 +244,7 @@ def test_fine_tune_from_imported(small, imported, tmp_path):
   before, after = load_params(imported), load_params(workdir)
   import jax
   for a, b in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(after)):
-    np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-25)
 
 
 def test_txf_default_run_export_names_what_stands_in_the_way(tmp_path):

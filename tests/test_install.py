@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 
 def _setuptools_builds_wheels() -> bool:
   try:

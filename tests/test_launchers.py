@@ -14,6 +14,8 @@ import yaml
 
 from tests.conftest import EXPERIMENTS, ROOT
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 LAUNCH = os.path.join(ROOT, "launch")
 
 

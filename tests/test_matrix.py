@@ -41,6 +41,8 @@ if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before 
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.environ.get("TXF_DATA") or os.path.join(ROOT, "..", "shared", "data")
 STAND_IN = not all(os.path.exists(os.path.join(SHARED_DATA, d)) for d in ("sst2", "tinyshakespeare"))
@@ -52,6 +54,8 @@ RUNNERS = {
     "tensor": {"parallelism": "mesh", "mesh_shape": (4, 1, 2)},
     "2x2x2": {"parallelism": "mesh", "mesh_shape": (2, 2, 2)},
 }
+if os.environ.get("MATRIX_RUNNERS"):  # a subset, e.g. MATRIX_RUNNERS=pmap,2x2x2 (.ci/run's newest jax)
+  RUNNERS = {name: RUNNERS[name] for name in os.environ["MATRIX_RUNNERS"].split(",")}
 FAMILIES = ("translate", "lm", "classify")
 TINY = {"model.d_model": 16, "model.num_heads": 2, "model.d_ff": 32, "model.dropout_rate": 0.0,
         "batch_size": 16, "num_train_steps": 2, "log_every": 1, "eval_every": 0,

@@ -31,6 +31,8 @@ import pytest
 from tests.conftest import EXPERIMENTS, ROOT
 from txf import workdir as workdir_lib
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 LAUNCH = os.path.join(ROOT, "launch", "local.py")
 ARGS = ["--config", os.path.join(EXPERIMENTS, "copy.py"), "--progress=false",
         "--config.batch_size=8", "--config.model.d_model=32", "--config.model.d_ff=64",

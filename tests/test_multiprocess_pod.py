@@ -35,6 +35,8 @@ from tests.test_data_fixtures import parallel_dir, tsv_dir
 from tests.test_multiprocess import ARGS, LAUNCH, _env, _launch, _train_rows
 from txf.errors import EXIT_RESUMABLE
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 TINY = ["--progress=false", "--config.model.d_model=16", "--config.model.d_ff=32",
         "--config.model.num_heads=2", "--config.model.num_encoder_layers=1",

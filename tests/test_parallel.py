@@ -25,6 +25,7 @@ if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from txf.config import base_config
 from txf.models import init_params, param_axes
@@ -185,6 +186,7 @@ def _worker_result() -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_pmap_and_mesh_layouts_match_single_device_on_8_devices():
   result = _worker_result()
   ref = np.array(result["reference"])

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_BATCH = ["--config.data.tokens_per_batch=0", "--config.batch_size=16",
                "--config.data.max_input_len=32", "--config.data.max_target_len=32"]

@@ -11,6 +11,8 @@ from tests.conftest import EXPERIMENTS, ROOT
 from txf.config import ConfigError, base_config, validate
 from txf.train import profile
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 
 def traced_steps(spec, first_step, total, monkeypatch, tmp_path):
   """The steps a StepProfiler traces over steps first_step+1..total (trace calls recorded)."""

@@ -123,7 +123,9 @@ NOT_RUN = {
     "--config=experiments/wmt14_en_de_1b.py --workdir=/data/runs/1b": "tests/test_launchers.py runs the dry runs",
     "TXF_DRY_RUN=1 bash launch/slurm.sbatch --config=experiments/wmt14_en_de_base.py "
     "--workdir=/shared/runs/base": "tests/test_launchers.py runs the dry runs",
-    "pip install -e '.[test]' && pytest -n 2 -q": "the whole test suite: what CI runs (.ci/run)",
+    "pip install -e '.[test]' && pytest -n 2 -q": "the quick test tier: what CI runs first (.ci/run)",
+    "pytest -n 2 -q": "the quick test tier: what CI runs first (.ci/run)",
+    "pytest -n 2 -q -m slow": "the end-to-end test tier, this test among them: CI runs it (.ci/run)",
     "txf train --config experiments/default.py --workdir runs/h2 --config.model.num_heads=2 --config.seed=1":
         A_RUN_WITH_ONE_FLAG,
     "txf train --config experiments/copy.py --workdir runs/copy": "tests/test_train_e2e.py trains copy.py",
@@ -389,7 +391,10 @@ def test_the_readme_runs_in_order_from_a_fresh_clone(tmp_path):
                        text=True, timeout=900)  # seconds on a quiet CPU; minutes on a loaded one
     timings.append((round(time.perf_counter() - t0, 1), cmd))
     assert r.returncode == 0, f"{doc}:{line}: `{script}` failed ({r.returncode}):\n{r.stderr[-3000:]}"
-    assert "Traceback" not in r.stderr and "\ufffd" not in r.stdout, f"{doc}:{line}: {r.stderr[-3000:]}"
+    # U+FFFD only where a subword model's byte pieces decode to broken UTF-8: an untrained
+    # model's sample hypotheses; txf's own text never has it
+    own = [l for l in r.stdout.splitlines() if not l.lstrip().startswith("hyp:")]
+    assert "Traceback" not in r.stderr and "\ufffd" not in "\n".join(own), f"{doc}:{line}: {r.stdout[-3000:]}"
     check_output(cmd, r, clone)
   print(timings)
   extra_checks(clone, prelude, env)

@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import EXPERIMENTS, ROOT
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 ARGS = ["train", "--config", os.path.join(EXPERIMENTS, "copy.py"), "--progress=false",
         "--config.batch_size=8", "--config.model.d_model=16", "--config.model.d_ff=32",
         "--config.model.num_heads=2", "--config.eval_batches=1", "--config.decode_examples=4",

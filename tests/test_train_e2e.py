@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import EXPERIMENTS, run_txf
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 COPY = os.path.join(EXPERIMENTS, "copy.py")
 
 

@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import EXPERIMENTS, ROOT, run_txf
 from tests.tb_events import read_events
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 COPY = os.path.join(EXPERIMENTS, "copy.py")
 SHORT = ("--config.num_train_steps=50", "--config.log_every=25", "--config.decode_examples=4")
 

@@ -145,6 +145,7 @@ def _poison(pcfg, pparams, scale=1e3):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tables", ["tied", "untied"])
 def test_padded_model_decodes_as_the_unpadded_one_even_with_winning_padding_rows(tables):
   cfg = _cfg("encoder_decoder", **TABLES[tables])

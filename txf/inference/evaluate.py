@@ -222,8 +222,9 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
   examples = run.task.examples(split, n) if family == "encoder_decoder" else []
   report: Dict[str, Any] = {"workdir": run.workdir, "params": os.path.abspath(run.params_path),
                             "split": split, "family": family, "num_examples": n}
+  options = run.config or {}  # a Run built by hand may come without its training config
   evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size,
-                        run.config.get("length_penalty", "gnmt"), run.config.get("early_stopping", False))
+                        options.get("length_penalty", "gnmt"), options.get("early_stopping", False))
   step = jax.jit(make_eval_step(run.model_cfg, 0.0))
   sums = evaluator.sums(lambda b: step(run.params, b),
                         progress=lambda k: progress("scoring", k, len(batches), "batches"))

@@ -54,7 +54,7 @@ HEARTBEAT_TIMEOUT = 30               # default TXF_HEARTBEAT_TIMEOUT, seconds
 ACK_TIMEOUT = 10.0                   # seconds a failing process waits for the others to see it
 _FAILURE_KEY = "txf/failure"
 _state: Dict[str, Any] = {"client": None, "heartbeat": HEARTBEAT_TIMEOUT, "workdir": "",
-                          "done": False, "lock": threading.Lock()}
+                          "done": False, "lock": threading.Lock(), "threads": []}
 
 
 def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, Any]]:
@@ -176,7 +176,11 @@ def _peer_lost(status=None, *_) -> None:
 
 
 def _finished_normally() -> None:
-  """At a normal exit: tell the others this process is done, not lost, then stop watching."""
+  """At a normal exit: tell the others this process is done, not lost, then stop watching.
+
+  The watch threads are joined here, before the interpreter finalises: a daemon thread still
+  inside a blocking call of the runtime client when Python finalises is ended by ``pthread_exit``,
+  whose unwinding through the extension's C++ frames aborts the process (status -6)."""
   client = _state["client"]
   if client is not None and not _state["done"]:
     try:
@@ -184,6 +188,9 @@ def _finished_normally() -> None:
     except Exception:  # pylint: disable=broad-except
       pass
   _state["done"] = True
+  for thread in _state["threads"]:
+    if thread is not threading.current_thread():
+      thread.join(timeout=5.0)  # each wakes within a second or so (sleep 1 s, a 1 s blocking get)
 
 
 def start_failure_watch() -> None:
@@ -245,8 +252,10 @@ def start_failure_watch() -> None:
         time.sleep(3.0)
       _say_and_exit(line, int(status))
 
-  threading.Thread(target=beat, name="txf-heartbeat", daemon=True).start()
-  threading.Thread(target=watch, name="txf-failure-watch", daemon=True).start()
+  _state["threads"] = [threading.Thread(target=beat, name="txf-heartbeat", daemon=True),
+                       threading.Thread(target=watch, name="txf-failure-watch", daemon=True)]
+  for thread in _state["threads"]:
+    thread.start()
 
 
 def stop_all(line: str, status: int) -> None:
@@ -272,6 +281,8 @@ def stop_all(line: str, status: int) -> None:
       client.blocking_key_value_get(f"txf/ack/{p}", max(1, int(1000 * (deadline - time.time()))))
     except Exception:  # pylint: disable=broad-except  # gone already, or failed itself
       pass
+  if me == 0:  # the coordination service lives here: let the others exit before it goes away
+    time.sleep(3.0)
   _say_and_exit_now(line, status)
 
 
