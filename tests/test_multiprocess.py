@@ -105,7 +105,6 @@ def test_two_processes_train_checkpoint_and_one_process_resumes(tmp_path):
 FSDP8 = ["--config.parallelism=mesh", "--config.mesh_shape=(1,8,1)"]
 
 
-@pytest.mark.xfail(strict=False, reason="failing after this session's merges, not yet fixed: see the closing note of session 6")
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_all_on_the_same_step_and_resumes_exactly(tmp_path):
   reference, stopped = tmp_path / "reference", tmp_path / "stopped"

@@ -81,7 +81,6 @@ def _assert_same_losses(rows, reference, steps, rtol=2e-5):
                                err_msg=f"loss at step {step}")
 
 
-@pytest.mark.xfail(strict=False, reason="failing after this session's merges, not yet fixed: see the closing note of session 6")
 @pytest.mark.parametrize("name,counts", [("multi30k", (1, 2, 4)), ("sst2", (1, 2))])
 def test_bucketed_real_data_trains_alike_on_any_process_count(tmp_path, data, name, counts):
   args = data[name] + MESH + ["--config.num_train_steps=2"]

@@ -200,8 +200,17 @@ def fit_config(name: str) -> None:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   note = config_lib.fit_cooldown(flags.FLAGS.config, module.get_config().num_train_steps)
-  if note:
+  if note and _launched_as_process_0():
     print(f"txf: note: {note}", flush=True)
+
+
+def _launched_as_process_0(environ=os.environ) -> bool:
+  """Whether this process is process 0 of its job (or alone), from what the launchers set; jax is
+  not initialised yet, so the rank comes from the environment (txf's launcher, SLURM, TPU VMs)."""
+  for name in ("TXF_PROCESS_ID", "SLURM_PROCID", "TPU_WORKER_ID"):
+    if environ.get(name, "").strip().isdigit():
+      return int(environ[name]) == 0
+  return True
 
 
 def _prepare(fn, name: str):
