@@ -132,6 +132,21 @@ def test_formulas_render_as_maths(server, browser):
   assert not errors
 
 
+def test_docstring_formulas_render_as_maths_in_the_api_pages(server, browser):
+  """The $$...$$ formulas of the ops docstrings (attention, multi-head, FFN, LayerNorm, PE, ...)."""
+  page, errors, _ = _open(browser, server + "/api/ops/")
+  page.wait_for_function("document.querySelectorAll('.arithmatex mjx-container').length > 0", timeout=TIMEOUT_MS)
+  counts = page.evaluate("""() => {
+      const spans = [...document.querySelectorAll('.arithmatex')];
+      return {spans: spans.length, typeset: spans.filter(s => s.querySelector('mjx-container')).length,
+              raw: spans.filter(s => s.textContent.includes('$$')).length}; }""")
+  assert counts["spans"] >= 8 and counts["typeset"] == counts["spans"] and counts["raw"] == 0, counts
+  # softmax(QK^T / sqrt(d_k)), LayerNorm's sqrt(sigma^2 + eps), the embedding's sqrt(d_model)
+  assert page.evaluate("document.querySelectorAll('mjx-msqrt').length") >= 3
+  assert page.evaluate("document.querySelectorAll('mjx-mfrac').length") >= 3
+  assert not errors
+
+
 @pytest.mark.parametrize("name", sorted(NOTEBOOK_FIGURES))
 def test_notebook_page_shows_its_figures(server, browser, name):
   page, _, _ = _open(browser, server + f"/notebooks/{name}/")

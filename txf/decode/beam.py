@@ -30,7 +30,9 @@ PENALTIES = ("gnmt", "power", "average", "none")
 
 
 def length_penalty(length: jnp.ndarray, alpha: float, kind: str = "gnmt") -> jnp.ndarray:
-  """lp(L): ``gnmt`` ((5 + L) / 6)^alpha, ``power`` L^alpha, ``average`` L, ``none`` 1.
+  r"""lp(L): ``gnmt`` ((5 + L) / 6)^alpha, ``power`` L^alpha, ``average`` L, ``none`` 1.
+
+  $$lp_\text{gnmt}(L) = \Big(\frac{5 + L}{6}\Big)^{\alpha}, \qquad lp_\text{power}(L) = L^{\alpha}$$
 
   length: int or float [...] -> float32 [...].
   """

@@ -24,9 +24,9 @@ def padding_mask(query_valid: jnp.ndarray, key_valid: jnp.ndarray) -> jnp.ndarra
 
 
 def causal_mask(length: int, key_length: Optional[int] = None) -> jnp.ndarray:
-  """Lower-triangular mask: position i may attend to positions j <= i.
+  r"""Lower-triangular mask: position i may attend to positions j <= i.
 
-  M[i, j] = (j <= i)
+  $$M_{ij} = [\,j \le i\,]$$
 
   Returns:
     bool [1, 1, L, L_k].
@@ -66,7 +66,9 @@ def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                                  mask: Optional[jnp.ndarray] = None,
                                  products: Optional[Tuple[Callable, Callable]] = None
                                  ) -> Tuple[jnp.ndarray, jnp.ndarray]:
-  """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V.
+  r"""Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V.
+
+  $$\operatorname{Attention}(Q, K, V) = \operatorname{softmax}\Big(\frac{QK^\top}{\sqrt{d_k}} + M\Big)V$$
 
   Masked logits get the most negative finite value, so masked keys get exactly 0 weight; a row
   with every key masked returns zero weights and a zero output (never NaN).
@@ -127,7 +129,10 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
                          matmul: Optional[Callable] = None,
                          biases: Optional[Tuple[jnp.ndarray, ...]] = None
                          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
-  """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+  r"""MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+  $$\operatorname{MultiHead}(Q, K, V) = \operatorname{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\,W^O,
+  \qquad \mathrm{head}_i = \operatorname{Attention}(QW_i^Q, KW_i^K, VW_i^V)$$
 
   With d_k = d_v = d_model / h, the per-head projections W_i^Q are the column blocks of ``w_q``
   (given as [d_model, h*d_k], or already as blocks [d_model, h, d_k] with W_i^Q = w_q[:, i]); W^O

@@ -131,7 +131,9 @@ def _canonical_sign(v: jnp.ndarray) -> jnp.ndarray:
 @functools.partial(jax.jit, static_argnames=("max_iters",))
 def power_iteration(a: jnp.ndarray, max_iters: int = 1000, tol: Optional[float] = None,
                     v0: Optional[jnp.ndarray] = None) -> Tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-  """The dominant eigenpair of a symmetric matrix by power iteration.
+  r"""The dominant eigenpair of a symmetric matrix by power iteration.
+
+  $$v_{t+1} = \frac{A v_t}{\lVert A v_t \rVert}, \qquad \lambda = v^\top A v$$
 
   v_{t+1} = A v_t / ||A v_t||, stopped when ||v_{t+1} - s v_t|| < tol (s = sign(v_{t+1} . v_t), so a
   negative eigenvalue's sign flips do not count as change) or after ``max_iters`` steps;

@@ -4,7 +4,9 @@ import jax.numpy as jnp
 
 
 def embed(ids: jnp.ndarray, table: jnp.ndarray, scale: bool = True) -> jnp.ndarray:
-  """X = E[x] * sqrt(d_model).
+  r"""X = E[x] * sqrt(d_model).
+
+  $$X = E_{x}\,\sqrt{d_\text{model}}$$
 
   Args:
     ids: int [...]; table: E, [V, d_model].
@@ -17,7 +19,9 @@ def embed(ids: jnp.ndarray, table: jnp.ndarray, scale: bool = True) -> jnp.ndarr
 
 
 def tied_logits(h: jnp.ndarray, table: jnp.ndarray) -> jnp.ndarray:
-  """Pre-softmax linear with weights shared with the embedding: logits = h E^T.
+  r"""Pre-softmax linear with weights shared with the embedding: logits = h E^T.
+
+  $$\text{logits} = h E^\top$$
 
   Args:
     h: [..., d_model]; table: E, [V, d_model].

@@ -15,7 +15,9 @@ ACTIVATIONS = {"relu": jax.nn.relu, "gelu": lambda z: jax.nn.gelu(z, approximate
 def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
                  b2: jnp.ndarray, matmul: Optional[Callable] = None,
                  activation: str = "relu") -> jnp.ndarray:
-  """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately.
+  r"""FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately.
+
+  $$\operatorname{FFN}(x) = \max(0,\, xW_1 + b_1)\,W_2 + b_2$$
 
   ``activation`` replaces max(0, .) by another f of ``ACTIVATIONS``: gelu(z) = z Phi(z) (the
   exact, erf form), swish(z) = z sigmoid(z).

@@ -8,10 +8,12 @@ import jax.numpy as jnp
 
 def label_smoothed_cross_entropy(logits: jnp.ndarray, targets: jnp.ndarray, weights: jnp.ndarray,
                                  epsilon: float = 0.1) -> Tuple[jnp.ndarray, jnp.ndarray]:
-  """Cross-entropy against the smoothed distribution q over V classes.
+  r"""Cross-entropy against the smoothed distribution q over V classes.
 
-  q(y) = 1 - eps for the target y, q(k) = eps / (V - 1) for every other k;
-  loss_t = -sum_k q(k) log p(k | t) = -(1-eps) log p(y) - eps/(V-1) sum_{k != y} log p(k).
+  $$q(k) = \begin{cases} 1 - \epsilon & k = y \\ \frac{\epsilon}{V - 1} & k \ne y \end{cases}
+  \qquad \ell_t = -\sum_k q(k) \log p(k \mid t)
+  = -(1-\epsilon)\log p(y) - \frac{\epsilon}{V-1}\sum_{k \ne y} \log p(k)$$
+
   Positions with weight 0 (padding) are excluded.
 
   Args:

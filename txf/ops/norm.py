@@ -4,7 +4,9 @@ import jax.numpy as jnp
 
 
 def layer_norm(x: jnp.ndarray, gamma: jnp.ndarray, beta: jnp.ndarray, eps: float = 1e-6) -> jnp.ndarray:
-  """LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta over the last axis.
+  r"""LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta over the last axis.
+
+  $$\operatorname{LN}(v) = \gamma \odot \frac{v - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta$$
 
   mu and sigma^2 are the mean and the biased (1/N) variance of the last axis.
 

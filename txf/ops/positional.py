@@ -5,10 +5,10 @@ import numpy as np
 
 
 def sinusoidal_positional_encoding(length: int, d_model: int, max_timescale: float = 10000.0) -> jnp.ndarray:
-  """The paper's fixed positional encoding, interleaved.
+  r"""The paper's fixed positional encoding, interleaved.
 
-  PE[pos, 2i]   = sin(pos / 10000^(2i / d_model))
-  PE[pos, 2i+1] = cos(pos / 10000^(2i / d_model))
+  $$PE_{(pos,\,2i)} = \sin\big(pos / 10000^{2i/d_\text{model}}\big), \qquad
+  PE_{(pos,\,2i+1)} = \cos\big(pos / 10000^{2i/d_\text{model}}\big)$$
 
   Each sin/cos pair shares one frequency. For odd ``d_model`` the last column is a sine.
 

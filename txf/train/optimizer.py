@@ -8,7 +8,10 @@ from txf.config import ConfigError
 
 
 def inverse_sqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
-  """lr(step) = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
+  r"""lr(step) = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
+
+  $$\mathit{lrate} = \mathit{scale} \cdot d_\text{model}^{-0.5} \cdot
+  \min\big(\mathit{step}^{-0.5},\ \mathit{step} \cdot \mathit{warmup}^{-1.5}\big)$$
 
   Linear warmup for ``warmup_steps`` steps, then decay proportional to 1/sqrt(step); the peak,
   at step = warmup, is scale * (d_model * warmup)^-0.5. optax passes the update count (0-based),
