@@ -13,6 +13,7 @@ installs the faults, then runs ``txf`` as usual.
 subprocess run also writes ``process i: the loop ended after step n`` to stderr when training ends.
 ``FAULT_ERROR_AT_STEP=k`` with ``FAULT_ERROR=data|bug`` and ``FAULT_ERROR_PROCESS=i``: that process
 alone raises a DataError (a bad data row) or a RuntimeError (a bug) after step k.
+``FAULT_HIDE_CHECKPOINT=step:i``: process i's listing of the checkpoints folder misses that step.
 """
 
 import asyncio
@@ -193,6 +194,21 @@ def disk_full_for(monkeypatch, name: str) -> None:
   monkeypatch.setattr(builtins, "open", full_open)
 
 
+def hide_checkpoint(monkeypatch, step: int, process: int) -> None:
+  """Process ``process`` (its TXF_PROCESS_ID) does not see checkpoint ``step`` when it lists the
+  checkpoints folder: a stale view of a shared file system (e.g. a late NFS attribute cache)."""
+  if int(os.environ.get("TXF_PROCESS_ID", "0") or 0) != process:
+    return
+  from orbax.checkpoint._src.path import step as step_lib
+  name_format = type(step_lib.standard_name_format())
+  glob = name_format._glob_step_paths  # pylint: disable=protected-access
+
+  def without_step(self, base_path):
+    return [p for p in glob(self, base_path) if p.name != str(step)]
+
+  monkeypatch.setattr(name_format, "_glob_step_paths", without_step)
+
+
 class _Patch:
   """The part of pytest's monkeypatch that the faults use, for a subprocess."""
 
@@ -221,5 +237,7 @@ if __name__ == "__main__":
   if os.environ.get("FAULT_ERROR_AT_STEP"):
     error_at_step(_Patch(), int(os.environ["FAULT_ERROR_AT_STEP"]),
                   os.environ.get("FAULT_ERROR", "data"), int(os.environ.get("FAULT_ERROR_PROCESS", "-1")))
+  if os.environ.get("FAULT_HIDE_CHECKPOINT"):  # STEP:PROCESS
+    hide_checkpoint(_Patch(), *map(int, os.environ["FAULT_HIDE_CHECKPOINT"].split(":")))
   report_end(_Patch())
   cli.main(["txf"] + sys.argv[1:])

@@ -102,6 +102,31 @@ def test_two_processes_train_checkpoint_and_one_process_resumes(tmp_path):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+def test_every_process_resumes_from_the_step_process_0_lists(tmp_path):
+  """Process 1 does not see the newest checkpoint (a stale view of the shared folder): it resumes
+  from process 0's step all the same, and redoes the last steps exactly."""
+  run = tmp_path / "run"
+  args = ["--config.parallelism=mesh", "--config.mesh_shape=(1,2,1)", "--config.checkpoint_every=2",
+          "--config.keep_checkpoints=0"]
+  _train(run, 2, 1, 6, *args)
+  first = _train_rows(run)
+  assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6"]
+  shutil.rmtree(run / "checkpoints" / "6")  # as if stopped after step 6's rows, before its checkpoint
+  for final in ("params.msgpack", "params"):
+    if os.path.isdir(run / final):
+      shutil.rmtree(run / final)
+    elif os.path.exists(run / final):
+      os.remove(run / final)
+  # without agreement process 1 would restore step 2 and process 0 step 4: different steps
+  out = _train(run, 2, 1, 6, *args, faults={"FAULT_HIDE_CHECKPOINT": "4:1"})
+  assert "resumed from the checkpoint at step 4" in out, out[-3000:]
+  rows = _train_rows(run)
+  assert sorted(rows) == sorted(first) == [1, 2, 3, 4, 5, 6]
+  for step in (5, 6):
+    for key in ("loss", "grad_norm"):
+      assert rows[step][key] == first[step][key], (key, step)  # the same topology: exactly
+
+
 FSDP8 = ["--config.parallelism=mesh", "--config.mesh_shape=(1,8,1)"]
 
 

@@ -97,10 +97,14 @@ class Checkpointer:
   """Save and restore a run's checkpoints (one instance per run; call ``close()`` at the end).
 
   ``config`` supplies keep_checkpoints, best_metric, best_mode and seed; ``config=None`` opens
-  the checkpoints read-only (e.g. to average them).
+  the checkpoints read-only (e.g. to average them). ``agreed_steps``: with several processes,
+  process 0 lists the checkpoint steps and broadcasts them, so every process resumes from the same
+  step whatever its view of a shared file system (a collective: every process must build the
+  Checkpointer, as the training loop does; one process alone must not pass it).
   """
 
-  def __init__(self, workdir: str, config=None, async_save: bool = True, read_only: bool = False):
+  def __init__(self, workdir: str, config=None, async_save: bool = True, read_only: bool = False,
+               agreed_steps: bool = False):
     self.workdir = os.path.abspath(workdir)
     self.directory = os.path.join(self.workdir, "checkpoints")
     self.read_only = config is None or read_only
@@ -129,7 +133,8 @@ class Checkpointer:
         ocp.checkpoint_managers.AnyPreservationPolicy(policies),
         best_fn=best_fn, best_mode=best_mode, create=not self.read_only,
         cleanup_tmp_directories=not self.read_only, read_only=self.read_only,
-        enable_async_checkpointing=async_save, save_interval_steps=0 if self.read_only else 1)
+        enable_async_checkpointing=async_save, save_interval_steps=0 if self.read_only else 1,
+        single_host_load_and_broadcast=agreed_steps)
     if self.read_only and not os.path.isdir(self.directory):
       raise CheckpointError(f"no checkpoints in {self.directory}: train a run there first")
     self._manager = ocp.CheckpointManager(self.directory, options=options,

@@ -200,7 +200,8 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
                         lang=config.data.tgt_lang, length_penalty=config.length_penalty,
                         early_stopping=config.early_stopping)
   return Setup(config, workdir, task, model_cfg, runner, train_it,
-               Checkpointer(workdir, config), MetricWriter(workdir, enabled=is_main), evaluator,
+               Checkpointer(workdir, config, agreed_steps=True), MetricWriter(workdir, enabled=is_main),
+               evaluator,
                new_state, abstract_state, dropout_rng, say, is_main, resumed, progress,
                custom_model=model is not None)
 
