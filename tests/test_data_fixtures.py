@@ -47,11 +47,12 @@ def tsv_dir(root, n_train=200, n_val=30):
   return str(root)
 
 
-def plain_dir(root, n_lines=400):
-  """A folder with one input.txt of dialogue-like lines."""
+def plain_dir(root, n_lines=400, speakers=("SPEAKER 0", "SPEAKER 1", "SPEAKER 2")):
+  """A folder with one input.txt of dialogue-like lines, each after its speaker's name."""
   os.makedirs(root, exist_ok=True)
   src, _ = sentences(n_lines, 3)
-  write_lines(os.path.join(root, "input.txt"), [f"SPEAKER {i % 3}:\n{s}\n" for i, s in enumerate(src)])
+  write_lines(os.path.join(root, "input.txt"),
+              [f"{speakers[i % len(speakers)]}:\n{s}\n" for i, s in enumerate(src)])
   return str(root)
 
 
