@@ -13,6 +13,7 @@ executing the notebook a second time.
 
 import glob
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import sys
@@ -32,8 +33,10 @@ def names():
 
 
 def key(name):
-  """Hex SHA-256 over the notebook, txf's and the experiments' sources, and this file."""
+  """Hex SHA-256 over the notebook, txf's and the experiments' sources, this file, and the Python and
+  jax versions (a copy executed under another jax is not reused: .ci/run tests both)."""
   h = hashlib.sha256()
+  h.update(f"python {sys.version_info[:2]} jax {importlib.metadata.version('jax')}".encode())
   paths = [os.path.join(NOTEBOOKS, f"{name}.ipynb"), os.path.abspath(__file__)]
   for folder in ("txf", "experiments"):
     paths += sorted(glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True))
