@@ -68,6 +68,7 @@ def test_usage_errors_are_one_line_and_exit_2(args, expected, tmp_path):
   assert not (tmp_path / "w").exists()  # refused before a workdir exists
 
 
+@pytest.mark.slow
 def test_config_file_with_a_syntax_error_or_without_get_config(tmp_path):
   bad = tmp_path / "bad.py"
   bad.write_text("def get_config(:\n  pass\n")

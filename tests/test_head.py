@@ -143,6 +143,7 @@ def test_default_loss_fused_equals_reference(overrides):
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g0)
 
 
+@pytest.mark.slow
 def test_subclassed_model_takes_the_reference_path(monkeypatch):
   class Scaled(EncoderDecoder):
     def __call__(self, *args, **kwargs):

@@ -112,6 +112,7 @@ def lm_sample(cfg, params, prompts, keys, temperature):
                            temperature=temperature, eos_id=-1, prompt_lengths=lengths))
 
 
+@pytest.mark.slow
 def test_ragged_batch_samples_each_row_as_alone(lm):
   cfg, params = lm
   keys = jax.random.split(jax.random.key(7), 3)

@@ -170,6 +170,7 @@ def test_padded_model_decodes_as_the_unpadded_one_even_with_winning_padding_rows
     np.testing.assert_allclose(_loss_and_grads(pcfg, poisoned, batch, fused)[0], loss0, rtol=2e-6)
 
 
+@pytest.mark.slow
 def test_lm_samples_and_logits_never_reach_the_padding():
   cfg = _cfg("decoder_lm")
   params = jax.device_get(init_params(cfg, jax.random.key(0), _batch()))
