@@ -200,6 +200,7 @@ def test_pmap_and_mesh_layouts_match_single_device_on_8_devices():
       assert row["eval_diff"] < 1e-5, (name, row["eval_diff"])
 
 
+@pytest.mark.slow
 def test_mesh_layouts_shard_params_and_optimizer_state_by_the_rules():
   result = _worker_result()
   fsdp = result["layouts"]["mesh(1, 8, 1)"]

@@ -14,6 +14,8 @@ from txf.models.inference import init_cache, make_logits_fn
 from txf.nn import TransformerConfig
 from txf.nn.stack import LAYERS, stack_layers, unstack_layers
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+
 VOCAB = 11
 
 
