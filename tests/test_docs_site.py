@@ -118,13 +118,20 @@ def test_every_page_loads_clean_with_no_broken_link_or_image(server, browser):
   assert len(checked) >= len(pages)  # every page is linked from the navigation
 
 
-def test_formulas_render_as_maths(server, browser):
-  page, errors, _ = _open(browser, server + "/formulas/")
+def _typeset(browser, url, raw_test):
+  """(page, console errors, counts) of a page's maths once MathJax has run: how many arithmatex
+  elements, how many typeset, how many still hold raw TeX (``raw_test``: JS on their text ``t``)."""
+  page, errors, _ = _open(browser, url)
   page.wait_for_function("document.querySelectorAll('.arithmatex mjx-container').length > 0", timeout=TIMEOUT_MS)
   counts = page.evaluate("""() => {
       const spans = [...document.querySelectorAll('.arithmatex')];
       return {spans: spans.length, typeset: spans.filter(s => s.querySelector('mjx-container')).length,
-              raw: spans.filter(s => /\\\\\\(|\\$/.test(s.textContent)).length}; }""")
+              raw: spans.filter(s => { const t = s.textContent; return %s; }).length}; }""" % raw_test)
+  return page, errors, counts
+
+
+def test_formulas_render_as_maths(server, browser):
+  page, errors, counts = _typeset(browser, server + "/formulas/", r"/\\\(|\$/.test(t)")
   assert counts["spans"] >= 20, counts           # docs/formulas.md writes its formulas as $...$
   assert counts["typeset"] == counts["spans"] and counts["raw"] == 0, counts
   sqrt = page.evaluate("document.querySelectorAll('mjx-msqrt').length")
@@ -134,12 +141,7 @@ def test_formulas_render_as_maths(server, browser):
 
 def test_docstring_formulas_render_as_maths_in_the_api_pages(server, browser):
   """The $$...$$ formulas of the ops docstrings (attention, multi-head, FFN, LayerNorm, PE, ...)."""
-  page, errors, _ = _open(browser, server + "/api/ops/")
-  page.wait_for_function("document.querySelectorAll('.arithmatex mjx-container').length > 0", timeout=TIMEOUT_MS)
-  counts = page.evaluate("""() => {
-      const spans = [...document.querySelectorAll('.arithmatex')];
-      return {spans: spans.length, typeset: spans.filter(s => s.querySelector('mjx-container')).length,
-              raw: spans.filter(s => s.textContent.includes('$$')).length}; }""")
+  page, errors, counts = _typeset(browser, server + "/api/ops/", "t.includes('$$')")
   assert counts["spans"] >= 8 and counts["typeset"] == counts["spans"] and counts["raw"] == 0, counts
   # softmax(QK^T / sqrt(d_k)), LayerNorm's sqrt(sigma^2 + eps), the embedding's sqrt(d_model)
   assert page.evaluate("document.querySelectorAll('mjx-msqrt').length") >= 3
