@@ -15,6 +15,7 @@ stops at K finished hypotheses. txf bounds each output by its source length + ``
 tokens (HF: ``max_new_tokens``); the two agree on every output that ends with EOS before both.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -170,25 +171,35 @@ def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_l
   codec = marian_codec(local, hf, {"tokenizer": "marian", "from": src})
   order = codec.target.order
   params = marian.params_from_state_dict(read_state_dict(local), fields, order)
-  parent = os.path.dirname(os.path.abspath(workdir))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".import-hf-", dir=parent)  # all files, then one rename
+  with _staged_directory(workdir, ".import-hf-") as tmp:
+    workdir_lib.write_json(os.path.join(tmp, "config.json"), workdir_lib.config_to_dict(config))
+    codec.save(os.path.join(tmp, "tokenizer"))
+    size = codec.source.vocab_size
+    workdir_lib.write_json(os.path.join(tmp, "task.json"), {
+        "family": "encoder_decoder", "vocab_size": size, "target_vocab_size": size,
+        "num_classes": 0, "max_input_len": config.data.max_input_len,
+        "max_target_len": config.data.max_target_len})
+    workdir_lib.save_params(tmp, params)
+  return workdir
+
+
+@contextlib.contextmanager
+def _staged_directory(target: str, prefix: str):
+  """A new folder beside ``target`` to write every file into; when the block ends without error it
+  becomes ``target`` (absent or empty) in one rename, else it is removed. Disk failures inside are
+  DiskErrors naming the folder."""
+  parent = os.path.dirname(os.path.abspath(target))
+  with workdir_lib.disk_errors(parent, "creating"):
+    os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
   try:
     with workdir_lib.disk_errors(tmp):
-      workdir_lib.write_json(os.path.join(tmp, "config.json"), workdir_lib.config_to_dict(config))
-      codec.save(os.path.join(tmp, "tokenizer"))
-      size = codec.source.vocab_size
-      workdir_lib.write_json(os.path.join(tmp, "task.json"), {
-          "family": "encoder_decoder", "vocab_size": size, "target_vocab_size": size,
-          "num_classes": 0, "max_input_len": config.data.max_input_len,
-          "max_target_len": config.data.max_target_len})
-      workdir_lib.save_params(tmp, params)
-      if os.path.isdir(workdir):
-        os.rmdir(workdir)
-      os.replace(tmp, workdir)
+      yield tmp
+      if os.path.isdir(target):
+        os.rmdir(target)
+      os.replace(tmp, target)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  return workdir
 
 
 def export_problems(config, codec: Optional[tok.Codec]) -> list:
@@ -259,29 +270,19 @@ def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> s
                 "num_beams": int(config.beam_size), "max_length": m.max_len}
   if m.forbid_pad:
     generation["bad_words_ids"] = [[ids["pad"]]]
-  parent = os.path.dirname(os.path.abspath(output))
-  with workdir_lib.disk_errors(parent, "creating"):
-    os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".export-hf-", dir=parent)
-  try:
-    with workdir_lib.disk_errors(tmp):
-      workdir_lib.write_json(os.path.join(tmp, "config.json"), hf)
-      workdir_lib.write_json(os.path.join(tmp, "generation_config.json"), generation)
-      _safetensors().save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-      for name, proto in zip(("source.spm", "target.spm"), protos):
-        with open(os.path.join(tmp, name), "wb") as f:
-          f.write(proto)
-      with open(os.path.join(tmp, "vocab.json"), "w") as f:
-        json.dump(vocab, f, ensure_ascii=False, indent=1)
-      workdir_lib.write_json(os.path.join(tmp, "tokenizer_config.json"), {
-          "tokenizer_class": "MarianTokenizer", "source_lang": config.data.src_lang,
-          "target_lang": config.data.tgt_lang, "separate_vocabs": False,
-          "model_max_length": m.max_len, "eos_token": "</s>", "unk_token": "<unk>",
-          "pad_token": "<pad>",
-          "clean_up_tokenization_spaces": bool(getattr(codec.target, "clean_up", False))})
-      if os.path.isdir(output):
-        os.rmdir(output)
-      os.replace(tmp, output)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+  with _staged_directory(output, ".export-hf-") as tmp:
+    workdir_lib.write_json(os.path.join(tmp, "config.json"), hf)
+    workdir_lib.write_json(os.path.join(tmp, "generation_config.json"), generation)
+    _safetensors().save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    for name, proto in zip(("source.spm", "target.spm"), protos):
+      with open(os.path.join(tmp, name), "wb") as f:
+        f.write(proto)
+    with open(os.path.join(tmp, "vocab.json"), "w") as f:
+      json.dump(vocab, f, ensure_ascii=False, indent=1)
+    workdir_lib.write_json(os.path.join(tmp, "tokenizer_config.json"), {
+        "tokenizer_class": "MarianTokenizer", "source_lang": config.data.src_lang,
+        "target_lang": config.data.tgt_lang, "separate_vocabs": False,
+        "model_max_length": m.max_len, "eos_token": "</s>", "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "clean_up_tokenization_spaces": bool(getattr(codec.target, "clean_up", False))})
   return output
