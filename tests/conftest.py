@@ -22,6 +22,17 @@ def run_txf(*args, timeout=300, env=None, cwd=None):
                         timeout=timeout, env=full_env, cwd=cwd or ROOT)
 
 
+def apply_overrides(config, overrides):
+  """Set dotted config fields in place: {"model.d_model": 16, "batch_size": 8}; returns config."""
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
 @pytest.fixture
 def txf_cli():
   return run_txf

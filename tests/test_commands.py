@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.conftest import apply_overrides
 from txf import inference
 from txf.errors import TxfError
 from txf.inference import decoding
@@ -31,13 +32,7 @@ def _config(**overrides):
   config.decode_examples = 16
   config.eval_batches = 1
   config.checkpoint_every = 0  # only at the end
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      target = target[p]
-    target[leaf] = value
-  return config
+  return apply_overrides(config, overrides)
 
 
 def _train(config, workdir):

@@ -41,6 +41,8 @@ if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before 
 import numpy as np
 import pytest
 
+from tests.conftest import apply_overrides
+
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,13 +104,7 @@ def _config(family, runner, data_path):
                "beam_size": BEAM.get(runner, 1)}
   if family != "translate":
     overrides["data.path"] = data_path
-  for key, value in overrides.items():
-    *parents, leaf = key.split(".")
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return apply_overrides(config, overrides)
 
 
 def _rows(workdir):
