@@ -16,7 +16,7 @@ import pytest
 from txf import config as config_lib
 from txf import ops
 from txf.models import build_model, forward, init_params
-from txf.models.inference import init_cache, make_logits_fn
+from txf.decode.adapter import init_cache, make_logits_fn
 from txf.nn import MultiHeadAttention, TransformerConfig
 from txf.nn.attention import resolve_impl
 

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import apply_overrides
 from txf import inference
 from txf.errors import TxfError
-from txf.inference import decoding
+from txf.decode import decoders as decoding
 from txf import workdir as workdir_lib
 from txf.data.base import EOS_ID
 

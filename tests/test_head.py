@@ -10,9 +10,10 @@ import numpy as np
 import optax
 import pytest
 
-from txf import models, ops
+from txf import ops
 from txf.ops import dots
 from txf.models import EncoderDecoder, build_model, cross_entropy_loss, init_params
+from txf.models import loss as models_loss
 from txf.nn import TransformerConfig
 from txf.train.steps import create_train_state, make_train_step
 
@@ -175,7 +176,7 @@ def test_default_loss_fuses_from_a_vocabulary_size(monkeypatch, min_vocab, expec
   cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, **SMALL)
   batch = _batch(cfg)
   params = init_params(cfg, jax.random.key(0), batch)
-  monkeypatch.setattr(models, "FUSED_HEAD_MIN_VOCAB", min_vocab)
+  monkeypatch.setattr(models_loss, "FUSED_HEAD_MIN_VOCAB", min_vocab)
   calls = _spy_fused(monkeypatch)
   cross_entropy_loss(0.1)(build_model(cfg, deterministic=True), params, batch, None)
   assert bool(calls) == expect_fused
@@ -186,7 +187,7 @@ def test_train_step_fused_equals_reference_step(monkeypatch):
   cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, **SMALL,
                           dropout_rate=0.1)
   batch = _batch(cfg)
-  monkeypatch.setattr(models, "FUSED_HEAD_MIN_VOCAB", 16)   # the default step fuses this head
+  monkeypatch.setattr(models_loss, "FUSED_HEAD_MIN_VOCAB", 16)   # the default step fuses this head
   calls = _spy_fused(monkeypatch)
   tx = optax.sgd(0.1)   # (Adam would turn rounding-level gradient differences into +-lr steps)
   state = create_train_state(init_params(cfg, jax.random.key(0), batch), tx)

@@ -1,7 +1,7 @@
 """The KV cache of the real models: cached decoding equals full recomputation.
 
 References are the teacher-forced forward pass (all positions at once) and the uncached callback
-txf.models.inference.make_uncached_logits_fn, which recomputes the whole prefix at every step.
+txf.decode.adapter.make_uncached_logits_fn, which recomputes the whole prefix at every step.
 """
 
 import jax
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from txf.decode import beam_rows, beam_search, expand_to_beams, gather_rows, greedy_decode, sample
+from txf.decode.adapter import (OUTPUT_KERNEL, cast_for_decoding, expand_cache, init_cache,
+                                init_uncached_cache, make_logits_fn, make_uncached_logits_fn,
+                                prepare_for_decoding, reorder_cache)
 from txf.models import build_model, init_params
-from txf.models.inference import (OUTPUT_KERNEL, cast_for_decoding, expand_cache, init_cache,
-                                  init_uncached_cache, make_logits_fn, make_uncached_logits_fn,
-                                  prepare_for_decoding, reorder_cache)
 from txf.nn import TransformerConfig
 
 BOS, EOS = 1, 2

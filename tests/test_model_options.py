@@ -13,7 +13,7 @@ from txf.data.tokenizer import marian_order
 from txf.decode import beam_search, greedy_decode
 from txf.models import build_model, init_params
 from txf.models.encoder_decoder import shift_right
-from txf.models.inference import init_cache, make_logits_fn
+from txf.decode.adapter import init_cache, make_logits_fn
 from txf.nn import TransformerConfig
 
 RNG = np.random.default_rng(3)

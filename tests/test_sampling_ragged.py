@@ -14,7 +14,7 @@ from tests.test_kv_cache import setup_model, small_config
 from txf.decode import sample
 from txf.decode.sampling import row_keys
 from txf.models import build_model
-from txf.models.inference import init_cache, make_logits_fn
+from txf.decode.adapter import init_cache, make_logits_fn
 
 V = 11
 
@@ -137,10 +137,10 @@ def test_ragged_greedy_matches_the_teacher_forced_forward(lm):
 
 
 def test_generation_never_samples_ids_that_are_no_text():
-  """txf.inference.decoding.text_logits_fn: PAD, BOS and UNK (U+FFFD for a character model) are
+  """txf.decode.decoders.text_logits_fn: PAD, BOS and UNK (U+FFFD for a character model) are
   never drawn, even when the model puts almost all its mass on them; the other ids keep their
   relative probabilities (here uniform), so every other id still appears."""
-  from txf.inference.decoding import NEVER_SAMPLED, text_logits_fn
+  from txf.decode.decoders import NEVER_SAMPLED, text_logits_fn
   vocab = 8
   bias = jnp.zeros(vocab).at[jnp.asarray(NEVER_SAMPLED)].set(20.0).at[2].set(-1e9)  # EOS off too
 

@@ -10,7 +10,7 @@ import pytest
 
 from txf.config import ConfigError, base_config, validate
 from txf.models import build_model, cross_entropy_loss, init_params
-from txf.models.inference import init_cache, make_logits_fn
+from txf.decode.adapter import init_cache, make_logits_fn
 from txf.nn import TransformerConfig
 from txf.nn.stack import LAYERS, stack_layers, unstack_layers
 

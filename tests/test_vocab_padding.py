@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from txf.config import base_config, resolve_vocab_multiple
-from txf.inference.decoding import translate_ids
+from txf import decode
+from txf.decode.adapter import init_cache, make_logits_fn
+from txf.decode.decoders import translate_ids
 from txf.models import (cross_entropy_loss, build_model, forward, init_params, pad_vocab,
                         unpad_vocab)
-from txf.models.inference import init_cache, make_logits_fn
-from txf import decode
 from txf.nn import TransformerConfig
 
 V = 13  # real vocabulary; padded to P = 20 rows by vocab_multiple=10

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from test_data_fixtures import config_for, parallel_dir, plain_dir, sentences, tsv_dir
-from txf import inference
+from txf import decode, inference
 from txf import workdir as workdir_lib
 from txf.data import make_task
 from txf.data.saved import point_at_data
@@ -80,9 +80,9 @@ def _train_all(specs, root, runs, expected, queries):
     task = make_task(workdir_lib.load_config(workdir), workdir)   # the training path, data present
     if family == "encoder_decoder":
       run = inference.load_run(workdir)
-      expected[family] = [task.decode_target(i) for i in inference.decoding.translate_ids(
+      expected[family] = [task.decode_target(i) for i in decode.translate_ids(
           run.model_cfg, run.params, [task.encode_source(q) for q in queries], task.max_input_len,
-          inference.decode_buffer_len(run.model_cfg, task, 5), 4, 1, 0.6, max_extra=5)]
+          decode.decode_buffer_len(run.model_cfg, task, 5), 4, 1, 0.6, max_extra=5)]
       expected["val"] = [r["source"] for r in task.records("val")]
 
 

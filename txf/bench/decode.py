@@ -7,17 +7,17 @@ search runs B * K rows to produce them), compile seconds (``jit(...).lower().com
 from the timed runs), and the per-token cost ratio between the longest and the shortest length:
 ~1 when a step costs the same at every length, ~L_long / L_short when it grows with the length.
 
-The uncached baseline uses the same greedy/beam code with txf.models.inference's uncached callback
-(:func:`~txf.models.inference.make_uncached_logits_fn`): its "cache" holds only the token buffer
+The uncached baseline uses the same greedy/beam code with txf.decode.adapter's uncached callback
+(:func:`~txf.decode.adapter.make_uncached_logits_fn`): its "cache" holds only the token buffer
 [N, max_len] (and the encoder output, computed once), and each step re-runs the whole decoder over
 that fixed-size buffer (positions after the current one are masked by causality), so one compiled
 step serves all steps. Only the needed position goes through the output projection. Decoding is forced to the
 asked length with ``eos_id=-1`` (never produced). The model is randomly initialised.
 
 The cached decoder runs as a user runs it: parameters prepared once
-(:func:`~txf.models.inference.prepare_for_decoding`: optional bf16 cast, transposed output table)
+(:func:`~txf.decode.adapter.prepare_for_decoding`: optional bf16 cast, transposed output table)
 and passed to the jit'd call as arguments, beam search with the model's beam-layout cache
-(:func:`~txf.models.inference.expand_cache` / :func:`~txf.models.inference.reorder_cache`).
+(:func:`~txf.decode.adapter.expand_cache` / :func:`~txf.decode.adapter.reorder_cache`).
 """
 
 import argparse
@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 
 from txf.decode import beam_search, gather_rows, greedy_decode
+from txf.decode.adapter import (cast_for_decoding, expand_cache, init_cache, init_uncached_cache,
+                                make_logits_fn, make_uncached_logits_fn, prepare_for_decoding,
+                                reorder_cache)
 from txf.models import init_params
-from txf.models.inference import (cast_for_decoding, expand_cache, init_cache, init_uncached_cache,
-                                  make_logits_fn, make_uncached_logits_fn, prepare_for_decoding,
-                                  reorder_cache)
 from txf.nn import TransformerConfig
 
 CONFIGS = {
@@ -47,7 +47,7 @@ CONFIGS = {
 
 def decode_fn(cfg, method: str, cached: bool, batch: int, length: int, beam: int):
   """jit'd ``run(params, inputs [B, S]) -> ids``: build the cache (encoder included), decode
-  ``length`` tokens. ``params``: the model's, or :func:`~txf.models.inference.prepare_for_decoding`'s
+  ``length`` tokens. ``params``: the model's, or :func:`~txf.decode.adapter.prepare_for_decoding`'s
   (with its ``cfg``)."""
   def run(params, inputs):
     if cached:
@@ -67,7 +67,7 @@ def decode_fn(cfg, method: str, cached: bool, batch: int, length: int, beam: int
 def prepared(cfg, params, cached: bool = True, weights_dtype: Optional[str] = None):
   """(cfg, params) as a user decodes with them: made once, before any timed call.
 
-  Cached decoding takes :func:`~txf.models.inference.prepare_for_decoding`'s (weights cast to
+  Cached decoding takes :func:`~txf.decode.adapter.prepare_for_decoding`'s (weights cast to
   ``weights_dtype`` if given, the transposed output table); the uncached baseline the model's own
   parameters (cast if asked)."""
   if cached:

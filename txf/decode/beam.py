@@ -72,7 +72,7 @@ def gather_rows(tree: Any, rows: jnp.ndarray) -> Any:
 
   Leaves whose leading dim is not N (0-d counters) are returned unchanged. The default cache
   reorder of :func:`beam_search`; a model that knows some of its entries are equal for every beam
-  of a source passes its own (txf.models.inference.reorder_cache skips them).
+  of a source passes its own (txf.decode.adapter.reorder_cache skips them).
   """
   n = rows.shape[0]
   return jax.tree_util.tree_map(
@@ -194,10 +194,10 @@ def beam_search(logits_fn: LogitsFn, cache: Any, batch_size: int, beam_size: int
     never_ids: ids never generated (see :func:`top_log_probs`), e.g. Marian's pad.
     reorder_cache: ``(cache, rows int32 [B * K]) -> cache`` with row i of the result taken from
       row rows[i]; a model may skip entries that are equal for every beam of a source
-      (txf.models.inference.reorder_cache).
+      (txf.decode.adapter.reorder_cache).
     expand_cache: ``(cache, K) -> cache`` for B * K beams, called once before the loop; default
       :func:`expand_to_beams` (every per-row leaf repeated K times). A model may lay its cache out
-      for beams its own way (txf.models.inference.expand_cache); ``reorder_cache`` must match it.
+      for beams its own way (txf.decode.adapter.expand_cache); ``reorder_cache`` must match it.
   Returns:
     (ids int32 [B, K, max_len], scores float32 [B, K]), best first per row; ids exclude BOS,
     include EOS, PAD (0) after it.

@@ -44,7 +44,7 @@ def greedy_decode(logits_fn: LogitsFn, cache: Any, batch_size: int, max_len: int
 
   Args:
     logits_fn: ``(ids int32 [B, 1], cache) -> (logits float32 [B, V], cache)``.
-    cache: initial cache pytree for ``batch_size`` rows (e.g. ``txf.models.inference.init_cache``).
+    cache: initial cache pytree for ``batch_size`` rows (e.g. ``txf.decode.adapter.init_cache``).
     batch_size: B (static).
     max_len: number of tokens to generate at most (static), >= 1.
     eos_id, bos_id: special ids.

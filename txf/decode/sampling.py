@@ -73,7 +73,7 @@ def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array,
 
   Args:
     logits_fn: ``(ids int32 [B, L], cache) -> (logits float32 [B, V] at position L-1, cache)``.
-    cache: empty cache for B rows (e.g. ``txf.models.inference.init_cache`` of the LM).
+    cache: empty cache for B rows (e.g. ``txf.decode.adapter.init_cache`` of the LM).
     prompt: int [B, P], P >= 0, prompts (without BOS), padded on the right to P.
     rng: one PRNG key, or B keys (typed [B] or raw [B, 2]).
     max_new_tokens: static int >= 1.

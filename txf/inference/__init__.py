@@ -5,7 +5,7 @@ parameters) and one evaluator (``Evaluator``: teacher-forced sums + held-out dec
 BLEU), used by the training loop, by ``txf eval/translate/classify/generate`` and by notebooks.
 """
 
-from txf.inference.decoding import decode_buffer_len, translate_ids, translate_texts
+from txf.decode.decoders import decode_buffer_len, translate_ids, translate_texts
 from txf.inference.evaluate import (Evaluator, Progress, check_decoding_flags, default_split,
                                     evaluate_split, exact_match, make_eval_step, split_names,
                                     summarize)

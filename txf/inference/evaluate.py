@@ -17,7 +17,7 @@ import sacrebleu
 from txf.data.base import PAD_ID, Batch, Example, truncate_keep_eos
 from txf.errors import TxfError
 from txf.inference import bleu as bleu_lib
-from txf.inference.decoding import translate_texts
+from txf.decode.decoders import translate_texts
 from txf.inference.run import Warn, warn_stderr
 from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
 from txf.nn import TransformerConfig

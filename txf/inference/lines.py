@@ -17,8 +17,8 @@ from txf.data.base import PAD_ID, UNK_ID, Task, truncate_keep_eos
 from txf.data.tokenizer import Codec
 from txf.errors import TxfError
 from txf.decode.sampling import row_keys
-from txf.inference.decoding import (compiled_ragged_sampler, compiled_sampler, decode_buffer_len,
-                                    translate_ids)
+from txf.decode.decoders import (compiled_ragged_sampler, compiled_sampler, decode_buffer_len,
+                                 translate_ids)
 from txf.inference.evaluate import check_decoding_flags
 from txf.inference.run import Run, Warn, require_family, warn_stderr
 from txf.models import build_model

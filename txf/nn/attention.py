@@ -1,9 +1,10 @@
 """Multi-head attention as a Flax module: parameters declared here, math in txf.ops.attention.
 
 Three kinds share this module: bidirectional self-attention (encoder), causal self-attention
-(decoder; with ``decode=True`` it keeps a KV cache and takes one position per call), and
+(decoder; with ``decode=True`` it reads and writes a KV cache and takes one position per call), and
 encoder-decoder cross-attention (with ``decode=True`` the memory's keys/values are computed once,
-when the cache is built, and read back at every step).
+when the cache is built, and read back at every step). The cache's entries and layouts are
+txf.nn.kv_cache's.
 """
 
 from typing import Optional
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from txf.nn.config import TransformerConfig
+from txf.nn import kv_cache
 from txf.nn.dropout import Dropout
 from txf.ops import attention as attn_ops
 from txf.ops import dots
@@ -36,11 +38,6 @@ def constrain(x, names):
 # What ``attention_impl='auto'`` runs on CPU: the faster of the two at the benchmark sizes
 # (BENCHMARKS.md, "attention implementations": reference <= fused in CPU time, small and base).
 CPU_AUTO_IMPL = "reference"
-
-
-# Cache entries that depend only on the source, never on the target prefix: equal for all beams of
-# a source, so beam search need not reorder them (txf.models.inference.reorder_cache).
-PER_SOURCE_CACHE = ("cross_key", "cross_value", "cross_valid")
 
 
 def resolve_impl(impl: str, backend: Optional[str] = None) -> str:
@@ -181,69 +178,37 @@ class MultiHeadAttention(nn.Module):
     return constrain(out, HIDDEN_AXES)
 
   def _update_cache(self, k, v, mask):
-    """Write this step's key/value heads at ``cache_index`` and attend over positions <= index.
+    """Write this step's key/value heads at the cache index and attend over positions <= index
+    (the layout and the writes: txf.nn.kv_cache).
 
     At cache creation (the first call, with the full target length) nothing is written: the
     buffers [B, h, max_len, d_k] are created as zeros and the call behaves as uncached.
     """
-    initialized = self.has_variable("cache", "cached_key")
-    cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-    cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
-    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    initialized = self.has_variable("cache", kv_cache.CACHED_KEY)
+    cached_k = self.variable("cache", kv_cache.CACHED_KEY, jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable("cache", kv_cache.CACHED_VALUE, jnp.zeros, v.shape, v.dtype)
+    index = self.variable("cache", kv_cache.CACHE_INDEX, lambda: jnp.array(0, jnp.int32))
     if not initialized:
       return k, v, mask
-    if self.has_variable("cache", "beam_slots"):
-      return self._update_beam_cache(k, v, cached_k, cached_v, index)
-    i = index.value
-    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, 0, i, 0))
-    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, 0, i, 0))
-    index.value = i + k.shape[2]
-    max_len = cached_k.value.shape[2]
-    # query q (absolute position i + q) may see keys 0..i+q: one step, or a causal prompt prefill
-    q_pos = i + jnp.arange(k.shape[2])[:, None]
-    step_mask = (jnp.arange(max_len)[None, :] <= q_pos)[None, None]  # [1, 1, L_q, max_len]
+    if self.has_variable("cache", kv_cache.BEAM_SLOTS):  # beam search's layout
+      slots = self.variable("cache", kv_cache.BEAM_SLOTS, None)
+      cached_k.value, cached_v.value, slots.value, index.value, step_mask = (
+          kv_cache.write_beam_step(cached_k.value, cached_v.value, slots.value, index.value, k, v))
+    else:
+      cached_k.value, cached_v.value, index.value, step_mask = kv_cache.write_step(
+          cached_k.value, cached_v.value, index.value, k, v)
     return cached_k.value, cached_v.value, step_mask
-
-  def _update_beam_cache(self, k, v, cached_k, cached_v, index):
-    """The cache in beam search's layout (made by txf.models.inference.expand_cache), never reordered.
-
-    The G beams of a source keep their keys/values side by side in the source's row,
-    [B, h, G*T, d_k] (beam slot g holds positions g*T .. g*T + T - 1), and ``beam_slots`` int
-    [B*G, T] says, for each beam, which slot holds each position of its history: beam search
-    reorders that table only. This step's keys/values [B*G, h, L, d_k] go to each beam's own slot at
-    ``cache_index``; returns the source's keys/values and the mask [B, 1, G*L, G*T] by which beam
-    q's query at position i + p sees slot s at position u iff u <= i + p and beam_slots[q, u] == s
-    (the keys of the gather-reordered cache, at the same positions).
-    """
-    slots = self.variable("cache", "beam_slots", None)
-    n, l = k.shape[0], k.shape[2]
-    b, t = cached_k.value.shape[0], slots.value.shape[1]
-    g, i = n // b, index.value
-
-    def write(buffer, x):  # x [B*G, h, L, d] into buffer [B, h, G*T, d] at slot g, positions i..
-      x = x.reshape((b, g) + x.shape[1:]).transpose(0, 2, 1, 3, 4).astype(buffer.dtype)
-      grouped = buffer.reshape(b, buffer.shape[1], g, t, buffer.shape[3])
-      return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, i, 0)).reshape(buffer.shape)
-
-    cached_k.value, cached_v.value = write(cached_k.value, k), write(cached_v.value, v)
-    own = jnp.broadcast_to((jnp.arange(n) % g)[:, None], (n, l)).astype(slots.value.dtype)
-    slots.value = jax.lax.dynamic_update_slice(slots.value, own, (0, i))
-    index.value = i + l
-    seen = jnp.arange(t)[None, :] <= i + jnp.arange(l)[:, None]  # [L, T]
-    owner = slots.value.reshape(b, g, 1, 1, t) == jnp.arange(g)[:, None]  # [B, G, 1, G, T]
-    mask = owner & seen[None, None, :, None, :]  # [B, G (query beam), L, G (slot), T]
-    return cached_k.value, cached_v.value, mask.reshape(b, 1, g * l, g * t)
 
   def _cross_cache(self, k, v, memory_valid):
     """The encoder memory's key/value heads and validity, stored once per source when decoding.
 
     The first call (cache creation, with the memory) stores them; later calls (memory None) read
-    them back. These are per-source entries (:data:`PER_SOURCE_CACHE`): every beam of a source
-    holds the same values.
+    them back. These are per-source entries (:data:`txf.nn.kv_cache.PER_SOURCE`): every beam of a
+    source holds the same values.
     """
-    if k is None and not self.has_variable("cache", "cross_key"):
+    if k is None and not self.has_variable("cache", kv_cache.CROSS_KEY):
       raise ValueError("cross-attention cache is empty: build it with the encoder output first")
-    k = self.variable("cache", "cross_key", lambda: k).value
-    v = self.variable("cache", "cross_value", lambda: v).value
-    valid = self.variable("cache", "cross_valid", lambda: memory_valid).value
+    k = self.variable("cache", kv_cache.CROSS_KEY, lambda: k).value
+    v = self.variable("cache", kv_cache.CROSS_VALUE, lambda: v).value
+    valid = self.variable("cache", kv_cache.CROSS_VALID, lambda: memory_valid).value
     return k, v, valid[:, None, None, :]

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.ops import dots
+from txf.nn import kv_cache
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
@@ -58,8 +59,8 @@ class AddPositions(nn.Module):
     cfg = self.config
     length = x.shape[1]
     if cfg.decode and self.causal_cache:
-      initialized = self.has_variable("cache", "position")
-      counter = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
+      initialized = self.has_variable("cache", kv_cache.POSITION)
+      counter = self.variable("cache", kv_cache.POSITION, lambda: jnp.array(0, jnp.int32))
       if initialized:
         positions = counter.value + jnp.arange(length)[None, :]
         counter.value = counter.value + length

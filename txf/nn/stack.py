@@ -11,7 +11,7 @@ model exactly as it was.
 
 :func:`stack_layers` and :func:`unstack_layers` convert parameter trees (or whole train states,
 checkpoints: any pytree whose dicts hold the layers) between the two layouts. Decoding always runs
-the unrolled stack (its KV cache is per layer): txf.models.inference unstacks scanned parameters.
+the unrolled stack (its KV cache is per layer): txf.decode.adapter unstacks scanned parameters.
 """
 
 import re

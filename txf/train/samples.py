@@ -9,7 +9,7 @@ from typing import List
 import numpy as np
 
 from txf.data.base import EOS_ID, PAD_ID
-from txf.inference.decoding import greedy_continuation
+from txf.decode.decoders import greedy_continuation
 from txf.parallel import placed
 
 PROMPT_TOKENS = 16       # tokens of each prompt (fewer if the eval windows are shorter)

@@ -1,7 +1,8 @@
-"""Decoding a trained model: translation ids (greedy or beam) and samples from a language model.
+"""The compiled decoders of a trained model: translation ids (greedy or beam) and samples from a
+language model.
 
-Each joins a model (txf.models.inference: the KV cache and ``logits_fn``) with a model-agnostic
-algorithm (txf.decode) under one jit per (model config, batch size, lengths, decoding settings),
+Each joins a model (txf.decode.adapter: the KV cache and ``logits_fn``) with a model-agnostic
+algorithm (greedy, beam, sampling) under one jit per (model config, batch size, lengths, settings),
 so repeated calls (every in-loop evaluation, every ``txf translate`` batch) never recompile.
 """
 
@@ -12,9 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf import decode
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Task, pad_batch
-from txf.models.inference import expand_cache, init_cache, make_logits_fn, reorder_cache
+from txf.decode.adapter import expand_cache, init_cache, make_logits_fn, reorder_cache
+from txf.decode.beam import beam_search
+from txf.decode.greedy import greedy_decode
+from txf.decode.sampling import sample
 from txf.nn import TransformerConfig
 
 
@@ -34,12 +37,12 @@ def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: in
     logits_fn = make_logits_fn(model_cfg, params)
     never = (PAD_ID,) if model_cfg.forbid_pad else ()
     if beam_size == 1:
-      return decode.greedy_decode(logits_fn, cache, rows, max_len,
-                                  bos_id=model_cfg.decoder_start_id, never_ids=never)
-    ids, _ = decode.beam_search(logits_fn, cache, rows, beam_size, max_len, alpha=alpha,
-                                bos_id=model_cfg.decoder_start_id, length_penalty=length_penalty,
-                                early_stopping=early_stopping, never_ids=never,
-                                expand_cache=expand_cache, reorder_cache=reorder_cache)
+      return greedy_decode(logits_fn, cache, rows, max_len,
+                           bos_id=model_cfg.decoder_start_id, never_ids=never)
+    ids, _ = beam_search(logits_fn, cache, rows, beam_size, max_len, alpha=alpha,
+                         bos_id=model_cfg.decoder_start_id, length_penalty=length_penalty,
+                         early_stopping=early_stopping, never_ids=never,
+                         expand_cache=expand_cache, reorder_cache=reorder_cache)
     return ids[:, 0]
 
   return wrap(run)
@@ -115,9 +118,8 @@ def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len:
 
   def run_sampler(params, prompts, rng):
     cache = init_cache(model_cfg, params, num_samples, prompt_len + max_new_tokens)
-    return decode.sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, rng,
-                         max_new_tokens,
-                         temperature=temperature, top_k=top_k, top_p=top_p)
+    return sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, rng,
+                  max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
 
   return jax.jit(run_sampler)
 
@@ -129,8 +131,8 @@ def greedy_continuation(model_cfg: TransformerConfig, prompt_len: int, max_new_t
 
   def run(params, prompts):
     cache = init_cache(model_cfg, params, prompts.shape[0], prompt_len + max_new_tokens)
-    return decode.sample(make_logits_fn(model_cfg, params), cache, prompts, jax.random.key(0),
-                         max_new_tokens, temperature=0.0, top_k=0, top_p=1.0)
+    return sample(make_logits_fn(model_cfg, params), cache, prompts, jax.random.key(0),
+                  max_new_tokens, temperature=0.0, top_k=0, top_p=1.0)
 
   return run
 
@@ -140,14 +142,13 @@ def compiled_ragged_sampler(model_cfg: TransformerConfig, rows: int, prompt_len:
                             max_new_tokens: int, temperature: float, top_k: int, top_p: float):
   """jit'd (params, prompts int [rows, prompt_len] right-padded, lengths int [rows], keys [rows])
   -> int [rows, max_new_tokens]: row b continues ``prompts[b, :lengths[b]]`` drawing with its own
-  key ``keys[b]`` (``decode.sample`` with ``prompt_lengths``), so a row's tokens do not depend on
+  key ``keys[b]`` (``txf.decode.sample`` with ``prompt_lengths``), so a row's tokens do not depend on
   the other rows of the batch."""
 
   def run_sampler(params, prompts, lengths, keys):
     cache = init_cache(model_cfg, params, rows, prompt_len + max_new_tokens)
-    return decode.sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, keys,
-                         max_new_tokens,
-                         temperature=temperature, top_k=top_k, top_p=top_p,
-                         prompt_lengths=lengths)
+    return sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, keys,
+                  max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                  prompt_lengths=lengths)
 
   return jax.jit(run_sampler)

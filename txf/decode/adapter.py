@@ -1,11 +1,14 @@
-"""Glue between a trained model and txf.decode: build the KV cache, expose a ``logits_fn``.
+"""The model adapter: what txf.decode's search algorithms need from txf's models.
 
-txf.decode knows only ``logits_fn(ids [B, 1], cache) -> (logits [B, V], cache)``; this module makes
-that callback for the encoder-decoder (encoder run once, cross K/V cached) and the LM.
+The algorithms (greedy, beam, sampling) know only ``logits_fn(ids [B, L], cache) -> (logits
+[B, V], cache)`` and, for beam search, how to expand and reorder a cache. This module, the only
+one of txf.decode that imports the models, makes them: the KV cache (:func:`init_cache`; the
+encoder-decoder's encoder runs once, its cross K/V cached), one step's logits
+(:func:`make_logits_fn`), the beam layout (:func:`expand_cache`, :func:`reorder_cache`: the
+layout of txf.nn.kv_cache) and an uncached reference callback.
 """
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Callable, Dict, Optional, Tuple
 
 import flax.linen as nn
@@ -13,8 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from txf.models import build_model
-from txf.nn import Embed, TransformerConfig
-from txf.nn.attention import PER_SOURCE_CACHE
+from txf.nn import Embed, TransformerConfig, kv_cache
 from txf.nn.stack import unstack_layers
 
 
@@ -142,58 +144,26 @@ def _output_kernel(kernel):
 
 
 def expand_cache(cache, beam: int):
-  """Beam search's initial cache for txf's models: the cache of B sources laid out for B*beam beams.
-
-  - Causal self-attention buffers [B, h, T, d_k] become [B, h, beam*T, d_k], one slot of T
-    positions per beam (each a copy of the source's), with ``beam_slots`` int32 [B*beam, T] (beam
-    k of a source reads every position from slot k): the beam layout of
-    :class:`txf.nn.attention.MultiHeadAttention`, where beams read the slots their history was
-    written in and :func:`reorder_cache` reorders that table instead of copying the buffers.
-  - Per-source entries (:data:`~txf.nn.attention.PER_SOURCE_CACHE`, the encoder memory's
-    keys/values) stay at B rows: each is read once per source for all its beams.
-  - Any other per-row leaf is repeated (as :func:`txf.decode.expand_to_beams`); 0-d leaves kept.
+  """Beam search's initial cache for txf's models: the cache of B sources laid out for B*beam beams
+  (:func:`txf.nn.kv_cache.expand_for_beams`: each source's self-attention K/V [B, h, beam*T, d_k]
+  in beam slots with a ``beam_slots`` table [B*beam, T], the per-source entries at B rows, other
+  per-row leaves repeated).
 
   Pass as ``beam_search(..., expand_cache=expand_cache, reorder_cache=reorder_cache)``; the
   decoded ids and scores are those of the generic expand-and-gather cache (tests/test_kv_cache.py).
   """
-  def expand(tree):
-    if not isinstance(tree, Mapping):
-      return jnp.repeat(tree, beam, axis=0) if tree.ndim >= 1 else tree
-    if "cached_key" not in tree:
-      return {name: value if name in PER_SOURCE_CACHE else expand(value)
-              for name, value in tree.items()}
-    out = dict(tree)
-    for name in ("cached_key", "cached_value"):
-      b, h, t, d = tree[name].shape
-      out[name] = jnp.broadcast_to(tree[name][:, :, None], (b, h, beam, t, d)).reshape(
-          b, h, beam * t, d)
-    rows = jnp.arange(b * beam, dtype=jnp.int32) % beam
-    out["beam_slots"] = jnp.broadcast_to(rows[:, None], (b * beam, t))
-    return out
-
-  return expand(cache)
+  return kv_cache.expand_for_beams(cache, beam)
 
 
 def reorder_cache(cache, rows: jnp.ndarray):
   """Beam search's cache reorder for txf's models: out[i] = cache[rows[i]] for every per-row leaf
-  [N, ...] except the per-source entries (:data:`txf.nn.attention.PER_SOURCE_CACHE`: the encoder
-  memory's cross-attention keys/values and mask, equal for every beam of a source, so the gather
-  would copy them for nothing). 0-d leaves (counters) and leaves of another leading size (the
-  per-source rows of :func:`expand_cache`'s layout, whose ``beam_slots`` tables are reordered
-  instead) are unchanged. rows: int [N].
+  [N, ...] but the per-source entries (:data:`txf.nn.kv_cache.PER_SOURCE`); rows int [N]
+  (:func:`txf.nn.kv_cache.reorder_beams`).
 
   Pass as ``beam_search(..., expand_cache=expand_cache, reorder_cache=reorder_cache)`` (or with
   the default expansion, every per-row leaf repeated).
   """
-  n = rows.shape[0]
-
-  def gather(path, x):
-    names = {str(getattr(p, "key", "")) for p in path}
-    if x.ndim == 0 or x.shape[0] != n or names & set(PER_SOURCE_CACHE):
-      return x
-    return jnp.take(x, rows, axis=0)
-
-  return jax.tree_util.tree_map_with_path(gather, cache)
+  return kv_cache.reorder_beams(cache, rows)
 
 
 def init_uncached_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int,
