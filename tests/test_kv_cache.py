@@ -14,7 +14,7 @@ from txf.decode.adapter import (OUTPUT_KERNEL, cast_for_decoding, expand_cache, 
                                 init_uncached_cache, make_logits_fn, make_uncached_logits_fn,
                                 prepare_for_decoding, reorder_cache)
 from txf.models import build_model, init_params
-from txf.nn import TransformerConfig
+from txf.nn import TransformerConfig, kv_cache
 
 BOS, EOS = 1, 2
 VOCAB = 13
@@ -313,6 +313,25 @@ def test_expand_cache_layout_and_reorder():
                           jax.tree_util.tree_leaves(moved)):
     if "beam_slots" not in jax.tree_util.keystr(path):
       assert a is b  # nothing else is copied
+
+
+def test_the_models_cache_holds_only_the_declared_layout():
+  # every entry a decoding model creates is one that txf.nn.kv_cache declares (the layout is
+  # defined there once); the beam layout adds the slot tables and keeps the per-source entries
+  # at one row per source
+  cfg = small_config("encoder_decoder")
+  cache = jit_cache(cfg, setup_model(cfg), 3, MAX_LEN, sources())
+  entries = lambda tree: {str(path[-1].key): leaf
+                          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  declared = {kv_cache.CACHED_KEY, kv_cache.CACHED_VALUE, kv_cache.CACHE_INDEX, kv_cache.POSITION,
+              *kv_cache.PER_SOURCE}
+  assert set(entries(cache)) == declared == {"cached_key", "cached_value", "cache_index", "position",
+                                             "cross_key", "cross_value", "cross_valid"}
+  beams = expand_cache(cache, BEAM)
+  assert set(entries(beams)) == declared | {kv_cache.BEAM_SLOTS}
+  for name in kv_cache.PER_SOURCE:
+    assert entries(beams)[name].shape[0] == 3
+  assert entries(beams)[kv_cache.BEAM_SLOTS].shape == (3 * BEAM, MAX_LEN)
 
 
 @pytest.mark.parametrize("tie", [True, False])
