@@ -26,10 +26,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from absl import logging
 import numpy as np
 
+from txf import workdir as workdir_lib
 from txf.data import builders, catalog, global_batches, pipeline, tokenizer
-from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, Example, RowLayout, Task,
-                           truncate_keep_eos)
-from txf.data.text import DataError, resolve_text_dir
+from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, Example, RowLayout,
+                           Task, truncate_keep_eos)
+from txf.data.text import resolve_text_dir
 
 __all__ = ["DataError", "make_real_task", "TranslationTask", "ClassificationTask",
            "SentenceLMTask", "StreamLMTask"]
@@ -357,11 +358,12 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
   """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one."""
   wanted = _tokenizer_settings(d)
   if workdir:
-    codec = tokenizer.load_codec(os.path.join(workdir, "tokenizer"))
+    directory = os.path.join(workdir, workdir_lib.TOKENIZER_DIR)
+    codec = tokenizer.load_codec(directory)
     if codec is not None:
       if codec.settings != wanted and codec.settings.get("tokenizer") != "marian":
         logging.warning("using the run's tokenizer in %s (built with %s); the config asks for %s",
-                        os.path.join(workdir, "tokenizer"), codec.settings, wanted)
+                        directory, codec.settings, wanted)
       return codec
   key = hashlib.sha1(json.dumps([wanted, fingerprint], sort_keys=True).encode()).hexdigest()[:16]
   cache = os.path.join(data_dir, "txf_tokenizers", key)
@@ -414,7 +416,8 @@ def make_real_task(config, workdir: str = "") -> Task:
   """The Task of ``config.data.source`` (text:... or tfds:...) for ``config.model.family``.
 
   The tokenizer is read from ``workdir/tokenizer`` if the run has one, else trained (or taken
-  from the cache) and saved there, so every later use of the run sees the same ids.
+  from the cache); the training loop saves it into the run once (``txf.workdir.save_task``), so
+  every later use of the run sees the same ids. Nothing is written to ``workdir`` here.
   """
   d, family = config.data, config.model.family
   if d.tokenizer not in ("sentencepiece", "char"):
@@ -442,7 +445,5 @@ def make_real_task(config, workdir: str = "") -> Task:
     task = SentenceLMTask(*args)
   else:
     task = StreamLMTask(*args)
-  if workdir and tokenizer.load_codec(os.path.join(workdir, "tokenizer")) is None:
-    task.save(os.path.join(workdir, "tokenizer"))
   logging.info("real task %s: %s", type(task).__name__, task.describe())
   return task

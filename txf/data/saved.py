@@ -4,22 +4,16 @@ Inference (``txf translate``, ``classify``, ``generate``) needs the codecs and t
 dataset: ``task_from_workdir`` gives the same Task class training used, with the run's own tokenizer
 and the sizes training recorded, and opens the data only when a split is read (``txf eval``,
 ``task.examples``). That happens at most once, from ``data.path`` (which ``txf eval --data_path``
-overrides) and ``data.data_dir``; tfds' preparation output goes to stderr, never to stdout.
+overrides) and ``data.data_dir``; tfds' preparation prints nothing (builders.quiet_prepare).
 """
 
 import collections.abc
-import contextlib
-import json
 import os
-import sys
 from typing import Any, Dict, Optional
 
+from txf import workdir as workdir_lib
 from txf.data import builders, real, tokenizer
-from txf.data.base import Task
-from txf.data.text import DataError
-
-TASK_FILE = "task.json"
-
+from txf.data.base import DataError, Task
 
 class LazySources(collections.abc.Mapping):
   """split name -> record source, opened from the config's data on first use (then kept).
@@ -39,8 +33,7 @@ class LazySources(collections.abc.Mapping):
   def _open(self) -> Dict[str, Any]:
     if self._sources is None:
       data_dir = builders.resolve_data_dir(self.config.data.data_dir)
-      with contextlib.redirect_stdout(sys.stderr):   # tfds progress lines are not results
-        _, sources, adapt, _, _ = real._open_source(self.config, data_dir)
+      _, sources, adapt, _, _ = real._open_source(self.config, data_dir)
       self._sources, self._adapt = dict(sources), adapt
     return self._sources
 
@@ -59,15 +52,6 @@ class LazySources(collections.abc.Mapping):
     return len(self._open())
 
 
-def read_task_json(workdir: str) -> Optional[Dict[str, Any]]:
-  """The sizes training recorded in ``workdir/task.json`` (None if the run has none)."""
-  path = os.path.join(workdir, TASK_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
 def task_from_workdir(config, workdir: str) -> Optional[Task]:
   """The real-data Task of a trained run from its workdir, without reading its data.
 
@@ -79,8 +63,8 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
   scheme = d.source.partition(":")[0]
   if scheme not in ("text", "tfds"):
     return None
-  codec = tokenizer.load_codec(os.path.join(workdir, "tokenizer"))
-  sizes = read_task_json(workdir)
+  codec = tokenizer.load_codec(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
+  sizes = workdir_lib.read_task_json(workdir)
   if codec is None or sizes is None:
     return None
   family = config.model.family
