@@ -16,9 +16,24 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from txf.config import base_config
 from txf.errors import TxfError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+# DataSpec: ``config.data`` read once, frozen. Its fields, types and defaults are those of
+# ``txf.config.base_config().data`` (declared there only, with their comments); tasks hold one.
+DataSpec = dataclasses.make_dataclass(
+    "DataSpec", [(name, type(value), dataclasses.field(default=value))
+                 for name, value in base_config().data.items()], frozen=True)
+DataSpec.__doc__ = "The data settings of a run (``config.data``), read once: see txf/config.py."
+
+
+def data_spec(config) -> "DataSpec":
+  """``config.data`` as a frozen DataSpec (fields txf does not know are ignored); the only place
+  data/ reads ``config.data``."""
+  names = {f.name for f in dataclasses.fields(DataSpec)}
+  return DataSpec(**{k: v for k, v in config.data.items() if k in names})
 
 
 class DataError(TxfError, ValueError):

@@ -51,6 +51,14 @@ class BatchSpec:
   prefetch: int = 2              # batches prepared ahead (0 = none)
   read_threads: int = 2          # grain threads reading + encoding examples
 
+  @classmethod
+  def of(cls, data, lengths: Dict[str, int], rows: int) -> "BatchSpec":
+    """The batching of a DataSpec (``data``): every field but ``lengths``, ``rows`` and
+    ``eos_last`` is the DataSpec field of the same name."""
+    given = {"lengths": lengths, "rows": rows}
+    return cls(**given, **{f.name: getattr(data, f.name) for f in dataclasses.fields(cls)
+                           if f.name not in given and hasattr(data, f.name)})
+
   def describe(self) -> str:
     """A short fingerprint of the batching, stored in iterator states."""
     blob = json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -8,12 +8,14 @@ overrides) and ``data.data_dir``; tfds' preparation prints nothing (builders.qui
 """
 
 import collections.abc
+import dataclasses
 import os
 from typing import Any, Dict, Optional
 
 from txf import workdir as workdir_lib
 from txf.data import builders, real, tokenizer
-from txf.data.base import DataError, Task
+from txf.data.base import DataError, DataSpec, Task, data_spec
+from txf.data.sources import open_source
 
 class LazySources(collections.abc.Mapping):
   """split name -> record source, opened from the config's data on first use (then kept).
@@ -21,8 +23,8 @@ class LazySources(collections.abc.Mapping):
   ``opened`` tells whether the data has been opened; until then nothing touches the disk.
   """
 
-  def __init__(self, config):
-    self.config = config
+  def __init__(self, data: DataSpec):
+    self.data = data
     self._sources: Optional[Dict[str, Any]] = None
     self._adapt = None
 
@@ -32,8 +34,8 @@ class LazySources(collections.abc.Mapping):
 
   def _open(self) -> Dict[str, Any]:
     if self._sources is None:
-      data_dir = builders.resolve_data_dir(self.config.data.data_dir)
-      _, sources, adapt, _, _ = real._open_source(self.config, data_dir)
+      data_dir = builders.resolve_data_dir(self.data.data_dir)
+      _, sources, adapt, _, _ = open_source(self.data, data_dir)
       self._sources, self._adapt = dict(sources), adapt
     return self._sources
 
@@ -59,7 +61,7 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
   tasks need no data: ``make_task`` builds them). The family and sizes come from task.json; a
   mismatch with the config (an edited config.json) raises DataError naming both.
   """
-  d = config.data
+  d = data_spec(config)
   scheme = d.source.partition(":")[0]
   if scheme not in ("text", "tfds"):
     return None
@@ -71,23 +73,13 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
   if sizes.get("family", family) != family:
     raise DataError(f"{workdir}: task.json says family {sizes['family']!r} but config.json says "
                     f"model.family={family!r}: restore the run's own config.json")
-  sources = LazySources(config)
-  args = (d, sources, sources.adapt, codec, f"workdir:{os.path.abspath(workdir)}")
-  if family == "encoder_decoder":
-    task = real.TranslationTask(*args)
-  elif family == "encoder_classifier":
-    task = real.ClassificationTask(*args, num_classes=int(sizes.get("num_classes", 0)))
-  elif scheme == "tfds":
-    task = real.SentenceLMTask(*args)
-  else:
-    task = real.StreamLMTask(*args)
-  for key in ("max_input_len", "max_target_len"):   # the lengths the model was trained with
-    if key in sizes:
-      setattr(task, key, int(sizes[key]))
-  if hasattr(task, "features"):
-    task.features = {k: (task.max_input_len if k == "inputs" else task.max_target_len)
-                     for k in task.features}
-  return task
+  # the lengths the model was trained with
+  d = dataclasses.replace(d, **{k: int(sizes[k]) for k in ("max_input_len", "max_target_len")
+                                if k in sizes})
+  sources = LazySources(d)
+  return real.new_task(family, d, sources, sources.adapt, codec,
+                       f"workdir:{os.path.abspath(workdir)}", sentences=scheme == "tfds",
+                       num_classes=int(sizes.get("num_classes", 0)))
 
 
 
