@@ -96,7 +96,7 @@ def signal_at_step(monkeypatch, k: int, signum: int, process: int = -1,
 def error_at_step(monkeypatch, k: int, kind: str, process: int = -1) -> None:
   """Right after optimizer step ``k``, process ``process`` (all when -1) alone raises a DataError
   (``kind='data'``: a bad row, as a reader finds one) or a RuntimeError (``'bug'``)."""
-  from txf.data.text import DataError
+  from txf.data.base import DataError
   take_step = loop.take_step
 
   def faulty_take_step(run, state):

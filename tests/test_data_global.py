@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from txf.data.base import RowLayout
-from txf.data.text import DataError
+from txf.data.base import DataError
 
 from test_data_fixtures import parallel_dir, plain_dir, tsv_dir
 from test_data_pipeline import MODES, _task

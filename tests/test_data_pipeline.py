@@ -10,7 +10,7 @@ import pytest
 from txf.data import pipeline
 from txf.data.base import EOS_ID
 from txf.data.real import make_real_task
-from txf.data.text import DataError
+from txf.data.base import DataError
 from txf.models import build_model, init_params, model_inputs
 from txf.nn import TransformerConfig
 

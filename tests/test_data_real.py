@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from txf import workdir as workdir_lib
 from txf.data import builders, catalog
 from txf.data.base import EOS_ID
 from txf.data.real import make_real_task
-from txf.data.text import DataError
+from txf.data.base import DataError
 
 from test_data_fixtures import (SHARED_DATA, config_for, parallel_dir, plain_dir, tsv_dir,
                                 write_lines)
@@ -45,7 +46,9 @@ def test_translation_task_end_to_end(tmp_path):
   task = make_real_task(config_for(f"text:{data}", tmp_path / "tfds"), workdir)
   assert task.family == "encoder_decoder" and task.target_vocab_size == 0
   assert 260 < task.vocab_size <= 320
-  assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
+  assert not os.path.exists(workdir)   # the data layer writes nothing into a run: save_task does
+  workdir_lib.save_task(workdir, task)
+  assert os.path.isfile(os.path.join(workdir, workdir_lib.TOKENIZER_DIR, "tokenizer.json"))
   batches = task.eval_batches("val", 16)
   assert [b["inputs"].shape for b in batches] == [(16, 32)] * 3
   assert sum(int((b["targets"] != 0).any(1).sum()) for b in batches) == 40   # the whole split
@@ -62,6 +65,7 @@ def test_the_runs_tokenizer_is_rebuilt_from_the_workdir(tmp_path):
   data = parallel_dir(tmp_path / "par")
   workdir = str(tmp_path / "run")
   first = make_real_task(config_for(f"text:{data}", tmp_path / "tfds"), workdir)
+  workdir_lib.save_task(workdir, first)
   # another data_dir (no tokenizer cache) and another vocab size: the run's tokenizer still wins
   second = make_real_task(config_for(f"text:{data}", tmp_path / "tfds2", vocab_size=400), workdir)
   assert second.vocab_size == first.vocab_size

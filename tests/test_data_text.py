@@ -5,7 +5,7 @@ import os
 import pytest
 
 from txf.data import builders, text
-from txf.data.text import DataError
+from txf.data.base import DataError
 
 from test_data_fixtures import SHARED_DATA, write_lines
 

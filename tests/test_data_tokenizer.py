@@ -5,7 +5,7 @@ import pytest
 
 from txf.data import tokenizer
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from txf.data.text import DataError
+from txf.data.base import DataError
 
 from test_data_fixtures import sentences
 

@@ -29,7 +29,7 @@ def test_sentiment_seed_is_valid_and_keeps_the_seed_settings():
 
 def test_sentiment_seed_without_data_names_txf_data(monkeypatch):
   from txf.data import make_task
-  from txf.data.text import DataError
+  from txf.data.base import DataError
   monkeypatch.delenv("TXF_DATA", raising=False)
   with pytest.raises(DataError, match="TXF_DATA"):
     make_task(_config())

@@ -106,7 +106,7 @@ class Checkpointer:
   def __init__(self, workdir: str, config=None, async_save: bool = True, read_only: bool = False,
                agreed_steps: bool = False):
     self.workdir = os.path.abspath(workdir)
-    self.directory = os.path.join(self.workdir, "checkpoints")
+    self.directory = os.path.join(self.workdir, workdir_lib.CHECKPOINTS_DIR)
     self.read_only = config is None or read_only
     self.seed = None if config is None else int(config.seed)
     self.best_metric = "" if config is None else config.best_metric
@@ -301,7 +301,7 @@ class Checkpointer:
                      f"this run has {jax.process_count()}: resume with {len(states)} processes")
 
   def _move_aside(self, step: int) -> str:
-    aside = os.path.join(self.workdir, "checkpoints-unreadable",
+    aside = os.path.join(self.workdir, workdir_lib.UNREADABLE_CHECKPOINTS_DIR,
                          f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
     if jax.process_index() == 0:
       os.makedirs(os.path.dirname(aside), exist_ok=True)
@@ -351,11 +351,9 @@ def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
 def exported_params(workdir: str, params):
   """A checkpoint's parameters as params files hold them: without the vocabulary padding rows
   (``txf.models.unpad_vocab``, sizes from the run's config.json and task.json)."""
-  path = os.path.join(workdir, "task.json")
-  if not os.path.exists(path):  # a run older than task.json: older than vocabulary padding too
+  sizes = workdir_lib.read_task_json(workdir)
+  if sizes is None:  # a run older than task.json: older than vocabulary padding too
     return params
-  with open(path) as f:
-    sizes = json.load(f)
   task = types.SimpleNamespace(vocab_size=sizes["vocab_size"],
                                target_vocab_size=sizes.get("target_vocab_size", 0),
                                num_classes=sizes.get("num_classes", 0))
@@ -377,7 +375,7 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
     if step:
       chosen = _pick_step(checkpointer, str(step))
       params = exported_params(workdir, checkpointer.restore_params(chosen))
-      path = workdir_lib.save_params(workdir, params, output or f"params_{step}.msgpack")
+      path = workdir_lib.save_params(workdir, params, output or workdir_lib.exported_params_name(str(step)))
       return path, [chosen]
     steps = checkpointer.all_steps()
     if len(steps) < last:
@@ -389,5 +387,5 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
   finally:
     checkpointer.close()
   mean = exported_params(workdir, mean)
-  path = workdir_lib.save_params(workdir, mean, output or f"params_avg{last}.msgpack")
+  path = workdir_lib.save_params(workdir, mean, output or workdir_lib.exported_params_name(last))
   return path, steps

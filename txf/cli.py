@@ -13,7 +13,6 @@ import importlib
 import importlib.util
 import os
 import sys
-import traceback
 from typing import List, Optional
 
 import txf
@@ -57,14 +56,6 @@ def usage() -> str:
   lines += ["", "every command: -v shows library logging; --verbose_errors shows "
             "the traceback of a txf: error"]
   return "\n".join(lines)
-
-
-def fail(message: str, verbose_errors: bool = False) -> None:
-  """Print one ``txf: error:`` line (after the traceback when asked for) and exit with status 2."""
-  if verbose_errors:
-    traceback.print_exc()
-  print(f"txf: error: {message}", file=sys.stderr)
-  sys.exit(2)
 
 
 def _config_arg(args: List[str]) -> Optional[tuple]:
@@ -171,7 +162,7 @@ def parse_flags(argv: List[str], name: str, verbose_errors: bool) -> List[str]:
       if f.name == "config":
         f.value  # pylint: disable=pointless-statement  # ml_collections loads the file lazily
   except flags.Error as e:
-    fail(_flag_error(e, name), verbose_errors)
+    common.fail(_flag_error(e, name), verbose_errors)
   except (SyntaxError, AttributeError, OSError) as e:
     found = _config_arg(argv)
     path = found[1] if found else ""
@@ -180,7 +171,7 @@ def parse_flags(argv: List[str], name: str, verbose_errors: bool) -> List[str]:
       message = str(e).splitlines()[0]
     if message is None:
       raise
-    fail(message, verbose_errors)
+    common.fail(message, verbose_errors)
   return rest
 
 
@@ -230,7 +221,7 @@ def main(argv=None) -> None:
     try:
       runtime.maybe_reexec_with_tcmalloc(list(sys.argv))
     except ValueError as e:
-      fail(str(e))
+      common.fail(str(e))
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
     print(usage(), file=sys.stdout if len(argv) >= 2 else sys.stderr)
@@ -241,7 +232,7 @@ def main(argv=None) -> None:
   name = argv[1]
   if name not in COMMANDS:
     close = difflib.get_close_matches(name, COMMANDS, n=1)
-    fail(f"unknown command {name!r}: " + (f"did you mean {close[0]!r}? " if close else "") +
+    common.fail(f"unknown command {name!r}: " + (f"did you mean {close[0]!r}? " if close else "") +
          "txf --help lists the commands")
   args = argv[2:]
   verbose_errors = "--verbose_errors" in args
@@ -250,21 +241,21 @@ def main(argv=None) -> None:
   try:
     args = resolve_config_args(args)
   except UsageError as e:
-    fail(str(e), verbose_errors)
+    common.fail(str(e), verbose_errors)
   # ml_collections reads --config.* overrides from sys.argv while the command module is imported
   sys.argv = [f"txf {name}"] + args
   try:
     module = importlib.import_module(COMMANDS[name][0])
   except ModuleNotFoundError as e:
     if e.name and e.name.startswith("txf.commands"):
-      fail(f"the {name!r} command is not available in this build")
+      common.fail(f"the {name!r} command is not available in this build")
     raise
   except (SyntaxError, AttributeError) as e:
     found = _config_arg(args)
     message = _config_load_error(e, found[1] if found else "")
     if message is None:
       raise
-    fail(message, verbose_errors)
+    common.fail(message, verbose_errors)
   if any(a in HELP_FLAGS for a in args):
     print(command_help(name, module))
     sys.exit(0)

@@ -10,7 +10,7 @@ from typing import Dict
 
 import numpy as np
 
-from txf.workdir import disk_errors
+from txf.workdir import METRICS_FILE, TENSORBOARD_DIR, disk_errors
 
 
 class MetricWriter:
@@ -18,12 +18,12 @@ class MetricWriter:
 
   def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
     self.enabled = enabled
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = os.path.join(workdir, METRICS_FILE)
     self._tb = None
     if enabled and tensorboard:
       try:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._tb = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
       except ImportError:  # pragma: no cover - tensorboardX is a dependency
         self._tb = None
 

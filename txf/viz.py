@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from txf import workdir as workdir_lib
 from txf.models import ModelBuilder, build_model, model_inputs
 
 Rows = Union[str, os.PathLike, Iterable[Dict]]
@@ -259,11 +260,11 @@ def write_run_plots(workdir: Union[str, os.PathLike]) -> List[str]:
     FileNotFoundError: workdir/metrics.jsonl does not exist.
   """
   workdir = os.fspath(workdir)
-  rows = read_metrics_rows(os.path.join(workdir, "metrics.jsonl"))
+  rows = read_metrics_rows(os.path.join(workdir, workdir_lib.METRICS_FILE))
   written = []
   if any("loss" in r for r in rows):
-    written.append(plot_loss_curves(rows, os.path.join(workdir, "loss_curves.png")))
+    written.append(plot_loss_curves(rows, os.path.join(workdir, workdir_lib.LOSS_PLOT)))
   steps, values = _series(rows, "learning_rate")
   if steps.size:
-    written.append(plot_learning_rate((steps, values), os.path.join(workdir, "learning_rate.png")))
+    written.append(plot_learning_rate((steps, values), os.path.join(workdir, workdir_lib.LR_PLOT)))
   return written

@@ -35,7 +35,51 @@ RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_
                     # the compute dtype: parameters and optimizer state are float32 either way
                     "model.dtype"}
 RESUMABLE_PREFIXES = ("sharding_rules.",)
-SHARDED_PARAMS = "params"   # final parameters of a multi-process mesh run: orbax, each process its shards
+
+# The names of a run's files and folders under its workdir: defined here and nowhere else.
+CONFIG_FILE = "config.json"          # the run's full config (config_to_dict)
+TASK_FILE = "task.json"              # the task's sizes (Task.describe): vocabulary, classes, lengths
+TOKENIZER_DIR = "tokenizer"          # the run's codecs (Task.save), read back by the data layer
+PARAMS_FILE = "params.msgpack"       # final parameters (flax msgpack)
+SHARDED_PARAMS = "params"            # final parameters of a multi-process mesh run: orbax, each process its shards
+METRICS_FILE = "metrics.jsonl"       # one JSON row per logged point
+TENSORBOARD_DIR = "tensorboard"      # TensorBoard event files
+CHECKPOINTS_DIR = "checkpoints"      # orbax checkpoints, one numbered folder per step
+UNREADABLE_CHECKPOINTS_DIR = "checkpoints-unreadable"   # unreadable checkpoints moved aside
+LOSS_PLOT = "loss_curves.png"        # train/eval loss against step
+LR_PLOT = "learning_rate.png"        # the learning rate against step
+
+
+def path_of(workdir: str, name: str) -> str:
+  """``workdir/name`` for one of the names above (e.g. ``path_of(w, METRICS_FILE)``)."""
+  return os.path.join(workdir, name)
+
+
+def eval_report_name(split: str) -> str:
+  """The file name of ``txf eval``'s default report on ``split``: eval_<split>.json."""
+  return f"eval_{split}.json"
+
+
+def exported_params_name(which: Any) -> str:
+  """The file name ``txf average-checkpoints`` writes: params_avg<N>.msgpack for an average of the
+  last N (an int), params_<step>.msgpack for one exported checkpoint (a step, 'best' or 'latest')."""
+  return f"params_avg{which}.msgpack" if isinstance(which, int) else f"params_{which}.msgpack"
+
+
+def save_task(workdir: str, task) -> None:
+  """Write a run's task once: its codecs into tokenizer/ (``task.save``) and its sizes into
+  task.json (``task.describe()``). The data layer reads both back; nothing else writes them."""
+  task.save(path_of(workdir, TOKENIZER_DIR))
+  write_json(path_of(workdir, TASK_FILE), task.describe())
+
+
+def read_task_json(workdir: str) -> Optional[Dict[str, Any]]:
+  """The sizes training recorded in ``workdir/task.json`` (None if the run has none)."""
+  path = path_of(workdir, TASK_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
 
 
 class RunConflictError(TxfError, RuntimeError):
@@ -140,11 +184,11 @@ def disk_errors(path: str, what: str = "writing", need_bytes: Optional[int] = No
 
 def has_trained(workdir: str) -> bool:
   """Whether the run in ``workdir`` has trained: a checkpoint, a metrics row or params.msgpack."""
-  metrics = os.path.join(workdir, "metrics.jsonl")
-  checkpoints = os.path.join(workdir, "checkpoints")
+  metrics = path_of(workdir, METRICS_FILE)
+  checkpoints = path_of(workdir, CHECKPOINTS_DIR)
   return ((os.path.isfile(metrics) and os.path.getsize(metrics) > 0)
           or (os.path.isdir(checkpoints) and bool(os.listdir(checkpoints)))
-          or os.path.exists(os.path.join(workdir, "params.msgpack")))
+          or os.path.exists(path_of(workdir, PARAMS_FILE)))
 
 
 def config_to_dict(config: ml_collections.ConfigDict) -> Dict[str, Any]:
@@ -170,7 +214,7 @@ def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False
   left as it is: ``record_config`` rewrites it once the run trains on (resumable fields such as
   num_train_steps may differ). A run that never trained is replaced by the new config.
   """
-  path = os.path.join(workdir, "config.json")
+  path = path_of(workdir, CONFIG_FILE)
   new = config_to_dict(config)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise TxfError(f"--workdir {workdir} is a file, not a directory: choose another --workdir")
@@ -203,7 +247,7 @@ def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False
 def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Rewrite config.json with ``config`` (a resumed run that trains on under changed resumable
   fields, e.g. a larger num_train_steps)."""
-  write_json(os.path.join(workdir, "config.json"), config_to_dict(config))
+  write_json(path_of(workdir, CONFIG_FILE), config_to_dict(config))
 
 
 def _check_writable(workdir: str) -> None:
@@ -229,7 +273,7 @@ def write_json(path: str, obj: Any, elsewhere: str = "--workdir") -> None:
         os.remove(tmp)
 
 
-def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
+def save_params(workdir: str, params, name: str = PARAMS_FILE) -> str:
   """Write parameters (flax msgpack) atomically; returns the path."""
   path = os.path.join(workdir, name)
   tmp = f"{path}.tmp-{os.getpid()}"
@@ -243,7 +287,7 @@ def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
       if os.path.exists(tmp):
         os.remove(tmp)
     stale = os.path.join(workdir, SHARDED_PARAMS)  # an earlier multi-process finish's shards
-    if name == "params.msgpack" and os.path.isdir(stale):
+    if name == PARAMS_FILE and os.path.isdir(stale):
       shutil.rmtree(stale)
   return path
 
@@ -251,7 +295,7 @@ def save_params(workdir: str, params, name: str = "params.msgpack") -> str:
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's config.json over ``base_config()``: a field missing from an older run's file (added
   to txf since) has its base_config default, so base_config is the one source of defaults."""
-  path = os.path.join(workdir, "config.json")
+  path = path_of(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     raise TxfError(f"{workdir} holds no txf run (no config.json): train one with "
                             f"`txf train --workdir {workdir}` first")
@@ -273,7 +317,7 @@ def save_params_sharded(workdir: str, params, name: str = SHARDED_PARAMS) -> str
     checkpointer.save(path, params, force=True)
     checkpointer.wait_until_finished()
     checkpointer.close()
-    stale = os.path.join(workdir, "params.msgpack")  # an earlier finish's, which load_params prefers
+    stale = path_of(workdir, PARAMS_FILE)  # an earlier finish's, which load_params prefers
     if name == SHARDED_PARAMS and jax.process_index() == 0 and os.path.exists(stale):
       os.remove(stale)
   return path
@@ -292,7 +336,7 @@ def params_location(workdir: str, name: Optional[str] = None) -> str:
   """The path of a run's parameters: ``name`` (default params.msgpack; relative to the workdir),
   or, when the default file is absent, the sharded ``params/`` directory a multi-process run
   writes (``save_params_sharded``)."""
-  path = os.path.join(workdir, name or "params.msgpack")
+  path = os.path.join(workdir, name or PARAMS_FILE)
   if name is None and not os.path.exists(path):
     sharded = os.path.join(workdir, SHARDED_PARAMS)
     if os.path.isdir(sharded):

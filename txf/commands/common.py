@@ -13,6 +13,21 @@ from txf.config import experiment_path
 flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user errors")
 
 
+def error_line(message: str) -> str:
+  """The one-line form of a user error: ``txf: error: MESSAGE``."""
+  return f"txf: error: {message}"
+
+
+def fail(message: str, verbose_errors: bool = False) -> None:
+  """Print one ``txf: error: MESSAGE`` line on stderr (after the traceback of the exception being
+  handled when ``verbose_errors``) and exit with status 2 (``EXIT_USER``): the one place txf prints
+  a user error."""
+  if verbose_errors:
+    traceback.print_exc()
+  print(error_line(message), file=sys.stderr)
+  sys.exit(EXIT_USER)
+
+
 def guarded(fn):
   """Run a command's main; a ``txf.errors.TxfError`` (bad input) becomes one ``txf: error:`` line
   on stderr and exit status 2. Every other exception is a bug and keeps its traceback. In a job of
@@ -26,9 +41,8 @@ def guarded(fn):
     except TxfError as e:
       if flags.FLAGS.verbose_errors:
         traceback.print_exc()
-      _distributed().stop_all(f"txf: error: {e}", EXIT_USER)  # several processes: all stop with it
-      print(f"txf: error: {e}", file=sys.stderr)
-      sys.exit(EXIT_USER)
+      _distributed().stop_all(error_line(e), EXIT_USER)  # several processes: all stop with it
+      fail(str(e))
     except Exception as e:  # pylint: disable=broad-except
       _distributed().fail(e)  # several processes: a lost peer (exit 75) or a bug stops them all
       raise

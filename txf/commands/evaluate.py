@@ -20,7 +20,7 @@ from absl import flags
 
 from txf import inference
 from txf import workdir as workdir_lib
-from txf.data.text import DataError
+from txf.data.base import DataError
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained run", required=True)
@@ -95,7 +95,7 @@ def main(argv):
     raise TxfError(f"--progress_every={f.progress_every} must be >= 0")
   run = inference.load_run(f.workdir, f.params, data_path=f.data_path)
   split = _split(run, f.split)
-  path = f.output or os.path.join(f.workdir, f"eval_{split}.json")
+  path = f.output or os.path.join(f.workdir, workdir_lib.eval_report_name(split))
   check_writable(path)
   report = inference.evaluate_split(
       run, split,

@@ -1,11 +1,12 @@
 """Data: synthetic tasks and real text through tfds + grain, all behind the ``Task`` contract."""
 
-from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Example, Task
+from txf.data.base import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, DataSpec, Example, Task,
+                           data_spec)
 
 
 def make_task(config, workdir: str = "") -> Task:
   """The Task for ``config.data.source``: ``synthetic:KIND`` here, anything else through txf.data.real."""
-  d = config.data
+  d = data_spec(config)
   source = d.source
   if source.startswith("synthetic:"):
     from txf.data.synthetic import SyntheticTask

@@ -16,7 +16,29 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from txf.config import base_config
+from txf.errors import TxfError
+
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+# DataSpec: ``config.data`` read once, frozen. Its fields, types and defaults are those of
+# ``txf.config.base_config().data`` (declared there only, with their comments); tasks hold one.
+DataSpec = dataclasses.make_dataclass(
+    "DataSpec", [(name, type(value), dataclasses.field(default=value))
+                 for name, value in base_config().data.items()], frozen=True)
+DataSpec.__doc__ = "The data settings of a run (``config.data``), read once: see txf/config.py."
+
+
+def data_spec(config) -> "DataSpec":
+  """``config.data`` as a frozen DataSpec (fields txf does not know are ignored); the only place
+  data/ reads ``config.data``."""
+  names = {f.name for f in dataclasses.fields(DataSpec)}
+  return DataSpec(**{k: v for k, v in config.data.items() if k in names})
+
+
+class DataError(TxfError, ValueError):
+  """Bad or missing data. The message names the file (and line) and how to fix it."""
+
 Batch = Dict[str, np.ndarray]
 
 
@@ -121,9 +143,12 @@ class Task(abc.ABC):
 
 
 def pad_batch(rows: Sequence[np.ndarray], length: int, batch_size: Optional[int] = None) -> np.ndarray:
-  """Right-pad int rows with PAD to ``length`` (and filler rows to ``batch_size``) -> int32 [B, length]."""
+  """Right-pad int rows with PAD to ``length`` (and all-PAD filler rows up to ``batch_size``,
+  default len(rows)) -> int32 [batch_size, length]. txf's one padding routine: training batches,
+  evaluation batches and inference batches all go through it. Raises ValueError for a row longer
+  than ``length``."""
   batch_size = len(rows) if batch_size is None else batch_size
-  out = np.zeros((batch_size, length), np.int32)
+  out = np.full((batch_size, length), PAD_ID, np.int32)
   for i, r in enumerate(rows):
     if len(r) > length:
       raise ValueError(f"row {i} has {len(r)} tokens, more than the batch length {length}")

@@ -15,10 +15,8 @@ dataset's metadata. No TensorFlow is imported: array_record is written and read 
 Python writers and ``ArrayRecordDataSource``.
 """
 
-import contextlib
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import re
@@ -30,6 +28,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from txf.data import text
+from txf.data.base import DataError
 
 DATA_DIR_ENV = "TXF_DATA_DIR"              # prepared-data root when data.data_dir is ""
 DEFAULT_DATA_DIR = "~/.cache/txf/tfds"
@@ -78,7 +77,7 @@ class _LocalTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
       read[split], skipped[split] = self._read_split(split, spec)
       if not read[split]:
         files = " / ".join(f for f in spec["splits"][split][:2] if isinstance(f, str))
-        raise text.DataError(f"{files}: the {split} split has no usable lines (the file is empty, all "
+        raise DataError(f"{files}: the {split} split has no usable lines (the file is empty, all "
                         f"blank, or every line was skipped: {skipped[split]}): fill it, or point "
                         f"data.source at the right folder")
     self._check(read, spec)
@@ -134,7 +133,7 @@ class TxfLabelledText(_LocalTextBuilder):
     top = max(train)
     if top + 1 > max(2 * len(train), len(train) + 8):
       lineno = text.find_label_line(path, top)
-      raise text.DataError(f"{path}:{lineno}: label {top} would make a {top + 1:,}-class model, but the "
+      raise DataError(f"{path}:{lineno}: label {top} would make a {top + 1:,}-class model, but the "
                       f"training data has {len(train)} distinct labels ({_few(train)}): class ids "
                       f"must be 0..K-1; fix that line")
     for split, rows in records.items():
@@ -142,7 +141,7 @@ class TxfLabelledText(_LocalTextBuilder):
       if split != train_split and unseen:
         other = spec["splits"][split][0]
         lineno = text.find_label_line(other, min(unseen))
-        raise text.DataError(f"{other}:{lineno}: label {min(unseen)} of the {split} split never occurs in "
+        raise DataError(f"{other}:{lineno}: label {min(unseen)} of the {split} split never occurs in "
                         f"the training data {path} (labels {_few(train)}): the model could not "
                         f"predict it; fix the labels or add training rows with it")
 
@@ -185,7 +184,7 @@ def local_spec(directory: str, fmt: str, splits: Sequence[str], src_lang: str, t
   ``{split}.{lang}`` (parallel) or ``{split}.tsv`` (tsv).
   """
   if fmt not in BUILDERS:
-    raise text.DataError(f"data.format={fmt!r} is not one of {sorted(BUILDERS)}")
+    raise DataError(f"data.format={fmt!r} is not one of {sorted(BUILDERS)}")
   train, evals, test = splits
   spec: Dict[str, Any] = {"kind": fmt, "max_line_chars": int(max_line_chars), "splits": {},
                           "train_split": train}
@@ -232,14 +231,19 @@ class Prepared:
   path: str                         # the prepared dataset's directory
 
 
-@contextlib.contextmanager
-def quiet_tfds():
-  """tfds without its own output while it prepares: no tqdm bars (raw escape codes off a terminal)
-  and none of the lines it prints to stdout ("Downloading and preparing dataset ...", "Dataset ...
-  downloaded and prepared ..."); txf says in one line what was prepared (say_prepared)."""
+def quiet_prepare(builder, **kwargs) -> None:
+  """``builder.download_and_prepare(**kwargs)`` without tfds' own output, and without touching
+  the process's stdout: no tqdm bars (``tfds.disable_progress_bar``), and not the two lines tfds
+  prints ("Downloading and preparing dataset ...", "Dataset ... downloaded and prepared ...").
+  tfds (4.9) prints those with ``termcolor.cprint`` from ``DatasetBuilder._log_download_bytes`` and
+  ``_log_download_done`` and has no switch for them, so both are replaced on this builder instance
+  (only) by log records. txf says in one line what was prepared (say_prepared)."""
   tfds.disable_progress_bar()
-  with contextlib.redirect_stdout(io.StringIO()):
-    yield
+  for method in ("_log_download_bytes", "_log_download_done"):
+    if hasattr(builder, method):
+      setattr(builder, method, lambda: logging.info("tfds: %s prepares %s", builder.name,
+                                                     builder.data_dir))
+  builder.download_and_prepare(**kwargs)
 
 
 def say_prepared(name: str, sources: Mapping[str, Sequence[Any]], path: str) -> None:
@@ -259,13 +263,11 @@ def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepar
   prepared_now = not os.path.isfile(os.path.join(path, "dataset_info.json"))
   if prepared_now:
     logging.info("preparing %s (%s) as array_record under %s", directory, spec["kind"], data_dir)
-  with quiet_tfds():
-    sources = tfds.data_source(    # prepares once (a no-op when prepared), then opens every split
-        cls.name, data_dir=data_dir, builder_kwargs={"config": config, "file_format": FILE_FORMAT},
-        download_and_prepare_kwargs={
-            "file_format": FILE_FORMAT,
-            "download_config": tfds.download.DownloadConfig(try_download_gcs=False)})
-  sources = {str(k): v for k, v in sources.items()}
+  builder = tfds.builder(cls.name, data_dir=data_dir, config=config, file_format=FILE_FORMAT)
+  if not builder.is_prepared():   # prepared once, then every split is opened
+    quiet_prepare(builder, file_format=FILE_FORMAT,
+                  download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  sources = {str(k): v for k, v in builder.as_data_source().items()}
   if prepared_now:
     say_prepared(slug or directory, sources, path)
   metadata = dict(next(iter(sources.values())).dataset_info.metadata or {})

@@ -29,8 +29,8 @@ import tensorflow_datasets as tfds
 
 from txf import runtime
 from txf.data import builders
+from txf.data.base import DataError
 from txf.data.builders import FILE_FORMAT, resolve_data_dir
-from txf.data.text import DataError
 from txf.errors import TxfError
 
 # base name -> (module that registers the builder, hosts its download uses)
@@ -127,10 +127,9 @@ def prepare(name: str, data_dir: str,
       raise _not_prepared_error(name, data_dir, hosts)
     logging.info("preparing tfds:%s as %s under %s (downloads %s)", name, FILE_FORMAT, data_dir,
                  list(hosts))
-    with _without_tensorflow_patches(name), builders.quiet_tfds():
-      builder.download_and_prepare(
-          file_format=FILE_FORMAT,
-          download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    with _without_tensorflow_patches(name):
+      builders.quiet_prepare(builder, file_format=FILE_FORMAT,
+                             download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return builder
 
 

@@ -26,9 +26,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from txf.data.base import Batch, CheckpointableIterator, RowLayout
+from txf.data.base import Batch, CheckpointableIterator, DataError, RowLayout
 from txf.data.pipeline import LABEL, BatchSpec, LengthLimiter, bucket_lengths, rows_for_length
-from txf.data.text import DataError
 from txf.errors import TxfError
 
 _MESSAGE_BYTES = 2048

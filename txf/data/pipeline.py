@@ -29,8 +29,7 @@ from absl import logging
 import grain
 import numpy as np
 
-from txf.data.base import EOS_ID, Batch, CheckpointableIterator
-from txf.data.text import DataError
+from txf.data.base import EOS_ID, Batch, CheckpointableIterator, DataError, pad_batch
 
 LABEL = "label"
 
@@ -51,6 +50,14 @@ class BatchSpec:
   eos_last: bool = True          # truncation keeps EOS as the last token
   prefetch: int = 2              # batches prepared ahead (0 = none)
   read_threads: int = 2          # grain threads reading + encoding examples
+
+  @classmethod
+  def of(cls, data, lengths: Dict[str, int], rows: int) -> "BatchSpec":
+    """The batching of a DataSpec (``data``): every field but ``lengths``, ``rows`` and
+    ``eos_last`` is the DataSpec field of the same name."""
+    given = {"lengths": lengths, "rows": rows}
+    return cls(**given, **{f.name: getattr(data, f.name) for f in dataclasses.fields(cls)
+                           if f.name not in given and hasattr(data, f.name)})
 
   def describe(self) -> str:
     """A short fingerprint of the batching, stored in iterator states."""
@@ -93,12 +100,7 @@ def pad_rows(examples: Sequence[Dict[str, np.ndarray]], lengths: Dict[str, int],
              ) -> Batch:
   """Stack examples into fixed-shape int32 arrays: features [rows, L] right-padded with PAD,
   ``label`` [rows]; missing rows are all-PAD filler (label 0)."""
-  batch = {}
-  for f, length in lengths.items():
-    out = np.zeros((rows, length), np.int32)
-    for i, ex in enumerate(examples):
-      out[i, :len(ex[f])] = ex[f]
-    batch[f] = out
+  batch = {f: pad_batch([ex[f] for ex in examples], length, rows) for f, length in lengths.items()}
   if examples and LABEL in examples[0]:
     batch[LABEL] = np.zeros((rows,), np.int32)
     batch[LABEL][:len(examples)] = [ex[LABEL] for ex in examples]

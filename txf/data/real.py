@@ -5,68 +5,38 @@ is not ``synthetic:*``.
                                    txf.data.builders as tfds array_record under data.data_dir
   data.source = tfds:NAME          a tfds catalog dataset (txf.data.catalog), same pipeline
 
-Task classes (all in this module):
+Task classes (all in this module), chosen in one place (``new_task``):
   TranslationTask     encoder_decoder     inputs [B, S], targets [B, T]
   ClassificationTask  encoder_classifier  inputs [B, S], label [B]
   SentenceLMTask      decoder_lm          targets [B, T]; one sentence per record (tfds:lm1b)
   StreamLMTask        decoder_lm          targets [B, T]; windows of one token stream (plain text)
 
-The tokenizer is trained on the training split (or loaded from ``workdir/tokenizer`` when the run
-already has one, so evaluation and translation reuse it exactly), cached under
-``data_dir/txf_tokenizers/<hash>`` and saved with ``task.save(directory)``.
+Every task holds the run's ``DataSpec`` (``config.data`` read once). The records and the tokenizer
+come from txf.data.sources (the run's own tokenizer when ``workdir/tokenizer`` has one, so
+evaluation and translation reuse it exactly); ``task.save(directory)`` writes the tokenizer.
 """
 
 import dataclasses
-import hashlib
 import json
 import math
-import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from absl import logging
 import numpy as np
 
-from txf.data import builders, catalog, global_batches, pipeline, tokenizer
-from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, Example, RowLayout, Task,
-                           truncate_keep_eos)
-from txf.data.text import DataError, resolve_text_dir
+from txf.data import builders, global_batches, pipeline, tokenizer
+from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, Example,
+                           RowLayout, Task, data_spec, truncate_keep_eos)
+from txf.data.sources import FAMILY_OF_KIND, build_codec, open_source, read_records
 
-__all__ = ["DataError", "make_real_task", "TranslationTask", "ClassificationTask",
+__all__ = ["DataError", "make_real_task", "new_task", "TranslationTask", "ClassificationTask",
            "SentenceLMTask", "StreamLMTask"]
-
-FAMILY_OF_KIND = {"parallel": "encoder_decoder", "tsv": "encoder_classifier", "plain": "decoder_lm"}
-
-
-def _str(value: Any) -> str:
-  if isinstance(value, np.ndarray):
-    value = value.item()
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _adapt_local(record: Dict[str, Any]) -> Dict[str, Any]:
-  """A prepared local record (bytes, numpy scalars) -> str / int values."""
-  return {k: int(np.asarray(v)) if k == "label" else _str(v) for k, v in record.items()}
-
-
-def read_records(source: Sequence[Any], indices: Sequence[int], adapt: Callable) -> List[Dict]:
-  """Adapted records at ``indices`` (read in chunks through ``__getitems__`` when the source has it)."""
-  out, indices = [], [int(i) for i in indices]
-  many = getattr(source, "__getitems__", None)
-  for start in range(0, len(indices), 4096):
-    chunk = indices[start:start + 4096]
-    try:
-      raw = many(chunk) if many else [source[i] for i in chunk]
-    except TypeError:            # tfds.testing.mock_data's sources break __getitems__
-      raw = [source[i] for i in chunk]
-    out.extend(adapt(r) for r in raw)
-  return out
-
 
 class _RealTask(Task):
   """What every real task shares: splits, codec, text codecs, save."""
 
-  def __init__(self, data, sources: Dict[str, Sequence[Any]], adapt: Callable, codec: tokenizer.Codec,
-               fingerprint: str):
+  def __init__(self, data: DataSpec, sources: Dict[str, Sequence[Any]], adapt: Callable,
+               codec: tokenizer.Codec, fingerprint: str):
     self.data, self.sources, self.adapt, self.codec = data, sources, adapt, codec
     self.fingerprint = fingerprint
     self.vocab_size = codec.source.vocab_size
@@ -121,11 +91,7 @@ class ExampleTask(_RealTask):
     its rows; packed batches come from each process's own 1/P of the records (pipeline.py)."""
     d = self.data
     layout = layout or RowLayout.block(process_index, process_count)
-    spec = pipeline.BatchSpec(
-        lengths=dict(self.features), rows=batch_size, tokens_per_batch=d.tokens_per_batch,
-        packing=d.packing, bucketing=d.bucketing, num_buckets=d.num_buckets,
-        bucket_window=d.bucket_window, rows_multiple=d.rows_multiple, packing_bins=d.packing_bins,
-        truncate=d.truncate, prefetch=d.prefetch, read_threads=d.read_threads)
+    spec = pipeline.BatchSpec.of(d, dict(self.features), batch_size)
     if d.packing and d.bucketing:
       raise DataError("data.packing and data.bucketing both set: packing already removes padding; "
                       "set one of them")
@@ -323,105 +289,36 @@ class StreamLMTask(_RealTask):
 # ----------------------------------------------------------------------------- entry point
 
 
-def _tokenizer_settings(d) -> Dict[str, Any]:
-  return {"tokenizer": d.tokenizer, "vocab_size": int(d.vocab_size),
-          "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
-          "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
-
-
-def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable) -> tokenizer.Codec:
-  """Train the tokenizer(s) on (an even sample of) the training split."""
-  cap = 0 if kind == "plain" and d.tokenizer == "char" else d.spm_input_sentences
-  records = read_records(train, tokenizer.sample_evenly(len(train), cap), adapt)
-  if kind == "parallel":
-    src, tgt = [r["source"] for r in records], [r["target"] for r in records]
-  else:
-    src = tgt = [r["text"] for r in records]
-  settings = _tokenizer_settings(d)
-  if d.tokenizer == "char":
-    source = target = tokenizer.CharTokenizer("".join(set("".join(src + tgt))))
-    return tokenizer.Codec(source, target, settings)
-
-  def train_sp(texts):
-    return tokenizer.train_sentencepiece(texts, d.vocab_size, d.spm_model_type, d.spm_num_threads)
-
-  if kind != "parallel" or d.joint_vocab:
-    source = target = train_sp(src + tgt if kind == "parallel" else src)
-  else:
-    source, target = train_sp(src), train_sp(tgt)
-  return tokenizer.Codec(source, target, settings)
-
-
-def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callable,
-                fingerprint: str, data_dir: str) -> tokenizer.Codec:
-  """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one."""
-  wanted = _tokenizer_settings(d)
-  if workdir:
-    codec = tokenizer.load_codec(os.path.join(workdir, "tokenizer"))
-    if codec is not None:
-      if codec.settings != wanted and codec.settings.get("tokenizer") != "marian":
-        logging.warning("using the run's tokenizer in %s (built with %s); the config asks for %s",
-                        os.path.join(workdir, "tokenizer"), codec.settings, wanted)
-      return codec
-  key = hashlib.sha1(json.dumps([wanted, fingerprint], sort_keys=True).encode()).hexdigest()[:16]
-  cache = os.path.join(data_dir, "txf_tokenizers", key)
-  codec = tokenizer.load_codec(cache)
-  if codec is None:
-    logging.info("training the %s tokenizer on the training split (%s)", d.tokenizer, wanted)
-    codec = _train_codec(d, kind, train, adapt)
-    codec.save(cache)
-  _report_vocab_size(d, codec)
-  return codec
-
-
-def _report_vocab_size(d, codec: tokenizer.Codec) -> None:
-  """Say when sentencepiece made fewer pieces than data.vocab_size asks for (too little text)."""
-  if d.tokenizer != "sentencepiece":
-    return
-  sizes = {codec.source.vocab_size, codec.target.vocab_size}
-  if max(sizes) < d.vocab_size:
-    used = " / ".join(f"{n:,}" for n in sorted(sizes))
-    logging.warning("data.vocab_size=%s is more than the training data supports: the vocabulary "
-                    "has %s pieces, and the model uses that size (lower data.vocab_size to silence "
-                    "this)", f"{d.vocab_size:,}", used)
-
-
-def _open_source(config, data_dir: str):
-  """(kind, sources, adapt, num_classes, fingerprint) of data.source."""
-  d = config.data
-  scheme, _, rest = d.source.partition(":")
-  splits = [d.train_split, d.eval_split, d.test_split]
-  if scheme == "text":
-    directory = resolve_text_dir(rest, d.path)
-    spec = builders.local_spec(directory, d.format, splits, d.src_lang, d.tgt_lang,
-                               d.max_line_chars, d.lm_split_fraction, d.file_pattern)
-    prepared = builders.prepare_local(directory, spec, data_dir)
-    return (d.format, prepared.sources, _adapt_local, int(prepared.metadata.get("num_classes", 0)),
-            prepared.fingerprint)
-  if scheme == "tfds":
-    try:
-      cat = catalog.open_catalog(rest, splits, data_dir, d.src_lang, d.tgt_lang)
-    except DataError as e:
-      if "has no split" not in str(e) or f"'{d.test_split}'" not in str(e):
-        raise
-      logging.info("tfds:%s has no test split %r; continuing without it", rest, d.test_split)
-      cat = catalog.open_catalog(rest, splits[:2], data_dir, d.src_lang, d.tgt_lang)
-    return "tfds-" + cat.kind, cat.sources, cat.adapt, cat.num_classes, cat.fingerprint
-  raise DataError(f"data.source={d.source!r}: use text:DIR_OR_NAME, tfds:NAME or synthetic:TASK")
+def new_task(family: str, data: DataSpec, sources: Dict[str, Sequence[Any]], adapt: Callable,
+             codec: tokenizer.Codec, fingerprint: str, sentences: bool, num_classes: int = 0) -> Task:
+  """The real Task class of ``family``, chosen here and nowhere else: encoder_decoder ->
+  TranslationTask, encoder_classifier -> ClassificationTask (``num_classes``), decoder_lm ->
+  SentenceLMTask when a record is one sentence (``sentences``, catalog data), else StreamLMTask.
+  The task's lengths are ``data.max_input_len`` / ``data.max_target_len``."""
+  args = (data, sources, adapt, codec, fingerprint)
+  if family == "encoder_decoder":
+    return TranslationTask(*args)
+  if family == "encoder_classifier":
+    return ClassificationTask(*args, num_classes=num_classes)
+  if family == "decoder_lm":
+    return SentenceLMTask(*args) if sentences else StreamLMTask(*args)
+  raise DataError(f"model.family={family!r} has no real-data task: use encoder_decoder, "
+                  f"encoder_classifier or decoder_lm")
 
 
 def make_real_task(config, workdir: str = "") -> Task:
   """The Task of ``config.data.source`` (text:... or tfds:...) for ``config.model.family``.
 
   The tokenizer is read from ``workdir/tokenizer`` if the run has one, else trained (or taken
-  from the cache) and saved there, so every later use of the run sees the same ids.
+  from the cache); the training loop saves it into the run once (``txf.workdir.save_task``), so
+  every later use of the run sees the same ids. Nothing is written to ``workdir`` here.
   """
-  d, family = config.data, config.model.family
+  d, family = data_spec(config), config.model.family
   if d.tokenizer not in ("sentencepiece", "char"):
     raise DataError(f"data.tokenizer={d.tokenizer!r} is for synthetic tasks; real text needs "
                     f"'sentencepiece' or 'char'")
   data_dir = builders.resolve_data_dir(d.data_dir)
-  kind, sources, adapt, num_classes, fingerprint = _open_source(config, data_dir)
+  kind, sources, adapt, num_classes, fingerprint = open_source(d, data_dir)
   from_catalog = kind.startswith("tfds-")
   kind = kind.replace("tfds-", "")
   if FAMILY_OF_KIND[kind] != family:
@@ -433,16 +330,8 @@ def make_real_task(config, workdir: str = "") -> Task:
                     "pools a whole row into one label; set data.packing=False")
   fingerprint = f"{fingerprint}|{d.tokenizer}|{d.max_input_len}|{d.max_target_len}"
   codec = build_codec(d, workdir, kind, sources[d.train_split], adapt, fingerprint, data_dir)
-  args = (d, sources, adapt, codec, fingerprint + "|" + json.dumps(codec.settings, sort_keys=True))
-  if kind == "parallel":
-    task = TranslationTask(*args)
-  elif kind == "tsv":
-    task = ClassificationTask(*args, num_classes=num_classes)
-  elif from_catalog:
-    task = SentenceLMTask(*args)
-  else:
-    task = StreamLMTask(*args)
-  if workdir and tokenizer.load_codec(os.path.join(workdir, "tokenizer")) is None:
-    task.save(os.path.join(workdir, "tokenizer"))
+  task = new_task(family, d, sources, adapt, codec,
+                  fingerprint + "|" + json.dumps(codec.settings, sort_keys=True),
+                  sentences=from_catalog, num_classes=num_classes)
   logging.info("real task %s: %s", type(task).__name__, task.describe())
   return task

@@ -4,22 +4,18 @@ Inference (``txf translate``, ``classify``, ``generate``) needs the codecs and t
 dataset: ``task_from_workdir`` gives the same Task class training used, with the run's own tokenizer
 and the sizes training recorded, and opens the data only when a split is read (``txf eval``,
 ``task.examples``). That happens at most once, from ``data.path`` (which ``txf eval --data_path``
-overrides) and ``data.data_dir``; tfds' preparation output goes to stderr, never to stdout.
+overrides) and ``data.data_dir``; tfds' preparation prints nothing (builders.quiet_prepare).
 """
 
 import collections.abc
-import contextlib
-import json
+import dataclasses
 import os
-import sys
 from typing import Any, Dict, Optional
 
+from txf import workdir as workdir_lib
 from txf.data import builders, real, tokenizer
-from txf.data.base import Task
-from txf.data.text import DataError
-
-TASK_FILE = "task.json"
-
+from txf.data.base import DataError, DataSpec, Task, data_spec
+from txf.data.sources import open_source
 
 class LazySources(collections.abc.Mapping):
   """split name -> record source, opened from the config's data on first use (then kept).
@@ -27,8 +23,8 @@ class LazySources(collections.abc.Mapping):
   ``opened`` tells whether the data has been opened; until then nothing touches the disk.
   """
 
-  def __init__(self, config):
-    self.config = config
+  def __init__(self, data: DataSpec):
+    self.data = data
     self._sources: Optional[Dict[str, Any]] = None
     self._adapt = None
 
@@ -38,9 +34,8 @@ class LazySources(collections.abc.Mapping):
 
   def _open(self) -> Dict[str, Any]:
     if self._sources is None:
-      data_dir = builders.resolve_data_dir(self.config.data.data_dir)
-      with contextlib.redirect_stdout(sys.stderr):   # tfds progress lines are not results
-        _, sources, adapt, _, _ = real._open_source(self.config, data_dir)
+      data_dir = builders.resolve_data_dir(self.data.data_dir)
+      _, sources, adapt, _, _ = open_source(self.data, data_dir)
       self._sources, self._adapt = dict(sources), adapt
     return self._sources
 
@@ -59,15 +54,6 @@ class LazySources(collections.abc.Mapping):
     return len(self._open())
 
 
-def read_task_json(workdir: str) -> Optional[Dict[str, Any]]:
-  """The sizes training recorded in ``workdir/task.json`` (None if the run has none)."""
-  path = os.path.join(workdir, TASK_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
 def task_from_workdir(config, workdir: str) -> Optional[Task]:
   """The real-data Task of a trained run from its workdir, without reading its data.
 
@@ -75,35 +61,25 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
   tasks need no data: ``make_task`` builds them). The family and sizes come from task.json; a
   mismatch with the config (an edited config.json) raises DataError naming both.
   """
-  d = config.data
+  d = data_spec(config)
   scheme = d.source.partition(":")[0]
   if scheme not in ("text", "tfds"):
     return None
-  codec = tokenizer.load_codec(os.path.join(workdir, "tokenizer"))
-  sizes = read_task_json(workdir)
+  codec = tokenizer.load_codec(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
+  sizes = workdir_lib.read_task_json(workdir)
   if codec is None or sizes is None:
     return None
   family = config.model.family
   if sizes.get("family", family) != family:
     raise DataError(f"{workdir}: task.json says family {sizes['family']!r} but config.json says "
                     f"model.family={family!r}: restore the run's own config.json")
-  sources = LazySources(config)
-  args = (d, sources, sources.adapt, codec, f"workdir:{os.path.abspath(workdir)}")
-  if family == "encoder_decoder":
-    task = real.TranslationTask(*args)
-  elif family == "encoder_classifier":
-    task = real.ClassificationTask(*args, num_classes=int(sizes.get("num_classes", 0)))
-  elif scheme == "tfds":
-    task = real.SentenceLMTask(*args)
-  else:
-    task = real.StreamLMTask(*args)
-  for key in ("max_input_len", "max_target_len"):   # the lengths the model was trained with
-    if key in sizes:
-      setattr(task, key, int(sizes[key]))
-  if hasattr(task, "features"):
-    task.features = {k: (task.max_input_len if k == "inputs" else task.max_target_len)
-                     for k in task.features}
-  return task
+  # the lengths the model was trained with
+  d = dataclasses.replace(d, **{k: int(sizes[k]) for k in ("max_input_len", "max_target_len")
+                                if k in sizes})
+  sources = LazySources(d)
+  return real.new_task(family, d, sources, sources.adapt, codec,
+                       f"workdir:{os.path.abspath(workdir)}", sentences=scheme == "tfds",
+                       num_classes=int(sizes.get("num_classes", 0)))
 
 
 

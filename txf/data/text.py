@@ -20,14 +20,11 @@ import os
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from absl import logging
-from txf.errors import TxfError
+
+from txf.data.base import DataError
 
 TEXT_DATA_ENV = "TXF_DATA"          # root of text:NAME sources when data.path is ""
 _MAX_LISTED = 5                     # line numbers quoted per skip reason
-
-
-class DataError(TxfError, ValueError):
-  """Bad or missing data. The message names the file (and line) and how to fix it."""
 
 
 @dataclasses.dataclass

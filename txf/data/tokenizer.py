@@ -27,8 +27,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, truncate_keep_eos
-from txf.data.text import DataError
+from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
 
 NUM_SPECIALS = 4
 _SPECIAL_SET = (PAD_ID, BOS_ID, EOS_ID)

@@ -172,10 +172,10 @@ def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_l
   order = codec.target.order
   params = marian.params_from_state_dict(read_state_dict(local), fields, order)
   with _staged_directory(workdir, ".import-hf-") as tmp:
-    workdir_lib.write_json(os.path.join(tmp, "config.json"), workdir_lib.config_to_dict(config))
-    codec.save(os.path.join(tmp, "tokenizer"))
+    workdir_lib.write_json(os.path.join(tmp, workdir_lib.CONFIG_FILE), workdir_lib.config_to_dict(config))
+    codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
     size = codec.source.vocab_size
-    workdir_lib.write_json(os.path.join(tmp, "task.json"), {
+    workdir_lib.write_json(os.path.join(tmp, workdir_lib.TASK_FILE), {
         "family": "encoder_decoder", "vocab_size": size, "target_vocab_size": size,
         "num_classes": 0, "max_input_len": config.data.max_input_len,
         "max_target_len": config.data.max_target_len})
@@ -240,7 +240,7 @@ def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> s
   """Write ``output``: config.json, generation_config.json, model.safetensors and the Marian
   tokenizer files of the run in ``workdir``. Raises TxfError naming what cannot be exported."""
   config = workdir_lib.load_config(workdir)
-  codec = tok.load_codec(os.path.join(workdir, "tokenizer"))
+  codec = tok.load_codec(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
   problems = export_problems(config, codec)
   if problems:
     raise TxfError(f"{workdir} cannot be exported as a Marian model: {'; '.join(problems)}")

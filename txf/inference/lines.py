@@ -13,12 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf.data.base import PAD_ID, UNK_ID, Task, truncate_keep_eos
+from txf.data.base import UNK_ID, Task, pad_batch, truncate_keep_eos
 from txf.data.tokenizer import Codec
 from txf.errors import TxfError
 from txf.decode.sampling import row_keys
-from txf.decode.decoders import (compiled_ragged_sampler, compiled_sampler, decode_buffer_len,
-                                 translate_ids)
+from txf.decode.decoders import compiled_ragged_sampler, decode_buffer_len, translate_ids
 from txf.inference.evaluate import check_decoding_flags
 from txf.inference.run import Run, Warn, require_family, warn_stderr
 from txf.models import build_model
@@ -183,9 +182,7 @@ def classify_lines(run: Run, lines: Sequence[str], batch_size: int = 64,
   out: List[Optional[np.ndarray]] = [None] * len(lines)
   for start in range(0, len(todo), batch_size):
     rows = todo[start:start + batch_size]
-    inputs = np.full((batch_size, run.task.max_input_len), PAD_ID, np.int32)
-    for r, i in enumerate(rows):
-      inputs[r, :len(sources[i])] = sources[i]
+    inputs = pad_batch([sources[i] for i in rows], run.task.max_input_len, batch_size)
     probs = np.asarray(classify(run.params, inputs), np.float64)
     for r, i in enumerate(rows):
       out[i] = probs[r]
@@ -252,9 +249,7 @@ def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
     max_new_tokens = room + 1
   rows = [i for i in ids for _ in range(num_samples)]
   width = max(longest, 1)
-  batch = np.zeros((len(rows), width), np.int32)
-  for r, row in enumerate(rows):
-    batch[r, :len(row)] = row
+  batch = pad_batch(rows, width)
   lengths = np.asarray([len(r) for r in rows], np.int32)
   keys = row_keys(jax.random.key(seed), num_samples)[np.tile(np.arange(num_samples), len(ids))]
   sampler = compiled_ragged_sampler(run.model_cfg, len(rows), width, max_new_tokens,
@@ -272,22 +267,7 @@ def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200, temperature: 
   Prompt and continuation share the context the model was trained on (BOS included): the
   training window ``data.max_target_len``, or ``model.max_len`` if smaller. Positions past the
   training window were never seen (samples turn to noise there), so ``max_new_tokens`` is
-  lowered, with a warning, to fit.
+  lowered, with a warning, to fit. This is ``sample_prompts`` with the one prompt.
   """
-  require_family(run, "decoder_lm", "generate")
-  _check_sampling(max_new_tokens, temperature, top_k, top_p, num_samples)
-  prompt_ids = _prompt_ids(run, prompt, "the prompt", warn)
-  context, where = _context(run)
-  room = context - 1 - len(prompt_ids)  # BOS + prompt + new tokens, minus the last one never fed
-  if room < 1:
-    raise TxfError(f"the prompt has {len(prompt_ids)} tokens; the model's context is {where} "
-                   f"tokens (BOS included): shorten the prompt")
-  if max_new_tokens > room + 1:
-    warn(f"--max_new_tokens={max_new_tokens} does not fit the model's context ({where} tokens) "
-         f"with a {len(prompt_ids)}-token prompt: generating at most {room + 1}")
-    max_new_tokens = room + 1
-  sampler = compiled_sampler(run.model_cfg, num_samples, len(prompt_ids), max_new_tokens,
-                             float(temperature), int(top_k), float(top_p))
-  prompts = jnp.tile(jnp.asarray(prompt_ids)[None, :], (num_samples, 1))
-  new = np.asarray(sampler(run.params, prompts, jax.random.key(seed)))
-  return [run.task.decode_target(np.concatenate([prompt_ids, row])) for row in new]
+  return sample_prompts(run, [prompt], max_new_tokens, temperature, top_k, top_p, seed, num_samples,
+                        warn)[0]

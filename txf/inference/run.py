@@ -20,7 +20,7 @@ from txf.data.base import Task
 from txf.errors import TxfError
 from txf.models import init_params, model_config_from
 
-DEFAULT_PARAMS = "params.msgpack"
+DEFAULT_PARAMS = workdir_lib.PARAMS_FILE
 COMMAND_OF_FAMILY = {"encoder_decoder": "txf translate", "decoder_lm": "txf generate",
                      "encoder_classifier": "txf classify"}
 

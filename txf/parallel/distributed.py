@@ -46,6 +46,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from txf import workdir as workdir_lib
 from txf.config import ConfigError
 from txf.errors import EXIT_RESUMABLE, TxfError
 
@@ -142,7 +143,7 @@ def note_workdir(workdir: str) -> None:
 
 def last_checkpoint(workdir: str) -> str:
   """'step N (DIR)' of the newest complete checkpoint in ``workdir``, or 'none written'."""
-  directory = os.path.join(workdir, "checkpoints")
+  directory = os.path.join(workdir, workdir_lib.CHECKPOINTS_DIR)
   try:
     steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
   except OSError:

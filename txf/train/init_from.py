@@ -28,16 +28,16 @@ def apply_init_from(config) -> None:
   source = config.get("init_from", "")
   if not source:
     return
-  if not os.path.isfile(os.path.join(source, "config.json")):
+  if not os.path.isfile(os.path.join(source, workdir_lib.CONFIG_FILE)):
     raise TxfError(f"init_from={source!r} holds no txf run (no config.json): give a trained run's "
                    f"workdir, or one written by `txf import-hf`")
-  if not os.path.isfile(os.path.join(source, "params.msgpack")):
+  if not os.path.isfile(os.path.join(source, workdir_lib.PARAMS_FILE)):
     raise TxfError(f"init_from={source!r} has no params.msgpack: train it to the end first")
   theirs = workdir_lib.load_config(source)
   for key, value in theirs.model.items():
     if key not in KEPT_MODEL_FIELDS:
       config.model[key] = value
-  if os.path.isfile(os.path.join(source, "tokenizer", "tokenizer.json")):
+  if os.path.isfile(os.path.join(source, workdir_lib.TOKENIZER_DIR, "tokenizer.json")):
     for key in TOKENIZER_FIELDS:
       config.data[key] = theirs.data[key]
 
@@ -45,7 +45,7 @@ def apply_init_from(config) -> None:
 def copy_tokenizer(config, workdir: str) -> None:
   """Copy the init_from run's tokenizer/ into ``workdir`` unless the run already has one."""
   source = config.get("init_from", "")
-  src, dst = os.path.join(source, "tokenizer"), os.path.join(workdir, "tokenizer")
+  src, dst = (os.path.join(d, workdir_lib.TOKENIZER_DIR) for d in (source, workdir))
   if source and os.path.isdir(src) and not os.path.exists(dst):
     with workdir_lib.disk_errors(dst):
       shutil.copytree(src, dst)
@@ -56,7 +56,7 @@ def initial_params(config, model_cfg, task) -> Optional[Any]:
   source = config.get("init_from", "")
   if not source:
     return None
-  path = os.path.join(source, "params.msgpack")
+  path = os.path.join(source, workdir_lib.PARAMS_FILE)
   params = workdir_lib.load_params(source, path)
   check_params(model_cfg, task, params, path)
   return params

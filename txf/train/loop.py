@@ -24,7 +24,6 @@ A researcher's own loss or model: ``train(config, workdir, loss_fn=..., model=..
 
 import collections
 import dataclasses
-import os
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import jax
@@ -157,8 +156,7 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   def make_and_save():
     copy_tokenizer(config, workdir)
     made["task"] = _make_task(config, workdir, model)
-    made["task"].save(os.path.join(workdir, "tokenizer"))
-    workdir_lib.write_json(os.path.join(workdir, "task.json"), made["task"].describe())
+    workdir_lib.save_task(workdir, made["task"])
     return 0
 
   distributed.main_first(make_and_save, "the task's set-up")
