@@ -32,16 +32,14 @@ def main(argv):
   f = flags.FLAGS
   if f.steps < 1:
     raise TxfError(f"--steps={f.steps} must be >= 1")
-  bench_run = load_bench_run()
-  bench_run.run_and_report(f.configs, f.output or None, f.steps, f.dtypes, f.attention_impls, f.decode,
-                 f.decode_batch, f.decode_length, f.beam)
+  load_bench_run().run_and_report(f.configs, f.output or None, f.steps, f.dtypes,
+                                  f.attention_impls, f.decode, f.decode_batch, f.decode_length, f.beam)
 
 
 def checkout_root() -> str:
   """The folder that holds the txf package (a source checkout's root when txf is not installed
   from a wheel)."""
-  import txf  # pylint: disable=import-outside-toplevel
-  return os.path.dirname(os.path.dirname(os.path.abspath(txf.__file__)))
+  return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load_bench_run():

@@ -114,7 +114,8 @@ def train(config, workdir: str, fresh: bool = False, *, loss_fn: Optional[LossFn
   """
   run = set_up(config, workdir, fresh, loss_fn, model, report or Reporter())
   loop = restore(run)
-  with Preemption(notify=run.every_process.signal) as preemption:  # held through finish: a late SIGTERM lets it complete
+  # held through finish: a late SIGTERM lets it complete
+  with Preemption(notify=run.every_process.signal) as preemption:
     try:
       while loop.step < config.num_train_steps and not loop.stopped_by:
         take_step(run, loop)
