@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from txf.bench import run as bench_run
-from txf.bench import train as bench_train
+from bench import run as bench_run
+from bench import train as bench_train
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 
@@ -89,7 +89,7 @@ def test_train_step_compiles_once_and_donates_the_state():
 
 
 def test_cpu_step_costs_report_every_field():
-  from txf.bench import cpu
+  from bench import cpu
   c = cpu.step_costs("tiny", steps=2, warmup=1)
   assert set(c) == {"user_s", "sys_s", "wall_s", "minor_faults"}
   assert c["wall_s"] > 0 and c["user_s"] >= 0 and c["minor_faults"] >= 0

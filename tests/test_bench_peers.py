@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from txf.bench import peers
+from bench import peers
 from txf.errors import TxfError
 
 
@@ -114,7 +114,7 @@ def test_commands_name_the_harness_scripts():
   assert peers.command("marian", "small", "/h", "/v", None, 3, 2)[-6:] == [
       "--phase", "both", "--steps", "3", "--decode-reps", "2"]
   assert peers.command("torch-eager", "small", "/h", "/v", None, 3, 2)[6:8] == ["--phase", "train"]
-  assert peers.command("txf", "small", "/h", "/v", None, 3, 2)[1:4] == ["-m", "txf.bench.peers",
+  assert peers.command("txf", "small", "/h", "/v", None, 3, 2)[1:4] == ["-m", "bench.peers",
                                                                          "--worker"]
   assert peers.command("txf", "small", "/h", "/v", None, 3, 2, bf16_decode=True)[-1] == "--bf16_decode"
 
@@ -159,7 +159,7 @@ def test_variants_are_rows_but_not_the_best_peer():
 
 def test_variant_commands():
   txf_bf16 = peers.command("txf-bf16", "base", "H", "V", None, 3, 2)
-  assert txf_bf16[1:4] == ["-m", "txf.bench.peers", "--worker"]
+  assert txf_bf16[1:4] == ["-m", "bench.peers", "--worker"]
   assert txf_bf16[txf_bf16.index("--dtype") + 1] == "bfloat16" and "--nodecode" in txf_bf16
   assert txf_bf16[txf_bf16.index("--name") + 1] == "txf-bf16"
   drop = peers.command("txf-attn-dropout", "base", "H", "V", None, 3, 2, bf16_decode=True)

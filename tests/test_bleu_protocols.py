@@ -138,7 +138,7 @@ def test_txf_eval_reports_either_protocol(tmp_path):
              num_samples=0, log_every=2)
   work = tmp_path / "run"
   from txf.train import train
-  train(cfg, str(work), progress=False)
+  train(cfg, str(work))
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
   cli = [sys.executable, "-m", "txf.cli"]
   reports = {}

@@ -33,7 +33,7 @@ def classifier_run(tmp_path_factory):
   cfg.update(num_train_steps=150, batch_size=16, eval_every=0, checkpoint_every=0, eval_batches=0,
              decode_examples=0, num_samples=0)
   workdir = str(root / "run")
-  train(cfg, workdir, progress=False)
+  train(cfg, workdir)
   return workdir
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import apply_overrides
 from txf import inference
+from txf.commands import terminal
 from txf.errors import TxfError
 from txf.decode import decoders as decoding
 from txf import workdir as workdir_lib
@@ -37,7 +38,7 @@ def _config(**overrides):
 
 def _train(config, workdir):
   from txf.train import train
-  train(config, str(workdir), progress=False)
+  train(config, str(workdir))
   return str(workdir)
 
 
@@ -169,14 +170,14 @@ def test_translate_ids_cuts_each_row_at_source_length_plus_max_extra(monkeypatch
 def test_read_lines_keeps_count_and_names_bad_bytes(tmp_path):
   path = tmp_path / "in.txt"
   path.write_bytes(b"a b\r\n\nc")
-  assert inference.read_lines(str(path)) == ["a b", "", "c"]
+  assert terminal.read_lines(str(path)) == ["a b", "", "c"]
   path.write_bytes(b"ok\n\n")
-  assert inference.read_lines(str(path)) == ["ok", ""]
+  assert terminal.read_lines(str(path)) == ["ok", ""]
   path.write_bytes(b"ok\nbad \xff\n")
   with pytest.raises(TxfError, match=r"in.txt:2: not UTF-8"):
-    inference.read_lines(str(path))
+    terminal.read_lines(str(path))
   with pytest.raises(TxfError):
-    inference.read_lines(str(tmp_path / "missing.txt"))
+    terminal.read_lines(str(tmp_path / "missing.txt"))
 
 
 def test_eval_writes_translation_report(copy_run):

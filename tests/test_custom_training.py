@@ -112,7 +112,7 @@ def test_train_takes_a_custom_loss_and_model(tmp_path):
   """The loop trains ScaledLM under the penalised loss: its scalar is a parameter that moved, and
   the final evaluation's loss - nll equals LAM * sum(p^2) of the saved parameters (numpy)."""
   workdir = str(tmp_path / "run")
-  final = train(_config(), workdir, progress=False, loss_fn=l2_penalised_loss, model=build_scaled_lm)
+  final = train(_config(), workdir, loss_fn=l2_penalised_loss, model=build_scaled_lm)
   params = workdir_lib.load_params(workdir)
   assert set(params) == {"lm", "logit_scale"}
   assert float(params["logit_scale"]) != 1.0
@@ -127,4 +127,4 @@ def test_a_custom_model_is_not_decoded_in_loop(tmp_path):
   config = _config(**{"decode_examples": 4})
   config.model.family = "encoder_decoder"
   with pytest.raises(ConfigError, match="decode_examples=0"):
-    train(config, str(tmp_path / "run"), progress=False, model=build_scaled_lm)
+    train(config, str(tmp_path / "run"), model=build_scaled_lm)

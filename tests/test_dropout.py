@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.bench.dropout import step_mask_shapes
+from bench.dropout import step_mask_shapes
 from txf.models import build_model, init_params
 from txf.nn import TransformerConfig, attention, dropout, layers
 from txf.ops import dropout as dropout_ops

@@ -237,7 +237,7 @@ def test_fine_tune_from_imported(small, imported, tmp_path):
   c.data.source, c.data.data_dir = f"text:{data}", str(tmp_path / "prepared")
   c.data.max_input_len = c.data.max_target_len = 16
   workdir = str(tmp_path / "ft")
-  train(c, workdir, progress=False)
+  train(c, workdir)
   run = load_run(workdir)
   assert run.model_cfg.activation == "swish" and run.model_cfg.decoder_start_id == 0
   assert run.task.vocab_size == len(small[2].get_vocab())

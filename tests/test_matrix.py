@@ -117,7 +117,7 @@ def _train(config, workdir):
   from txf.train import train
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    train(config, workdir, progress=False)
+    train(config, workdir)
   return out.getvalue()
 
 

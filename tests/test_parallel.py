@@ -381,7 +381,7 @@ def test_mesh_shape_fills_one_axis_and_names_the_problem():
 
 
 def test_memory_benchmark_divides_state_by_the_sharded_ways():
-  from txf.bench import memory
+  from bench import memory
   rows = {r["layout"]: r for r in memory.memory_table(["base"], 8)}
   single = rows["single"]["total_mb"]
   assert 62e6 < rows["single"]["params"] < 66e6  # the paper's base model: 65M

@@ -78,7 +78,7 @@ RUN = {
     "txf eval --workdir runs/default --output report.json": "--max_examples=8",
     "txf average-checkpoints --workdir runs/sst2 --step best": "",
     "TXF_DATA=../shared/data txf eval --workdir runs/sst2 --split dev --params params_best.msgpack": "",
-    "TXF_DATA=../shared/data python -m txf.bench.data": "--batches=2 --batch_size=8",
+    "TXF_DATA=../shared/data python -m bench.data": "--batches=2 --batch_size=8",
     "txf eval --workdir runs/default --split test --bleu tok-lc": "--max_examples=8",
 }
 
@@ -154,13 +154,13 @@ NOT_RUN = {
     "txf bench": "minutes of benchmarking: tests/test_bench.py runs it shrunk",
     "txf bench --configs base --dtypes float32,bfloat16 --attention_impls reference,fused --output bench.json":
         "minutes of benchmarking: tests/test_bench.py runs it shrunk",
-    "python -m txf.bench.decode --config small": "a benchmark: tests/test_bench.py",
-    "python -m txf.bench.memory": "a benchmark: tests/test_bench.py",
-    "python -m txf.bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":
+    "python -m bench.decode --config small": "a benchmark: tests/test_bench.py",
+    "python -m bench.memory": "a benchmark: tests/test_bench.py",
+    "python -m bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":
         "the peers' own venv with torch and a Flax WMT copy (BENCHMARKS.md)",
-    "python -m txf.bench.peers ... --systems txf,flax-wmt,torch-eager,marian,txf-bf16,torch-bf16,"
+    "python -m bench.peers ... --systems txf,flax-wmt,torch-eager,marian,txf-bf16,torch-bf16,"
     "txf-attn-dropout --before_tree OLD_CHECKOUT": "the peers' own venv with torch and an old checkout",
-    "python -m txf.bench.dropout --masks": "a benchmark: tests/test_dropout.py checks the masks",
+    "python -m bench.dropout --masks": "a benchmark: tests/test_dropout.py checks the masks",
 }
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from txf.bench import topology
+from txf.plan import topology
 from txf.config import ConfigError
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None

@@ -21,6 +21,7 @@ import pytest
 
 from test_data_fixtures import config_for, parallel_dir, plain_dir, sentences, tsv_dir
 from txf import decode, inference
+from txf.commands import terminal
 from txf import workdir as workdir_lib
 from txf.data import make_task
 from txf.data.saved import point_at_data
@@ -75,7 +76,7 @@ def _train_all(specs, root, runs, expected, queries):
   from txf.train import train
   for family, cfg in specs.items():
     workdir = str(root / "runs" / family)
-    train(_tiny(cfg), workdir, progress=False)
+    train(_tiny(cfg), workdir)
     runs[family] = workdir
     task = make_task(workdir_lib.load_config(workdir), workdir)   # the training path, data present
     if family == "encoder_decoder":
@@ -170,13 +171,13 @@ def test_progress_is_silent_when_short_and_throttled_when_long():
     def flush(self):
       pass
 
-  quiet = inference.Progress(after_s=5, every_s=10, stream=Out(), clock=lambda: now[0])
+  quiet = terminal.Progress(after_s=5, every_s=10, stream=Out(), clock=lambda: now[0])
   for i in range(1, 4):
     now[0] = i
     quiet("decoding", i, 3, "sentences")
   assert lines == []
   now[0] = 0.0
-  slow = inference.Progress(after_s=5, every_s=10, stream=Out(), clock=lambda: now[0])
+  slow = terminal.Progress(after_s=5, every_s=10, stream=Out(), clock=lambda: now[0])
   for i in range(1, 21):                                   # one batch every 2 s
     now[0] = 2.0 * i
     slow("decoding", i, 20, "sentences")

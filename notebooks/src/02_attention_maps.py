@@ -71,7 +71,7 @@ if SMALL:
   config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1)
   config.optimizer.warmup_steps = 10
 workdir = os.path.join(tempfile.mkdtemp(prefix="txf-notebook-02-"), "run")
-final = train(config, workdir, progress=False)
+final = train(config, workdir)
 print({k: round(v, 4) for k, v in final.items()})
 shutil.copy(os.path.join(workdir, "loss_curves.png"), os.path.join(OUT, "02_loss_curves.png"))
 show(os.path.join(OUT, "02_loss_curves.png"))

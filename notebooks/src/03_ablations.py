@@ -124,7 +124,7 @@ def run(config, name):
   the final eval metrics, the train NLL curve [(step, nll)] and the seconds it took."""
   workdir, started = os.path.join(RUNS_DIR, name), time.time()
   with contextlib.redirect_stdout(io.StringIO()):
-    final = train(config, workdir, progress=False)
+    final = train(config, workdir)
   rows = viz.read_metrics_rows(os.path.join(workdir, "metrics.jsonl"))
   curve = [(r["step"], r["nll"]) for r in rows if r["split"] == "train"]
   return {"final": final, "train_nll": curve, "seconds": time.time() - started}

@@ -286,7 +286,7 @@ for name, model in [("random", None), ("PCA", pca_model)]:
     config.seed = seed
     workdir = os.path.join(RUNS_DIR, f"{name}-seed{seed}")
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-      train(config, workdir, progress=False, model=model)
+      train(config, workdir, model=model)
     rows = viz.read_metrics_rows(os.path.join(workdir, "metrics.jsonl"))
     results[name].append([(r["step"], r["accuracy"]) for r in rows if r["split"] == "eval"])
   print(f"{name:6s}: dev accuracy per seed {[round(r[-1][1], 3) for r in results[name]]}, "

@@ -15,6 +15,7 @@ import time
 from absl import flags
 
 from txf import inference
+from txf.commands import terminal
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained encoder_classifier run", required=True)
@@ -36,18 +37,19 @@ def main(argv):
   f = flags.FLAGS
   if f.batch_size < 1:  # before loading anything
     raise TxfError(f"--batch_size={f.batch_size} must be >= 1")
-  run = inference.load_run(f.workdir, f.params)
+  run = terminal.load_run(f.workdir, f.params)
   inference.require_family(run, "encoder_classifier", "classify")
-  if inference.from_terminal(f.input):
+  if terminal.from_terminal(f.input):
     print("txf classify: type a text per line (Ctrl-D ends)", file=sys.stderr, flush=True)
-    with inference.answer_stream(f.output) as out:
-      for line in inference.iter_lines():
-        inference.write_lines(_format(inference.classify_lines(run, [line], 1)), stream=out)
+    with terminal.answer_stream(f.output) as out:
+      for line in terminal.iter_lines():
+        probs = inference.classify_lines(run, [line], 1, warn=terminal.warn_stderr)
+        terminal.write_lines(_format(probs), stream=out)
     return
-  lines = inference.read_lines(f.input)
+  lines = terminal.read_lines(f.input)
   started = time.time()
-  probs = inference.classify_lines(run, lines, f.batch_size)
+  probs = inference.classify_lines(run, lines, f.batch_size, warn=terminal.warn_stderr)
   out = _format(probs)
-  inference.write_lines(out, f.output)
+  terminal.write_lines(out, f.output)
   print(f"txf classify: {len(lines)} lines ({sum(p is None for p in probs)} empty) in "
         f"{time.time() - started:.1f} s, params {run.params_path}", file=sys.stderr)

@@ -19,6 +19,7 @@ import tempfile
 from absl import flags
 
 from txf import inference
+from txf.commands import terminal
 from txf import workdir as workdir_lib
 from txf.data.base import DataError
 from txf.errors import TxfError
@@ -93,7 +94,7 @@ def main(argv):
     raise TxfError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
   if f.progress_every < 0:
     raise TxfError(f"--progress_every={f.progress_every} must be >= 0")
-  run = inference.load_run(f.workdir, f.params, data_path=f.data_path)
+  run = terminal.load_run(f.workdir, f.params, data_path=f.data_path)
   split = _split(run, f.split)
   path = f.output or os.path.join(f.workdir, workdir_lib.eval_report_name(split))
   check_writable(path)
@@ -102,8 +103,8 @@ def main(argv):
       beam=run.config.beam_size if f.beam is None else f.beam,
       alpha=run.config.alpha if f.alpha is None else f.alpha,
       max_extra=run.config.decode_max_extra if f.max_extra is None else f.max_extra,
-      max_examples=f.max_examples, batch_size=f.batch_size,
-      progress=inference.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every),
+      max_examples=f.max_examples, batch_size=f.batch_size, warn=terminal.warn_stderr,
+      progress=terminal.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every),
       bleu_protocol=f.bleu or run.config.get("bleu_protocol", "sacrebleu"))
   workdir_lib.write_json(path, report, elsewhere="--output")
   print(json.dumps(report, indent=2, sort_keys=True))

@@ -16,6 +16,7 @@ from typing import List
 from absl import flags
 
 from txf import inference
+from txf.commands import terminal
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run", required=True)
@@ -51,19 +52,19 @@ def main(argv):
   f = flags.FLAGS
   if f.prompt and f.input:
     raise TxfError("--prompt and --input both give prompts: use one of them")
-  run = inference.load_run(f.workdir, f.params)
+  run = terminal.load_run(f.workdir, f.params)
   inference.require_family(run, "decoder_lm", "generate")
 
   def sample(prompts):
     return inference.sample_prompts(run, prompts, f.max_new_tokens, f.temperature, f.top_k,
-                                    f.top_p, f.seed, f.num_samples)
+                                    f.top_p, f.seed, f.num_samples, warn=terminal.warn_stderr)
 
-  if not f.prompt and inference.from_terminal(f.input):
+  if not f.prompt and terminal.from_terminal(f.input):
     print("txf generate: type a prompt per line (Ctrl-D ends)", file=sys.stderr, flush=True)
-    for line in inference.iter_lines():
+    for line in terminal.iter_lines():
       _print(sample([line]))
     return
-  prompts = list(f.prompt) if f.prompt else inference.read_lines(f.input)
+  prompts = list(f.prompt) if f.prompt else terminal.read_lines(f.input)
   if not prompts:
     prompts = [""]
   _print(sample(prompts))

@@ -5,7 +5,7 @@ One ``key: value`` line each; useful in bug reports and to check that tcmalloc i
 
 import jax
 
-from txf.bench.train import machine_info
+from txf.machine import machine_info
 from txf.errors import TxfError
 
 

@@ -4,7 +4,8 @@ Sizes a job before launch: compiles (never runs) the config's init and train ste
 N devices and prints per-device parameter, optimizer-state, temporary and peak bytes, the model
 FLOPs per step and, given a device's peak, the estimated step time. On a CPU, ``--devices N``
 beyond the real count re-runs itself with N fake devices
-(``XLA_FLAGS=--xla_force_host_platform_device_count=N``). The work is in txf/bench/plan.py.
+(``XLA_FLAGS=--xla_force_host_platform_device_count=N``). The work is in txf/plan/ (sizing.py;
+topology.py for ``--topology``).
 """
 
 import json
@@ -63,15 +64,14 @@ def main(argv):
                       f"(JAX_PLATFORMS=cpu txf plan --devices {f.devices})")
   if f.devices:
     devices = devices[:f.devices]
-  from txf.bench.plan import plan
+  from txf.plan import plan
   result = plan(config, f.vocab_size or config.data.vocab_size, devices, f.device_peak_tflops, f.mfu)
   _report(result, f.json)
 
 
 def _plan_topology(config, f) -> None:
   """``--topology``: the plan compiled for a TPU slice's devices (libtpu, ahead of time)."""
-  from txf.bench import topology
-  from txf.bench.plan import plan
+  from txf.plan import plan, topology
   if f.devices:
     raise TxfError("--devices and --topology do not go together: the topology decides the devices")
   devices = topology.topology_devices(f.topology)
@@ -84,7 +84,7 @@ def _plan_topology(config, f) -> None:
 
 def _report(result, json_path: str) -> None:
   """Print the plan; with ``--json`` also write it (atomically) to ``json_path``."""
-  from txf.bench.plan import format_plan
+  from txf.plan import format_plan
   print(format_plan(result))
   if json_path:
     tmp = f"{json_path}.tmp{os.getpid()}"

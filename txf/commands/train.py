@@ -7,6 +7,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from txf.commands.common import default_config_path
+from txf.commands.reporting import TerminalReporter, drop_output_on_broken_pipe
 from txf.errors import EXIT_RESUMABLE, TxfError
 from txf.parallel import distributed
 from txf.train import train
@@ -35,6 +36,7 @@ def main(argv):
   progress = flags.FLAGS.progress
   if progress is None:
     progress = sys.stdout.isatty()
-  train(config, workdir, fresh=flags.FLAGS.fresh, progress=progress)
+  drop_output_on_broken_pipe()  # a `txf train | tee log` whose reader died does not fail the run
+  train(config, workdir, fresh=flags.FLAGS.fresh, report=TerminalReporter(progress))
   if Preemption.stopped_a_run and os.environ.get(REQUEUE_ENV, "") not in ("", "0"):
     sys.exit(EXIT_RESUMABLE)

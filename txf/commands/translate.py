@@ -14,6 +14,7 @@ import time
 from absl import flags
 
 from txf import inference
+from txf.commands import terminal
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained encoder_decoder run", required=True)
@@ -34,23 +35,25 @@ def main(argv):
   f = flags.FLAGS
   if f.beam is not None and f.beam < 1:  # before loading anything
     raise TxfError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
-  run = inference.load_run(f.workdir, f.params)
+  run = terminal.load_run(f.workdir, f.params)
   inference.require_family(run, "encoder_decoder", "translate")
   beam = run.config.beam_size if f.beam is None else f.beam
   alpha = run.config.alpha if f.alpha is None else f.alpha
   max_extra = run.config.decode_max_extra if f.max_extra is None else f.max_extra
   inference.check_decoding_flags(beam, max_extra, f.batch_size)
-  if inference.from_terminal(f.input):
+  if terminal.from_terminal(f.input):
     print("txf translate: type a sentence per line (Ctrl-D ends)", file=sys.stderr, flush=True)
-    with inference.answer_stream(f.output) as out:
-      for line in inference.iter_lines():
-        answer = inference.translate_lines(run, [line], beam, alpha, max_extra, batch_size=1)
-        inference.write_lines(answer, stream=out)
+    with terminal.answer_stream(f.output) as out:
+      for line in terminal.iter_lines():
+        answer = inference.translate_lines(run, [line], beam, alpha, max_extra, batch_size=1,
+                                           warn=terminal.warn_stderr)
+        terminal.write_lines(answer, stream=out)
     return
-  lines = inference.read_lines(f.input)
+  lines = terminal.read_lines(f.input)
   started = time.time()
-  out = inference.translate_lines(run, lines, beam, alpha, max_extra, f.batch_size)
-  inference.write_lines(out, f.output)
+  out = inference.translate_lines(run, lines, beam, alpha, max_extra, f.batch_size,
+                                  warn=terminal.warn_stderr)
+  terminal.write_lines(out, f.output)
   seconds = time.time() - started
   empty = sum(1 for line in lines if not line.strip())
   print(f"txf translate: {len(lines)} lines ({empty} empty) in {seconds:.1f} s, beam {beam}, "

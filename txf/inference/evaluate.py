@@ -18,10 +18,13 @@ from txf.data.base import PAD_ID, Batch, Example, truncate_keep_eos
 from txf.errors import TxfError
 from txf.inference import bleu as bleu_lib
 from txf.decode.decoders import translate_texts
-from txf.inference.run import Warn, warn_stderr
+from txf.inference.run import Warn, log_warning
 from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
 from txf.nn import TransformerConfig
 from txf.parallel import placed
+
+# progress(what, done, total, unit): e.g. ("decoding", 96, 1000, "sentences")
+ProgressFn = Callable[[str, int, int, str], None]
 
 
 def make_eval_step(model_cfg: TransformerConfig, label_smoothing: float = 0.0,
@@ -148,29 +151,6 @@ def check_decoding_flags(beam: int, max_extra: int, batch_size: int) -> None:
     raise TxfError(f"--batch_size={batch_size} must be >= 1")
 
 
-class Progress:
-  """Progress lines of a long evaluation on stderr: ``txf eval: <what> <done>/<total> <unit>,
-  <elapsed> s`` after each step once ``after_s`` seconds have passed, at most one per ``every_s``
-  seconds, and a last one at the total (only if any was printed). Silent for short evaluations."""
-
-  def __init__(self, after_s: float = 5.0, every_s: float = 10.0, stream: Optional[TextIO] = None,
-               clock: Callable[[], float] = time.time):
-    self.after_s, self.every_s, self.clock = after_s, every_s, clock
-    self.stream = stream if stream is not None else sys.stderr
-    self.started = clock()
-    self._last: Optional[float] = None
-
-  def __call__(self, what: str, done: int, total: int, unit: str) -> None:
-    now = self.clock()
-    if now - self.started < self.after_s and self._last is None:
-      return
-    if done < total and self._last is not None and now - self._last < self.every_s:
-      return
-    self._last = now
-    print(f"txf eval: {what} {done:,}/{total:,} {unit}, {now - self.started:.0f} s",
-          file=self.stream, flush=True)
-
-
 def split_names(task) -> Optional[List[str]]:
   """The splits a real-data task's data has (opening the data), or None for a task that makes
   any split (synthetic)."""
@@ -189,8 +169,8 @@ def default_split(run) -> str:
 
 
 def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra: int = 50,
-                   max_examples: int = 0, batch_size: int = 32, warn: Warn = warn_stderr,
-                   progress: Optional[Progress] = None, bleu_protocol: str = "sacrebleu"
+                   max_examples: int = 0, batch_size: int = 32, warn: Warn = log_warning,
+                   progress: Optional[ProgressFn] = None, bleu_protocol: str = "sacrebleu"
                    ) -> Dict[str, Any]:
   """The report of ``txf eval`` for one split of a loaded run (``txf.inference.load_run``).
 
@@ -202,12 +182,14 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
   ``bleu_signature``, sacreBLEU ``chrf`` on detokenized text with its signature, and
   ``exact_match``, from decoding the split's first ``num_examples`` sources (default: the whole
   split as the task gives it; synthetic tasks: 1000) with greedy (beam 1) or beam search.
-  ``progress`` (default: a ``Progress`` on stderr) reports batches scored and sentences decoded.
+  ``progress(what, done, total, unit)`` hears the batches scored and sentences decoded (default:
+  nothing; ``txf eval`` passes txf.commands.terminal.Progress, lines on stderr); ``warn(message)``
+  hears problems with the data (default: the ``txf.inference`` logger).
   """
   check_decoding_flags(beam, max_extra, batch_size)
   if max_examples < 0:
     raise TxfError(f"--max_examples={max_examples} must be >= 0 (0 = the whole split)")
-  progress = progress or Progress()
+  progress = progress or (lambda what, done, total, unit: None)
   started = time.time()
   try:
     batches = run.task.eval_batches(split, batch_size, max_examples or None)

@@ -1,13 +1,11 @@
-"""Inference on lines of text: read and write UTF-8 lines, translate or classify them in fixed-shape
-batches, sample continuations from a language model. ``txf translate``, ``txf classify`` and
-``txf generate`` are thin wrappers of these; no absl flags here, so tests and notebooks call them.
+"""Inference on lines of text: translate or classify them in fixed-shape batches, sample
+continuations from a language model. ``txf translate``, ``txf classify`` and ``txf generate`` are
+thin wrappers of these (reading stdin and writing stdout is theirs: txf/commands/terminal.py); no
+absl flags here, so tests and notebooks call them.
 """
 
-import contextlib
 import functools
-import os
-import sys
-from typing import Iterator, List, Optional, Sequence, TextIO
+from typing import List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,98 +17,8 @@ from txf.errors import TxfError
 from txf.decode.sampling import row_keys
 from txf.decode.decoders import compiled_ragged_sampler, decode_buffer_len, translate_ids
 from txf.inference.evaluate import check_decoding_flags
-from txf.inference.run import Run, Warn, require_family, warn_stderr
+from txf.inference.run import Run, Warn, log_warning, require_family
 from txf.models import build_model
-
-
-def read_lines(path: Optional[str] = None, stream=None) -> List[str]:
-  """Lines of a UTF-8 file (or of ``stream``/stdin when ``path`` is None or "-").
-
-  Split on LF only (a trailing CR is dropped); a final newline does not make an extra line.
-  Invalid UTF-8 raises TxfError naming the line.
-  """
-  if path and path != "-":
-    if not os.path.isfile(path):
-      raise TxfError(f"--input {path}: no such file")
-    with open(path, "rb") as f:
-      raw, name = f.read(), path
-  else:
-    stream = stream if stream is not None else sys.stdin
-    raw, name = getattr(stream, "buffer", stream).read(), "stdin"
-    if isinstance(raw, str):
-      raw = raw.encode("utf-8")
-  if not raw:
-    return []
-  pieces = raw.split(b"\n")
-  if pieces[-1] == b"":
-    pieces.pop()
-  lines = []
-  for lineno, piece in enumerate(pieces, 1):
-    try:
-      lines.append(piece.decode("utf-8").removesuffix("\r"))
-    except UnicodeDecodeError as e:
-      raise TxfError(f"{name}:{lineno}: not UTF-8 (byte {piece[e.start]:#04x} at column "
-                     f"{e.start + 1})") from None
-  return lines
-
-
-def from_terminal(path: Optional[str] = None, stream=None) -> bool:
-  """True when the input is stdin (``path`` None or "-") and stdin is a terminal: then the commands
-  answer each line as it is typed instead of reading everything first."""
-  if path and path != "-":
-    return False
-  stream = stream if stream is not None else sys.stdin
-  try:
-    return stream.isatty()
-  except (AttributeError, ValueError):
-    return False
-
-
-def iter_lines(stream=None) -> Iterator[str]:
-  """Lines of ``stream`` (default stdin) one at a time, as they arrive, until end of input
-  (Ctrl-D on a terminal); decoded as ``read_lines`` does."""
-  stream = stream if stream is not None else sys.stdin
-  raw = getattr(stream, "buffer", stream)
-  lineno = 0
-  while True:
-    piece = raw.readline()
-    if not piece:
-      return
-    lineno += 1
-    if isinstance(piece, str):
-      piece = piece.encode("utf-8")
-    try:
-      yield piece.removesuffix(b"\n").decode("utf-8").removesuffix("\r")
-    except UnicodeDecodeError as e:
-      raise TxfError(f"stdin:{lineno}: not UTF-8 (byte {piece[e.start]:#04x} at column "
-                     f"{e.start + 1})") from None
-
-
-@contextlib.contextmanager
-def answer_stream(path: Optional[str] = None):
-  """The stream answers go to: the file ``path`` (opened once, UTF-8, LF) or stdout."""
-  if not path or path == "-":
-    yield sys.stdout
-    return
-  with open(path, "w", encoding="utf-8", newline="\n") as f:
-    yield f
-
-
-def write_lines(lines: Sequence[str], path: Optional[str] = None, stream: Optional[TextIO] = None) -> None:
-  """Write one line per item (UTF-8, LF) to ``path``, or to ``stream``/stdout."""
-  text = "".join(line + "\n" for line in lines)
-  if path and path != "-":
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-      f.write(text)
-    return
-  stream = stream if stream is not None else sys.stdout
-  if hasattr(stream, "buffer"):
-    stream.flush()
-    stream.buffer.write(text.encode("utf-8"))
-    stream.buffer.flush()
-  else:
-    stream.write(text)
-    stream.flush()
 
 
 def _full_source_ids(task: Task, text: str) -> np.ndarray:
@@ -124,7 +32,7 @@ def _full_source_ids(task: Task, text: str) -> np.ndarray:
   return np.asarray(task.encode_source(text), np.int32)
 
 
-def encode_lines(task: Task, lines: Sequence[str], warn: Warn = warn_stderr) -> List[Optional[np.ndarray]]:
+def encode_lines(task: Task, lines: Sequence[str], warn: Warn = log_warning) -> List[Optional[np.ndarray]]:
   """Source ids per line (None for an empty or blank line); lines with more tokens than the task's
   ``max_input_len`` (EOS counted) are cut to its first max_input_len - 1 tokens + EOS, with a warning."""
   limit = task.max_input_len
@@ -142,7 +50,7 @@ def encode_lines(task: Task, lines: Sequence[str], warn: Warn = warn_stderr) -> 
 
 
 def translate_lines(run: Run, lines: Sequence[str], beam: int = 1, alpha: float = 0.6,
-                    max_extra: int = 50, batch_size: int = 32, warn: Warn = warn_stderr) -> List[str]:
+                    max_extra: int = 50, batch_size: int = 32, warn: Warn = log_warning) -> List[str]:
   """One detokenized translation per line, in order; empty lines give empty outputs.
 
   Non-empty lines are sorted by length and decoded in fixed [batch_size, data.max_input_len]
@@ -169,7 +77,7 @@ def _compiled_classifier(model_cfg):
 
 
 def classify_lines(run: Run, lines: Sequence[str], batch_size: int = 64,
-                   warn: Warn = warn_stderr) -> List[Optional[np.ndarray]]:
+                   warn: Warn = log_warning) -> List[Optional[np.ndarray]]:
   """Class probabilities per line: ``softmax(classifier(inputs))``, a float array [num_classes], or
   None for an empty or blank line. Lines are encoded as in training (ids + EOS; over-long lines
   truncated with a warning) and run in fixed [batch_size, data.max_input_len] batches (one compile).
@@ -220,7 +128,7 @@ def _prompt_ids(run: Run, prompt: str, what: str, warn: Warn) -> np.ndarray:
 
 def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
                    temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95, seed: int = 0,
-                   num_samples: int = 1, warn: Warn = warn_stderr) -> List[List[str]]:
+                   num_samples: int = 1, warn: Warn = log_warning) -> List[List[str]]:
   """``num_samples`` continuations of each prompt (prompts of any lengths, one batch of
   len(prompts) * num_samples rows): per prompt, its samples as prompt + continuation.
 
@@ -261,7 +169,7 @@ def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
 
 def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
                  top_k: int = 0, top_p: float = 0.95, seed: int = 0, num_samples: int = 1,
-                 warn: Warn = warn_stderr) -> List[str]:
+                 warn: Warn = log_warning) -> List[str]:
   """``num_samples`` continuations of ``prompt`` from a decoder_lm run, each as prompt + continuation.
 
   Prompt and continuation share the context the model was trained on (BOS included): the

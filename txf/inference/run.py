@@ -4,10 +4,9 @@
 notebooks all use it.
 """
 
-import contextlib
 import dataclasses
+import logging
 import os
-import sys
 from typing import Any, Callable, Optional
 
 import jax
@@ -27,9 +26,13 @@ COMMAND_OF_FAMILY = {"encoder_decoder": "txf translate", "decoder_lm": "txf gene
 Warn = Callable[[str], None]
 
 
-def warn_stderr(message: str) -> None:
-  """Print ``txf: warning: <message>`` on stderr."""
-  print(f"txf: warning: {message}", file=sys.stderr, flush=True)
+LOGGER = logging.getLogger("txf.inference")
+
+
+def log_warning(message: str) -> None:
+  """The inference functions' default ``warn``: ``message`` on the ``txf.inference`` logger
+  (WARNING). The commands pass their own (``txf: warning:`` lines on stderr)."""
+  LOGGER.warning(message)
 
 
 @dataclasses.dataclass
@@ -96,11 +99,10 @@ def check_params(model_cfg, task: Task, params, path: str) -> None:
 def load_task(config, workdir: str) -> Task:
   """A trained run's task: from the workdir alone (tokenizer/, task.json) when the run has them, so
   the training data is not needed until a split is read; else rebuilt from the data (older runs,
-  synthetic tasks). Anything the data preparation prints goes to stderr."""
+  synthetic tasks)."""
   task = saved.task_from_workdir(config, workdir)
   if task is None:
-    with contextlib.redirect_stdout(sys.stderr):
-      task = make_task(config, workdir)
+    task = make_task(config, workdir)
   return task
 
 

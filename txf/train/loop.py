@@ -27,7 +27,6 @@ import dataclasses
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import jax
-from tqdm import tqdm
 
 from txf import config as config_lib
 from txf import workdir as workdir_lib
@@ -42,13 +41,13 @@ from txf.parallel import distributed, make_runner
 from txf.parallel.feeding import Feed
 from txf.parallel.sharding import check_splits
 from txf.train.init_from import apply_init_from, copy_tokenizer, initial_params
-from txf.train.logs import Eta, LogWindow, log_line, unpack_rows
+from txf.train.logs import Eta, LogWindow, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.profile import StepProfiler
 from txf.train.samples import lm_prompts, lm_samples
 from txf.train.steps import create_train_state, fold_step_into_key, make_train_step
-from txf.train.stopping import (DivergenceGuard, NonFiniteGuard, Preemption, TimeLimit,
-                                 drop_output_on_broken_pipe)
+from txf.train.report import Reporter, Silent
+from txf.train.stopping import DivergenceGuard, NonFiniteGuard, Preemption, TimeLimit
 
 
 @dataclasses.dataclass
@@ -66,11 +65,10 @@ class Setup:
   new_state: Callable[[], Any]      # a freshly initialised TrainState
   abstract_state: Any               # its shapes (a resumed run never initialises)
   dropout_rng: jax.Array
-  say: Callable[..., None]
+  report: Reporter                  # process 0: the caller's reporter; other processes: Silent
+  every_process: Reporter           # the caller's reporter, on every process (stop and signals)
   is_main: bool
   resumed: bool                     # the workdir already held this run
-  progress: bool                    # show a progress bar
-  bar: Optional[Any] = None
   custom_model: bool = False        # model= was given (in-loop sampling needs txf's own model)
 
 
@@ -101,8 +99,8 @@ def batch_phrase(config) -> str:
   return f"{config.batch_size}"
 
 
-def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
-          loss_fn: Optional[LossFn] = None, model: Optional[ModelBuilder] = None
+def train(config, workdir: str, fresh: bool = False, *, loss_fn: Optional[LossFn] = None,
+          model: Optional[ModelBuilder] = None, report: Optional[Reporter] = None
           ) -> Dict[str, float]:
   """Train ``config`` in ``workdir``; returns the final evaluation metrics.
 
@@ -110,10 +108,13 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
   aside). Writes config.json, task.json, tokenizer/, metrics.jsonl, tensorboard/, params.msgpack.
   ``loss_fn`` replaces the label-smoothed cross-entropy in training and evaluation;
   ``model(cfg, deterministic=False, decode=False)`` replaces ``txf.models.build_model``.
+  ``report`` (a ``txf.train.report.Reporter``) hears the run's lines and progress; the default
+  logs the lines on the ``txf.train`` logger and writes nothing to stdout or stderr.
   """
-  run = set_up(config, workdir, fresh, progress, loss_fn, model)
+  run = set_up(config, workdir, fresh, loss_fn, model, report or Reporter())
   loop = restore(run)
-  with Preemption() as preemption:  # held through finish: a late SIGTERM lets it complete
+  # held through finish: a late SIGTERM lets it complete
+  with Preemption(notify=run.every_process.signal) as preemption:
     try:
       while loop.step < config.num_train_steps and not loop.stopped_by:
         take_step(run, loop)
@@ -129,14 +130,13 @@ def train(config, workdir: str, fresh: bool = False, progress: bool = True, *,
     finally:
       with workdir_lib.disk_errors(run.checkpointer.directory, "saving a checkpoint to"):
         run.checkpointer.close()  # waits for the save in flight: it holds a state checked finite
-      if run.bar is not None:
-        run.bar.close()
+      run.report.close()
       if loop.profiler is not None:
         loop.profiler.close()
     return finish(run, loop, preemption)
 
 
-def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
+def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   """Validate, prepare the workdir, build the task, model, optimizer, runner, writer, evaluator.
 
   Several processes: process 0 alone prepares the workdir (checks it, or moves it aside with
@@ -147,8 +147,7 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   apply_init_from(config)  # config.init_from: its architecture and tokenizer
   config_lib.validate(config)
   is_main = jax.process_index() == 0
-  say = print if is_main else (lambda *a, **k: None)
-  drop_output_on_broken_pipe()
+  say = report.line if is_main else Silent().line
   resumed = bool(distributed.main_first(lambda: workdir_lib.prepare(workdir, config, fresh),
                                         "the workdir's preparation"))
   made = {}
@@ -200,7 +199,8 @@ def set_up(config, workdir, fresh, progress, loss_fn, model) -> Setup:
   return Setup(config, workdir, task, model_cfg, runner, train_it,
                Checkpointer(workdir, config, agreed_steps=True), MetricWriter(workdir, enabled=is_main),
                evaluator,
-               new_state, abstract_state, dropout_rng, say, is_main, resumed, progress,
+               new_state, abstract_state, dropout_rng, report if is_main else Silent(), report,
+               is_main, resumed,
                custom_model=model is not None)
 
 
@@ -227,7 +227,7 @@ def restore(run: Setup) -> LoopState:
     run.train_it.set_state(restored.data_state)
     rows = unpack_rows(restored.loop_state.get("pending", []))
     used, final = float(restored.loop_state.get("train_seconds", 0.0)), restored.eval_metrics
-    run.say(f"resumed from the checkpoint at step {step}")
+    run.report.line(f"resumed from the checkpoint at step {step}")
   else:
     state, step, rows, used, final = run.new_state(), 0, [], 0.0, {}
   run.writer.truncate_after(step)
@@ -235,12 +235,11 @@ def restore(run: Setup) -> LoopState:
                    NonFiniteGuard(config.nan_policy, checkpointer.latest_step),
                    TimeLimit(config.time_limit_minutes, used), final)
   if loop.clock.spent() and step < config.num_train_steps:
-    run.say(f"txf: the run has already trained {used / 60:.1f} min, its whole time limit of "
+    run.report.line(f"txf: the run has already trained {used / 60:.1f} min, its whole time limit of "
             f"{config.time_limit_minutes:g} min (step {step} of {config.num_train_steps}); raise "
             f"time_limit_minutes to train on")
     loop.stopped_by = "spent"
-  if run.is_main and run.progress:
-    run.bar = tqdm(total=config.num_train_steps, initial=step, dynamic_ncols=True, desc="train")
+  run.report.start(config.num_train_steps, step)
   return loop
 
 
@@ -260,8 +259,7 @@ def take_step(run: Setup, loop: LoopState) -> None:
   loop.unchecked.append((loop.step, metrics))  # the guards take it at the next log row
   loop.profiler.after(loop.step, loop.state)
   loop.window.add(metrics)
-  if run.bar is not None:
-    run.bar.update(1)
+  run.report.step(loop.step)
   if loop.step < run.config.num_train_steps and loop.clock.passed(loop.step, run.config.log_every):
     loop.stopped_by = "time"
 
@@ -278,38 +276,34 @@ def check_steps(loop: LoopState) -> None:
 
 
 def log(run: Setup, loop: LoopState, is_last: bool) -> None:
-  """A train row in metrics.jsonl every ``log_every`` steps and at the last step, shown on the
-  progress bar or, without one, as one line."""
+  """A train row in metrics.jsonl every ``log_every`` steps and at the last step, given to the
+  reporter (``Reporter.train_row``)."""
   if loop.step % run.config.log_every and not is_last:
     return
   check_steps(loop)  # the window's metrics are fetched now anyway
   m = loop.window.close()
   run.writer.write(loop.step, "train", m)
-  if run.bar is not None:
-    run.bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['accuracy']:.3f}")
-  else:
-    total = run.config.num_train_steps
-    run.say(log_line(loop.step, total, m, loop.eta(loop.step, total)), flush=True)
+  total = run.config.num_train_steps
+  run.report.train_row(loop.step, total, m, loop.eta(loop.step, total))
 
 
 def evaluate(run: Setup, loop: LoopState, is_last: bool) -> Optional[Dict[str, float]]:
   """Evaluate every ``eval_every`` steps and at the last step; returns the metrics or None.
-  Prints ``num_samples`` samples (translations beside their references; a language model's greedy
+  Reports ``num_samples`` samples (translations beside their references; a language model's greedy
   continuations of fixed prompts) and logs them to TensorBoard as text."""
   every = run.config.eval_every
   if not ((every and loop.step % every == 0) or is_last):
     return None
-  if run.bar is not None:
-    run.bar.clear()
+  run.report.evaluating()
   state = loop.state
   on_devices = lambda: run.runner.device_params(state)  # decoded where the parameters are
   metrics = run.evaluator(lambda batch: run.runner.eval_step(state, batch), on_devices)
   lines = _samples(run, on_devices)
   if lines:
-    run.say(f"  samples at step {loop.step}:\n" + "\n".join(lines))
+    run.report.line(f"  samples at step {loop.step}:\n" + "\n".join(lines))
     run.writer.write_text("eval/samples", "\n".join(lines), loop.step)
   run.writer.write(loop.step, "eval", metrics)
-  run.say(f"eval at step {loop.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+  run.report.line(f"eval at step {loop.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
   loop.window.restart_clock()
   loop.final = metrics
   return metrics
@@ -334,14 +328,15 @@ def checkpoint(run: Setup, loop: LoopState, is_last: bool, evaluated) -> None:
 
 
 def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, float]:
-  """Say how training ended; unless stopped by a signal, write the final parameters and the plots:
+  """Report how training ended; unless stopped by a signal, write the final parameters and the plots:
   params.msgpack (one process, or pmap), or params/ (a multi-process mesh run: orbax, each
   process its own shards, nothing gathered; ``txf.workdir.load_params`` reads either)."""
-  config, say = run.config, run.say
+  config, say = run.config, run.report.line
   if loop.stopped_by == "signal":  # every process says why it ended (the same line on each)
     run.writer.close()
-    print(f"txf: stopped by {preemption.signal_name} after step {loop.step}; checkpoint written to "
-          f"{run.checkpointer.step_dir(loop.step)}. Run the same command to resume.", flush=True)
+    run.every_process.stopped(
+        f"txf: stopped by {preemption.signal_name} after step {loop.step}; checkpoint written to "
+        f"{run.checkpointer.step_dir(loop.step)}. Run the same command to resume.")
     return loop.final
   if loop.stopped_by == "time":
     say(f"txf: time limit of {config.time_limit_minutes:g} min reached: training ended after step "

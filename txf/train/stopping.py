@@ -13,10 +13,10 @@ all-reduce of one int per process, read one step later so the host never waits o
 it): a signal to any one process stops all of them within two steps of it, whatever
 ``log_every`` is. The time limit is compared at log steps (``any_process``).
 
-Output: once training starts, a closed stdout or stderr (``txf train | tee log`` whose reader died,
-e.g. on Ctrl-C) no longer fails the run: txf's further output is dropped (``drop_output_on_broken_pipe``),
-so the stop checkpoint is still written and the run exits 0. Signals keep being handled until
-``train`` returns: a SIGTERM while the final parameters and plots are written lets them finish.
+Signals keep being handled until ``train`` returns: a SIGTERM while the final parameters and plots
+are written lets them finish. What the handler has to say goes to ``notify`` (the reporter's
+``signal``); the library writes nothing itself (``txf train`` writes it to stderr, and keeps a run
+whose stdout reader died going: txf/commands/reporting.py).
 
 Non-finite losses: ``train_step`` leaves the state unchanged on such a step; with
 ``nan_policy='stop'`` the ``NonFiniteGuard`` raises NonFiniteLossError naming the step before any
@@ -27,10 +27,8 @@ the ``DivergenceGuard``: a smoothed train loss above ``divergence_factor`` times
 (and above where it started) raises DivergenceError before any later state is saved.
 """
 
-import errno
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Callable, Optional, Tuple
@@ -91,69 +89,6 @@ class StopVote:
     return 0 if previous is None else int(np.asarray(previous.addressable_data(0)))
 
 
-class _DropOnBrokenPipe:
-  """A text stream that drops its output once its reader is gone (EPIPE) instead of raising.
-
-  Flushes after every write, so a closed pipe shows up here and not in a buffered flush at exit;
-  on EPIPE the file descriptor is pointed at /dev/null, so later writes through any other handle
-  on it (the interpreter's final flush included) succeed too.
-  """
-
-  def __init__(self, stream):
-    self._stream = stream
-
-  def _guard(self, fn, *args):
-    try:
-      out = fn(*args)
-      self._stream.flush()
-      return out
-    except (BrokenPipeError, ValueError) as e:  # ValueError: already closed
-      if isinstance(e, ValueError) and "closed" not in str(e):
-        raise
-      self._to_devnull()
-      return None
-    except OSError as e:
-      if e.errno != errno.EPIPE:
-        raise
-      self._to_devnull()
-      return None
-
-  def _to_devnull(self):
-    try:
-      devnull = os.open(os.devnull, os.O_WRONLY)
-      os.dup2(devnull, self._stream.fileno())
-      os.close(devnull)
-    except (OSError, ValueError):
-      pass
-
-  def write(self, text):
-    out = self._guard(self._stream.write, text)
-    return len(text) if out is None else out
-
-  def flush(self):
-    self._guard(lambda: None)
-
-  def __getattr__(self, name):
-    return getattr(self._stream, name)
-
-
-def drop_output_on_broken_pipe() -> None:
-  """From now on, writes to a stdout/stderr whose reader is gone are dropped, not raised (once per
-  process; see ``_DropOnBrokenPipe``)."""
-  for name in ("stdout", "stderr"):
-    stream = getattr(sys, name)
-    if stream is not None and not isinstance(stream, _DropOnBrokenPipe):
-      setattr(sys, name, _DropOnBrokenPipe(stream))
-
-
-def _say(text: str) -> None:
-  """Write to fd 2 from a signal handler; a closed stderr is ignored."""
-  try:
-    os.write(2, text.encode())
-  except OSError:
-    pass
-
-
 class Preemption:
   """SIGTERM/SIGINT handling while training (main thread only; elsewhere a no-op).
 
@@ -166,7 +101,9 @@ class Preemption:
   # written by the time train() returns): `txf train` then exits with EXIT_RESUMABLE when asked to.
   stopped_a_run = False
 
-  def __init__(self):
+  def __init__(self, notify: Optional[Callable[[str], None]] = None):
+    """``notify(text)`` hears what a signal does (called in the handler; default: nothing)."""
+    self.notify = notify or (lambda text: None)
     self.signum, self._previous = None, {}
     self._vote = StopVote()
     self.agreed = 0               # the agreed vote: signum + 256 * (1 + the process that got it)
@@ -186,10 +123,10 @@ class Preemption:
 
   def _handle(self, signum, frame):
     if self.signum is not None:
-      _say(f"\ntxf: second {signal.Signals(signum).name}: exiting now\n")
+      self.notify(f"\ntxf: second {signal.Signals(signum).name}: exiting now\n")
       os._exit(128 + signum)
     self.signum = signum
-    _say(f"\ntxf: {signal.Signals(signum).name} received: finishing this step and writing "
+    self.notify(f"\ntxf: {signal.Signals(signum).name} received: finishing this step and writing "
          f"a checkpoint (send it again to exit at once)\n")
 
   def __enter__(self):

@@ -5,7 +5,7 @@ state as ``jax.ShapeDtypeStruct``s in the shardings the mesh would give it (the 
 axes + ``config.sharding_rules``), lowers and compiles the born-sharded init and the train step
 (``jit(...).lower(...).compile()``) and reads, per device: parameter and optimizer-state bytes
 (from the shard shapes), XLA's memory analysis of the compiled step (arguments, temporaries,
-peak) and the model FLOPs per step (``txf.bench.train.model_train_flops``, matmuls only). Nothing is
+peak) and the model FLOPs per step (``txf.models.flops.model_train_flops``, matmuls only). Nothing is
 allocated on a device and nothing executes. With a device's peak FLOP/s and an assumed MFU it
 estimates the step time, tokens/s and the time to ``num_train_steps``.
 
@@ -21,7 +21,7 @@ from typing import Dict, Optional
 import jax
 import numpy as np
 
-from txf.bench.train import model_train_flops
+from txf.models.flops import model_train_flops
 from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
 from txf.nn.attention import resolve_impl

@@ -1,6 +1,6 @@
 """Train-step speed and memory, and the machine's matmul peak measured in the same process.
 
-  txf bench --configs small,base          (or: python -m txf.bench --configs small,base)
+  txf bench --configs small,base          (or: python -m bench --configs small,base)
 
 For one model config, :func:`train_benchmark` builds the real train step
 (``txf.train.steps.make_train_step``: label-smoothed loss, Adam, the non-finite guard), compiles it
@@ -24,7 +24,6 @@ Timings on a shared machine are contaminated by the other processes: every resul
 
 import dataclasses
 import os
-import platform
 import resource
 import statistics
 import time
@@ -36,15 +35,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf import runtime
-from txf.bench.decode import CONFIGS as MODEL_SIZES
+from bench.decode import CONFIGS as MODEL_SIZES
 from txf.nn import TransformerConfig
 from txf import config as config_lib
+from txf.machine import load_average, machine_info  # noqa: F401 (bench.run reads them here)
 from txf.models import init_params
+from txf.models.flops import model_train_flops
 from txf.parallel.runners import SingleDeviceRunner
 from txf.train.optimizer import inverse_sqrt_schedule, make_optimizer
 from txf.train.steps import create_train_state, make_eval_step, make_train_step
 
-# The benchmarked shapes: model sizes shared with txf/bench/decode.py, plus batch and lengths.
+# The benchmarked shapes: model sizes shared with bench/decode.py, plus batch and lengths.
 BENCH_CONFIGS = {
     "small": dict(model=MODEL_SIZES["small"], batch=64, source_len=32, target_len=32),
     "base": dict(model=MODEL_SIZES["base"], batch=32, source_len=64, target_len=64),
@@ -52,33 +53,6 @@ BENCH_CONFIGS = {
     "tiny": dict(model=dict(d_model=32, num_encoder_layers=1, num_decoder_layers=1, num_heads=2,
                             d_ff=64, vocab_size=64), batch=4, source_len=8, target_len=8),
 }
-
-
-def load_average() -> float:
-  """The 1-minute load average (runnable processes); compare it with ``os.cpu_count()``."""
-  try:
-    return round(os.getloadavg()[0], 2)
-  except OSError:  # pragma: no cover - not on every platform
-    return float("nan")
-
-
-def machine_info() -> Dict[str, object]:
-  """What the figures were measured on: CPU model and features, cores, jax, XLA flags, malloc, load."""
-  model, flags = platform.processor() or "unknown", set()
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name") and model in ("unknown", "x86_64", ""):
-          model = line.split(":", 1)[1].strip()
-        if line.startswith("flags"):
-          flags = set(line.split(":", 1)[1].split())
-  except OSError:
-    pass
-  return {"cpu": model, "cpu_count": os.cpu_count(),
-          "simd": sorted(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")),
-          "platform": jax.devices()[0].platform, "device_kind": jax.devices()[0].device_kind,
-          "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "allocator": runtime.allocator(), "load_1min": load_average()}
 
 
 def matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 8,
@@ -117,38 +91,6 @@ def matmul_probe(dtype: str = "float32", n: int = 2048) -> Callable[[], float]:
 
   probe.flops = 2.0 * n ** 3
   return probe
-
-
-def model_train_flops(cfg: TransformerConfig, batch: int, source_len: int, target_len: int) -> float:
-  """Model FLOPs of one training step (forward + backward = 3 x forward), matmuls only.
-
-  With d = d_model, f = d_ff, S/T source/target length, N_e/N_d layers, V the target vocabulary,
-  counting 2 FLOPs per multiply-add and full (unmasked) attention score matrices:
-
-    encoder, per source token and layer:  8 d^2 (Q,K,V,O) + 4 d f (FFN) + 4 S d (QK^T and AV)
-    decoder, per target token and layer:  8 d^2 (self Q,K,V,O) + 4 d^2 (cross Q,O) + 4 d f
-                                          + 4 T d (self scores) + 4 S d (cross scores)
-    decoder cross K,V, per source token and layer: 4 d^2
-    output projection, per target token: 2 d V (tied: h E^T)
-
-    forward = B [S N_e (8d^2 + 4df + 4Sd) + T N_d (12d^2 + 4df + 4Td + 4Sd) + S N_d 4d^2 + 2 T d V]
-    train   = 3 x forward   (the backward pass costs two matmuls per forward matmul)
-
-  Embedding lookups, LayerNorm, softmax, dropout, the loss and Adam are not counted (they are in
-  the compiled program's ``cost_analysis`` figure). This equals the familiar 6 N D for the weight
-  matmuls (N weights excluding embeddings + the output projection, D tokens) plus the attention
-  terms 12 L^2 d per layer and sequence.
-  """
-  d, f, s, t = cfg.d_model, cfg.d_ff, source_len, target_len
-  ne, nd, v = cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.tgt_vocab_size
-  if cfg.family == "decoder_lm":
-    ne, s = 0, 0
-    decoder_token = 8 * d * d + 4 * d * f + 4 * t * d
-  else:
-    decoder_token = 12 * d * d + 4 * d * f + 4 * t * d + 4 * s * d
-  forward = (s * ne * (8 * d * d + 4 * d * f + 4 * s * d) + t * nd * decoder_token
-             + s * nd * 4 * d * d * (cfg.family != "decoder_lm") + 2 * t * d * v)
-  return 3.0 * batch * forward
 
 
 def random_batch(cfg: TransformerConfig, batch: int, source_len: int, target_len: int,

@@ -1,7 +1,7 @@
 """Per-device memory of parameters + optimizer state under each parallel layout, from the shardings.
 
-  python -m txf.bench.memory                     (paper base and big, 8 devices)
-  python -m txf.bench.memory --devices 16 --models big
+  python -m bench.memory                     (paper base and big, 8 devices)
+  python -m bench.memory --devices 16 --models big
 
 Nothing is allocated: the train state's shapes come from ``jax.eval_shape`` (model init + Adam),
 and each layout's per-device shard shapes from the same code the mesh runner uses

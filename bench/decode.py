@@ -1,6 +1,6 @@
 """Decode speed: greedy and beam search, with the KV cache and without, at two output lengths.
 
-  python -m txf.bench.decode --config small --batch 8
+  python -m bench.decode --config small --batch 8
 
 Prints decode tokens/s (output tokens of the batch, B * L, per second of steady-state time; beam
 search runs B * K rows to produce them), compile seconds (``jit(...).lower().compile()``, apart

@@ -1,8 +1,8 @@
 """User, system and wall seconds and minor page faults per train step: for A/B of process settings.
 
-  python -m txf.bench.cpu --config small [--steps 5]
+  python -m bench.cpu --config small [--steps 5]
   TXF_MALLOC=system python -m txf.cli info   # (the txf command preloads tcmalloc; this module doesn't)
-  LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python -m txf.bench.cpu --config small
+  LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python -m bench.cpu --config small
 
 Run two settings one after the other (or pinned to one core each with ``taskset``) and compare:
 this is how the allocator row of BENCHMARKS.md was measured. Prints the median over the timed
@@ -17,7 +17,7 @@ from typing import Dict
 import jax
 
 from txf import runtime
-from txf.bench import train as train_bench
+from bench import train as train_bench
 
 
 def step_costs(name: str, steps: int = 5, warmup: int = 2) -> Dict[str, float]:

@@ -1,6 +1,6 @@
 """Data-pipeline speed and padding on Multi30k: plain padding vs bucketing vs packing.
 
-  python -m txf.bench.data [--data ../shared/data/multi30k] [--batches 200] [--batch_size 128]
+  python -m bench.data [--data ../shared/data/multi30k] [--batches 200] [--batch_size 128]
 
 For each batching mode, builds the real translation task (txf.data.real: tfds array_record source,
 grain pipeline, joint SentencePiece) and pulls batches as fast as it can, reporting
@@ -95,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, float]]:
   if not os.path.isdir(data):
     raise SystemExit(f"no Multi30k folder at {data!r}: pass --data DIR or set TXF_DATA "
                      f"(e.g. TXF_DATA=../shared/data)")
-  print(f"txf.bench.data: {data}, {args.batches} batches of {args.batch_size} rows, max_len "
+  print(f"bench.data: {data}, {args.batches} batches of {args.batch_size} rows, max_len "
         f"{args.max_len}, load average {os.getloadavg()[0]:.1f}")
   print(f"{'mode':18s} {'examples/s':>11s} {'tokens/s':>10s} {'padding':>8s} "
         f"{'ex/batch':>9s} {'shapes':>6s}")

@@ -1,6 +1,6 @@
 """txf against its peers (Flax WMT example, PyTorch eager, HF Marian), interleaved in one sitting.
 
-  python -m txf.bench.peers --harness ../shared/bench-peers --peers_venv /work/peers-venv \\
+  python -m bench.peers --harness ../shared/bench-peers --peers_venv /work/peers-venv \\
       --flaxwmt /work/flaxwmt --configs small,base --repeats 3 --output runs/peers.json
 
 Every measurement is a fresh process, run one after another in the order A B C D A B C D ...
@@ -9,7 +9,7 @@ allocator in ``LD_PRELOAD`` (tcmalloc when installed, as ``txf bench`` runs). Th
 harness scripts of ``--harness`` (``bench_flax.py``, ``bench_torch.py``; they print JSON lines) run
 by the Python of ``--peers_venv``, which holds torch, transformers, jax and flax: txf itself never
 imports torch. txf's own rows come from this module run as a worker (``--worker``, in txf's
-Python; txf.bench.peer_worker): the real train step (txf.train.steps, dropout 0.1, label smoothing 0.1, Adam) on the
+Python; bench.peer_worker): the real train step (txf.train.steps, dropout 0.1, label smoothing 0.1, Adam) on the
 same shapes, and cached greedy / beam-4 decoding of 16 random sources of 32 tokens, 32 output
 tokens (EOS never emitted), one call = encoder + cache + search, as the flax peer times it.
 
@@ -28,8 +28,10 @@ import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from txf.errors import TxfError
-from txf.bench.peer_worker import worker
+from bench.peer_worker import worker
 from txf.runtime import find_tcmalloc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: txf/ and bench/
 
 SYSTEMS = ("txf", "flax-wmt", "torch-eager", "marian")
 PEERS = SYSTEMS[1:]
@@ -197,17 +199,29 @@ def check_args(harness: str, peers_venv: Optional[str], flaxwmt: Optional[str],
                    f"with the harness's setup_flaxwmt.sh, or leave flax-wmt out of --systems")
 
 
+# Where the peers module lives in a checkout of txf: bench/ (now), txf/bench/ (before issue 26).
+PEERS_MODULES = ("bench.peers", "txf.bench.peers")
+
+
+def peers_module(tree: str) -> str:
+  """The module name of the peers benchmark in the txf checkout ``tree``."""
+  for name in PEERS_MODULES:
+    if os.path.isfile(os.path.join(tree, *name.split(".")) + ".py"):
+      return name
+  return PEERS_MODULES[0]
+
+
 def command(system: str, config: str, harness: str, peers_venv: Optional[str],
             flaxwmt: Optional[str], steps: int, decode_reps: int, bf16_decode: bool = False,
             before_tree: Optional[str] = None) -> List[str]:
   """argv of one measurement process (train and decode of one system at one config)."""
   if system == BEFORE:  # the worker of the txf found in before_tree (its records say "txf")
     return [sys.executable, "-c", "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
-            "runpy.run_module('txf.bench.peers', run_name='__main__', alter_sys=True)",
+            f"runpy.run_module('{peers_module(before_tree)}', run_name='__main__', alter_sys=True)",
             before_tree, "--worker", "--configs", config, "--steps", str(steps),
             "--decode_reps", str(decode_reps)] + (["--bf16_decode"] if bf16_decode else [])
   if system in TXF_FLAGS:
-    return [sys.executable, "-m", "txf.bench.peers", "--worker", "--configs", config,
+    return [sys.executable, "-m", "bench.peers", "--worker", "--configs", config,
             "--steps", str(steps), "--decode_reps", str(decode_reps), "--name", system
             ] + TXF_FLAGS[system] + (["--bf16_decode"] if bf16_decode and system == "txf" else [])
   python = os.path.join(peers_venv, "bin", "python")
@@ -247,6 +261,7 @@ def run_sitting(systems: Sequence[str], configs: Sequence[str], repeats: int, ha
     env["LD_PRELOAD"] = " ".join(p for p in (preload, env.get("LD_PRELOAD", "")) if p)
     env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 40))
   env["_TXF_MALLOC_REEXEC"] = "1"  # the worker must not re-execute itself
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)  # bench/
   records = []
   for rnd in range(1, repeats + 1):
     for config in configs:
@@ -322,8 +337,9 @@ def main(argv=None) -> int:
       return 0
     systems, configs = _csv(a.systems), _csv(a.configs)
     if a.before_tree:
-      if not os.path.isfile(os.path.join(a.before_tree, "txf", "bench", "peers.py")):
-        raise TxfError(f"--before_tree={a.before_tree!r} holds no txf/bench/peers.py: pass a "
+      if not any(os.path.isfile(os.path.join(a.before_tree, *p.split("."))  + ".py")
+                 for p in PEERS_MODULES):
+        raise TxfError(f"--before_tree={a.before_tree!r} holds no bench/peers.py: pass a "
                        f"checkout of txf (e.g. git worktree add DIR OLD_COMMIT)")
       systems = [s for s in systems if s != BEFORE] + [BEFORE]
     elif BEFORE in systems:

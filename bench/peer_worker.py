@@ -1,10 +1,10 @@
-"""txf's side of the peer sitting (``python -m txf.bench.peers --worker``): the train step and
+"""txf's side of the peer sitting (``python -m bench.peers --worker``): the train step and
 cached decoding on the peers' shapes, printed as JSON lines in the peer harnesses' format.
 
 Train: the real step (txf.train.steps: dropout 0.1, label smoothing 0.1, Adam) on the issue's
 shapes, first step (trace + compile + step) and the median of timed steps. Decode: 16 random
 sources of 32 tokens, 32 output tokens (EOS never emitted), one call = encoder + cache + search,
-parameters prepared once and passed as arguments (txf.bench.decode.decoder).
+parameters prepared once and passed as arguments (bench.decode.decoder).
 """
 
 import dataclasses
@@ -16,8 +16,8 @@ from typing import Dict, Sequence
 import jax
 import jax.numpy as jnp
 
-from txf.bench import train as train_bench
-from txf.bench.decode import decoder
+from bench import train as train_bench
+from bench.decode import decoder
 from txf.models import init_params
 
 DECODE_BATCH, DECODE_SRC, DECODE_OUT, DECODE_BEAM = 16, 32, 32, 4

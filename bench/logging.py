@@ -1,7 +1,7 @@
 """Training-loop throughput against the logging frequency: steps/s at log_every=1 and at 100.
 
-  python -m txf.bench.logging                         # the default experiment, 200 steps each
-  python -m txf.bench.logging --steps 400 --log_every 1,10,100 --parallelism pmap
+  python -m bench.logging                         # the default experiment, 200 steps each
+  python -m bench.logging --steps 400 --log_every 1,10,100 --parallelism pmap
 
 A step's only host work is feeding the next batch (txf/train/loop.py): its dropout key is derived
 on device and its metrics stay there until the log row fetches the window. So logging every step
@@ -28,11 +28,12 @@ from txf.config import load_experiment
 
 
 def _timed_run(config, workdir: str) -> Dict[str, float]:
-  from txf.train import train  # deferred: the bench's argument errors come first
+  from txf.commands.reporting import TerminalReporter  # deferred: argument errors come first
+  from txf.train import train
   shutil.rmtree(workdir, ignore_errors=True)
   wall, cpu = time.perf_counter(), time.process_time()
-  with contextlib.redirect_stdout(io.StringIO()):
-    train(config, workdir, progress=False)
+  with contextlib.redirect_stdout(io.StringIO()):  # the lines `txf train` prints, then dropped
+    train(config, workdir, report=TerminalReporter())
   return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
 
 
@@ -55,7 +56,7 @@ def measure(experiment: str, log_every: int, steps: int, warm: int, parallelism:
 
 
 def main(argv: List[str] = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m txf.bench.logging", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m bench.logging", description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="default", help="experiment name or file")
   parser.add_argument("--steps", type=int, default=200, help="measured steps per setting")
   parser.add_argument("--warm", type=int, default=20, help="steps of the shorter run")
@@ -68,7 +69,7 @@ def main(argv: List[str] = None) -> None:
   base = tempfile.mkdtemp(prefix="txf-bench-logging-")
   jax.config.update("jax_compilation_cache_dir", os.path.join(base, "jax-cache"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  print(f"txf.bench.logging: {args.config}, {args.parallelism} on {jax.device_count()} "
+  print(f"bench.logging: {args.config}, {args.parallelism} on {jax.device_count()} "
         f"{jax.devices()[0].platform} device(s), {args.steps} steps after {args.warm}")
   print(f"{'log_every':>9}  {'steps/s':>8}  {'wall ms/step':>12}  {'cpu ms/step':>11}  {'load':>5}")
   try:

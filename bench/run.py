@@ -1,12 +1,12 @@
 """One command for every speed figure: matmul peaks, train steps, decoding; a table and a JSON file.
 
   txf bench [--configs small,base] [--output runs/bench.json] [--steps 5]
-  python -m txf.bench --configs small,base --output runs/bench.json   (the same, without absl)
+  python -m bench --configs small,base --output runs/bench.json   (the same, without absl)
 
 Order of a run: the machine (CPU, SIMD features, jax, XLA_FLAGS, ``uptime``), the fp32 and bf16
-matmul peaks (:func:`txf.bench.train.matmul_peak`), then for each config and each (dtype,
-attention_impl) the train step (:func:`txf.bench.train.train_benchmark`), then cached greedy and
-beam decoding (:func:`txf.bench.decode.decode_benchmark`, whose rows also time the uncached
+matmul peaks (:func:`bench.train.matmul_peak`), then for each config and each (dtype,
+attention_impl) the train step (:func:`bench.train.train_benchmark`), then cached greedy and
+beam decoding (:func:`bench.decode.decode_benchmark`, whose rows also time the uncached
 baseline). Every row carries the load average before and after it: on a shared machine compare
 figures only at similar load, or re-run the same command on a quiet machine.
 """
@@ -19,9 +19,9 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from txf.bench import train as train_bench
+from bench import train as train_bench
 from txf.config import ConfigError
-from txf.bench.decode import decode_benchmark
+from bench.decode import decode_benchmark
 from txf.nn.attention import resolve_impl
 
 
@@ -40,7 +40,7 @@ def run_benchmarks(configs: Sequence[str] = ("small", "base"), steps: int = 5,
   """Run everything; returns the JSON-able results (``say`` gets progress lines).
 
   Args:
-    configs: names in txf.bench.train.BENCH_CONFIGS.
+    configs: names in bench.train.BENCH_CONFIGS.
     steps: timed train steps per row (after 2 warm-up steps).
     dtypes: model.dtype values to time ("float32", "bfloat16"); peaks are measured for both.
     attention_impls: model.attention_impl values to time ("auto", "reference", "fused").
@@ -165,7 +165,7 @@ def _csv(text: str) -> List[str]:
 
 
 def main(argv=None) -> None:
-  """``python -m txf.bench`` (argparse flags mirror ``txf bench``)."""
+  """``python -m bench`` (argparse flags mirror ``txf bench``)."""
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--configs", default="small,base", help="comma-separated: small,base")
   p.add_argument("--output", default="runs/bench.json", help="JSON results file ('' = none)")

@@ -1,8 +1,8 @@
 """CPU seconds of dropout's random masks and of the train step, jax's draw against txf's, in one process.
 
-  python -m txf.bench.dropout --masks                 # [4096, 2048] and one base step's mask shapes
-  python -m txf.bench.dropout --step small --steps 3  # the train step with each dropout
-  LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python -m txf.bench.dropout --step base
+  python -m bench.dropout --masks                 # [4096, 2048] and one base step's mask shapes
+  python -m bench.dropout --step small --steps 3  # the train step with each dropout
+  LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python -m bench.dropout --step base
 
 ``jax``: ``jax.random.bernoulli`` (flax ``nn.Dropout``), whose threefry lowers on CPU to a rolled
 while loop; ``txf``: ``txf.ops.dropout.bernoulli``, the same bits from straight-line fusible ops.
@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from txf.bench import train as train_bench
+from bench import train as train_bench
 from txf.nn import attention, layers
 from txf.ops import dropout as dropout_ops
 

@@ -1,0 +1,127 @@
+"""The terminal side of ``txf train``: its lines on stdout, the progress bar, signals on stderr, and
+a stdout/stderr whose reader went away.
+
+``TerminalReporter`` is the ``txf.train.report.Reporter`` the command hands to ``train``: it prints
+the run's lines and, with ``progress``, draws a tqdm bar on stderr (the logged rows then show on the
+bar instead of as lines). A notebook may pass one too: ``train(config, workdir,
+report=TerminalReporter(progress=True))``.
+
+Broken pipes: once training starts, a closed stdout or stderr (``txf train | tee log`` whose reader
+died, e.g. on Ctrl-C) no longer fails the run: txf's further output is dropped
+(``drop_output_on_broken_pipe``), so the stop checkpoint is still written and the run exits 0.
+"""
+
+import errno
+import os
+import sys
+from typing import Dict, Optional
+
+from tqdm import tqdm
+
+from txf.train.logs import log_line
+from txf.train.report import Reporter
+
+
+class TerminalReporter(Reporter):
+  """Prints a training run's lines on stdout; with ``progress``, a progress bar on stderr shows
+  the steps and the last logged loss and accuracy (no line per logged row then)."""
+
+  def __init__(self, progress: bool = False):
+    self.progress = progress
+    self.bar = None
+
+  def line(self, text: str) -> None:
+    """Print ``text`` on stdout, flushed."""
+    print(text, flush=True)
+
+  def start(self, total: int, done: int) -> None:
+    """Open the progress bar (with ``progress``) at ``done`` of ``total`` steps."""
+    if self.progress:
+      self.bar = tqdm(total=total, initial=done, dynamic_ncols=True, desc="train")
+
+  def step(self, done: int) -> None:
+    """Move the bar on by one step."""
+    if self.bar is not None:
+      self.bar.update(1)
+
+  def train_row(self, step: int, total: int, metrics: Dict[str, float],
+                eta_seconds: Optional[float]) -> None:
+    """The row's loss and accuracy on the bar, or without one its line (``logs.log_line``)."""
+    if self.bar is not None:
+      self.bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
+    else:
+      self.line(log_line(step, total, metrics, eta_seconds))
+
+  def evaluating(self) -> None:
+    """Clear the bar so the evaluation's lines print cleanly."""
+    if self.bar is not None:
+      self.bar.clear()
+
+  def signal(self, text: str) -> None:
+    """Write ``text`` to fd 2 (safe in a signal handler); a closed stderr is ignored."""
+    try:
+      os.write(2, text.encode())
+    except OSError:
+      pass
+
+  def close(self) -> None:
+    """Close the bar."""
+    if self.bar is not None:
+      self.bar.close()
+      self.bar = None
+
+
+class _DropOnBrokenPipe:
+  """A text stream that drops its output once its reader is gone (EPIPE) instead of raising.
+
+  Flushes after every write, so a closed pipe shows up here and not in a buffered flush at exit;
+  on EPIPE the file descriptor is pointed at /dev/null, so later writes through any other handle
+  on it (the interpreter's final flush included) succeed too.
+  """
+
+  def __init__(self, stream):
+    self._stream = stream
+
+  def _guard(self, fn, *args):
+    try:
+      out = fn(*args)
+      self._stream.flush()
+      return out
+    except (BrokenPipeError, ValueError) as e:  # ValueError: already closed
+      if isinstance(e, ValueError) and "closed" not in str(e):
+        raise
+      self._to_devnull()
+      return None
+    except OSError as e:
+      if e.errno != errno.EPIPE:
+        raise
+      self._to_devnull()
+      return None
+
+  def _to_devnull(self):
+    try:
+      devnull = os.open(os.devnull, os.O_WRONLY)
+      os.dup2(devnull, self._stream.fileno())
+      os.close(devnull)
+    except (OSError, ValueError):
+      pass
+
+  def write(self, text):
+    out = self._guard(self._stream.write, text)
+    return len(text) if out is None else out
+
+  def flush(self):
+    self._guard(lambda: None)
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def drop_output_on_broken_pipe() -> None:
+  """From now on, writes to a stdout/stderr whose reader is gone are dropped, not raised (once per
+  process; see ``_DropOnBrokenPipe``). For the command line only: it replaces ``sys.stdout`` and
+  ``sys.stderr`` for the whole process."""
+  for name in ("stdout", "stderr"):
+    stream = getattr(sys, name)
+    if stream is not None and not isinstance(stream, _DropOnBrokenPipe):
+      setattr(sys, name, _DropOnBrokenPipe(stream))

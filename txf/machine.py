@@ -1,0 +1,37 @@
+"""What this process runs on: CPU model and SIMD features, cores, jax and its devices, XLA flags,
+malloc, load (``txf info``; the benchmarks record it with their figures)."""
+
+import os
+import platform
+from typing import Dict
+
+import jax
+
+from txf import runtime
+
+
+def load_average() -> float:
+  """The 1-minute load average (runnable processes); compare it with ``os.cpu_count()``."""
+  try:
+    return round(os.getloadavg()[0], 2)
+  except OSError:  # pragma: no cover - not on every platform
+    return float("nan")
+
+
+def machine_info() -> Dict[str, object]:
+  """What the figures were measured on: CPU model and features, cores, jax, XLA flags, malloc, load."""
+  model, flags = platform.processor() or "unknown", set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name") and model in ("unknown", "x86_64", ""):
+          model = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+          flags = set(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  return {"cpu": model, "cpu_count": os.cpu_count(),
+          "simd": sorted(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")),
+          "platform": jax.devices()[0].platform, "device_kind": jax.devices()[0].device_kind,
+          "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "allocator": runtime.allocator(), "load_1min": load_average()}
