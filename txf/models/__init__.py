@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import ops
+from txf import kernels, ops
 from txf.config import resolve_vocab_multiple
 
 from txf.models.decoder_lm import DecoderLM
@@ -115,7 +115,7 @@ def model_config_from(config, task, vocab_multiple: Optional[int] = None) -> Tra
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in config.model.items() if k in fields}
   if vocab_multiple is None:
-    vocab_multiple = resolve_vocab_multiple(config, jax.device_count(), jax.default_backend(),
+    vocab_multiple = resolve_vocab_multiple(config, jax.device_count(), kernels.backend(),
                                             jax.process_count())
   kwargs.update(vocab_size=task.vocab_size, target_vocab_size=task.target_vocab_size,
                 num_classes=task.num_classes or 2, vocab_multiple=vocab_multiple)
@@ -181,7 +181,7 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
 
   ``fused``: for the built-in translation and LM models (exactly ``EncoderDecoder`` /
   ``DecoderLM``, not subclasses), the output projection, the loss terms and their gradients run
-  as one op (``txf.ops.head_cross_entropy``, rows in blocks of ``chunk_rows``: 512 measured best
+  as one op (``txf.kernels.head_cross_entropy``, rows in blocks of ``chunk_rows``: 512 measured best
   at the small and base bench configs); the same maths as the reference path (``forward`` +
   ``txf.ops.label_smoothed_cross_entropy``), taken by every other model and by ``fused=False``,
   up to float32 rounding. ``None`` (default): fused when the target vocabulary has at least
@@ -197,7 +197,7 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
   def loss_fn(model, params, batch, rng):
     if use_fused(model):
       h, table, targets, weights = forward_hidden(model, params, batch, rng)
-      loss_sum, nll_sum, correct, count = ops.head_cross_entropy(
+      loss_sum, nll_sum, correct, count = kernels.head_cross_entropy(
           h, table, targets, weights, label_smoothing, chunk_rows, model.config.tgt_vocab_size)
       return loss_sum, {"count": count, "nll_sum": nll_sum, "correct": correct}
     logits, targets, weights = forward(model, params, batch, rng)
