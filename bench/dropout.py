@@ -5,7 +5,7 @@
   LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 python -m bench.dropout --step base
 
 ``jax``: ``jax.random.bernoulli`` (flax ``nn.Dropout``), whose threefry lowers on CPU to a rolled
-while loop; ``txf``: ``txf.ops.dropout.bernoulli``, the same bits from straight-line fusible ops.
+while loop; ``txf``: ``txf.kernels.bernoulli``, the same bits from straight-line fusible ops.
 ``--alternatives`` adds draws with other bits (rbg, unsafe_rbg, threefry non-partitionable) for the
 record. Timings are process CPU seconds (``time.process_time``) around blocked calls, the two paths
 alternating, best and median of the repeats, with the 1-minute load average: on a shared machine
@@ -27,7 +27,7 @@ import numpy as np
 
 from bench import train as train_bench
 from txf.nn import attention, layers
-from txf.ops import dropout as dropout_ops
+from txf.kernels import threefry as dropout_ops
 
 KEEP = 0.9
 

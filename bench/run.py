@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 from bench import train as train_bench
 from txf.config import ConfigError
 from bench.decode import decode_benchmark
-from txf.nn.attention import resolve_impl
+from txf.kernels import resolve_impl
 
 
 def uptime() -> str:

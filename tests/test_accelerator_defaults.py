@@ -12,7 +12,7 @@ import numpy as np
 from txf.config import base_config
 from txf.models import build_model, init_params
 from txf.nn import TransformerConfig
-from txf.nn.attention import _fused_attention, fused_kernel, resolve_impl
+from txf.kernels import fused_attention as _fused_attention, fused_kernel, resolve_impl
 from txf.nn.config import resolve_dtype
 
 

@@ -18,7 +18,7 @@ from txf import ops
 from txf.models import build_model, forward, init_params
 from txf.decode.adapter import init_cache, make_logits_fn
 from txf.nn import MultiHeadAttention, TransformerConfig
-from txf.nn.attention import resolve_impl
+from txf.kernels import resolve_impl
 
 IMPLS = ("reference", "fused")
 ATOL, RTOL = 2e-5, 2e-5

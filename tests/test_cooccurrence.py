@@ -1,11 +1,11 @@
-"""Word embeddings from co-occurrence counts by PCA (txf.ops.cooccurrence): counts, standardisation, power iteration + deflation, projection."""
+"""Word embeddings from co-occurrence counts by PCA (txf.analysis.cooccurrence): counts, standardisation, power iteration + deflation, projection."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops import cooccurrence as co
+from txf.analysis import cooccurrence as co
 
 
 def brute_force_counts(sequences, vocab_size, window):

@@ -14,7 +14,8 @@ import pytest
 
 from txf.decode import (beam_search, expand_to_beams, filter_logits, gather_beams, greedy_decode,
                         sample)
-from txf.decode.beam import blocked_top_k, top_log_probs
+from txf.decode.beam import top_log_probs
+from txf.kernels import blocked_top_k
 
 PAD, BOS, EOS = 0, 1, 2
 

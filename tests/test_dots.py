@@ -1,4 +1,4 @@
-"""txf.ops.dots (bf16 products laid out for the CPU's bf16 dot units) against numpy float64 and
+"""txf.kernels.dots (bf16 products laid out for the CPU's bf16 dot units) against numpy float64 and
 against the model's reference bf16 path (XLA's own dots)."""
 
 import re
@@ -10,7 +10,8 @@ import pytest
 
 from txf.models import build_model, init_params
 from txf.nn.config import TransformerConfig
-from txf.ops import dots
+from txf import kernels
+from txf.kernels import dots
 
 RNG = np.random.default_rng(0)
 BF16_EPS = 2.0 ** -8  # relative rounding of one bf16 value
@@ -155,11 +156,11 @@ def test_bf16_model_with_the_dots_equals_the_reference_bf16_path_and_float32(mon
   batch = {"inputs": rs.randint(3, 96, (4, 12)).astype(np.int32),
            "targets": rs.randint(3, 96, (4, 10)).astype(np.int32)}
   params = jax.device_get(init_params(_model_cfg("float32"), jax.random.key(0), batch))
-  assert dots.uses_bf16_units("bfloat16") and not dots.uses_bf16_units("float32")
+  assert kernels.select("bfloat16").layout_dots and not kernels.select("float32").layout_dots
   loss_dots, grads_dots = _loss_and_grads(_model_cfg("bfloat16"), params, batch)
   loss_f32, grads_f32 = _loss_and_grads(_model_cfg("float32"), params, batch)
-  monkeypatch.setattr(dots, "uses_bf16_units", lambda dtype: False)
-  loss_ref, grads_ref = _loss_and_grads(_model_cfg("bfloat16"), params, batch)
+  with kernels.use(bf16_dots="xla"):  # XLA's own bf16 dots: the formulas of txf.ops unchanged
+    loss_ref, grads_ref = _loss_and_grads(_model_cfg("bfloat16"), params, batch)
   assert jax.tree_util.tree_map(lambda g: g.dtype, grads_dots) == \
       jax.tree_util.tree_map(lambda g: g.dtype, grads_f32)  # float32 gradients of float32 params
   assert abs(float(loss_dots) - float(loss_ref)) < 0.01 * float(loss_ref)
@@ -173,7 +174,7 @@ def test_bf16_model_with_the_dots_equals_the_reference_bf16_path_and_float32(mon
 def test_float32_model_does_not_use_the_dots(monkeypatch):
   # float32 compute keeps XLA's own dots: the bf16 functions are never called
   def boom(*args):
-    raise AssertionError("txf.ops.dots used for float32")
+    raise AssertionError("txf.kernels.dots used for float32")
   monkeypatch.setattr(dots, "dense", boom)
   monkeypatch.setattr(dots, "dense_nt", boom)
   rs = np.random.RandomState(1)

@@ -1,4 +1,4 @@
-"""txf.ops.dropout and txf.nn.dropout.Dropout: the same bits as jax.random.bernoulli / flax nn.Dropout."""
+"""txf.kernels.threefry and txf.nn.dropout.Dropout: the same bits as jax.random.bernoulli / flax nn.Dropout."""
 
 import contextlib
 from unittest import mock
@@ -12,7 +12,8 @@ import pytest
 from bench.dropout import step_mask_shapes
 from txf.models import build_model, init_params
 from txf.nn import TransformerConfig, attention, dropout, layers
-from txf.ops import dropout as dropout_ops
+from txf import kernels
+from txf.kernels import threefry as dropout_ops
 
 
 def test_threefry2x32_matches_the_published_known_answers():
@@ -68,6 +69,7 @@ def test_fast_path_does_not_call_jax_random_bits():
 
 def test_other_backends_use_jax_random_bits(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert kernels.select().dropout_mask == "jax"
   jaxpr = str(jax.make_jaxpr(lambda k: dropout_ops.bernoulli(k, 0.9, (8, 16)))(jax.random.key(0)))
   assert "random_bits" in jaxpr
 

@@ -1,4 +1,4 @@
-"""The fused output head (txf.ops.head_cross_entropy) against numpy float64 and against the
+"""The fused output head (txf.kernels.head_cross_entropy) against numpy float64 and against the
 reference path (logits, then txf.ops.label_smoothed_cross_entropy / token_accuracy), and the
 default loss of every family with and without it."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from txf import ops
-from txf.ops import dots
+from txf import kernels, models, ops
+from txf.kernels import dots
 from txf.models import EncoderDecoder, build_model, cross_entropy_loss, init_params
 from txf.models import loss as models_loss
 from txf.nn import TransformerConfig
@@ -49,7 +49,7 @@ def _inputs(seed=0, shape=(3, 5), d=8, v=11):
 def test_head_matches_numpy_float64(eps, chunk_rows):
   h, table, targets, weights = _inputs()
   (loss, nll, correct, count), dh, dtable = np_head(h, table, targets, weights, eps)
-  f = lambda a, b: ops.head_cross_entropy(a, b, targets, weights, eps, chunk_rows)
+  f = lambda a, b: kernels.head_cross_entropy(a, b, targets, weights, eps, chunk_rows)
   out = jax.jit(f)(h, table)
   np.testing.assert_allclose(np.array(out), [loss, nll, correct, count], rtol=1e-5)
   grads = jax.jit(jax.grad(lambda a, b: f(a, b)[0], (0, 1)))(h, table)
@@ -68,7 +68,7 @@ def test_head_matches_reference_path_and_scales_with_the_cotangent():
     return 2.5 * loss, (nll, correct, count)
 
   def fused(a, b):
-    loss, nll, correct, count = ops.head_cross_entropy(a, b, targets, weights, 0.1, 5)
+    loss, nll, correct, count = kernels.head_cross_entropy(a, b, targets, weights, 0.1, 5)
     return 2.5 * loss, (nll, correct, count)
 
   (l0, a0), g0 = jax.value_and_grad(reference, (0, 1), has_aux=True)(h, table)
@@ -81,7 +81,7 @@ def test_head_matches_reference_path_and_scales_with_the_cotangent():
 
 def test_head_metrics_carry_no_gradient():
   h, table, targets, weights = _inputs(2)
-  g = jax.grad(lambda a: ops.head_cross_entropy(a, table, targets, weights, 0.1)[1])(h)
+  g = jax.grad(lambda a: kernels.head_cross_entropy(a, table, targets, weights, 0.1)[1])(h)
   assert not np.any(np.asarray(g))
 
 
@@ -91,10 +91,10 @@ def test_head_bfloat16_states_match_the_reference_path():
 
   def reference(a, b):  # the model's unfused bf16 head: Embed.attend's logits (f32 from the bf16 dot units on CPU)
     b = b.astype(a.dtype)
-    logits = dots.dense_nt(a, b) if dots.uses_bf16_units(a.dtype) else ops.tied_logits(a, b)
+    logits = dots.dense_nt(a, b) if kernels.select(a.dtype).layout_dots else ops.tied_logits(a, b)
     return ops.label_smoothed_cross_entropy(logits.astype(jnp.float32), targets, weights, 0.1)[0]
 
-  fused = lambda a, b: ops.head_cross_entropy(a, b, targets, weights, 0.1)[0]
+  fused = lambda a, b: kernels.head_cross_entropy(a, b, targets, weights, 0.1)[0]
   np.testing.assert_allclose(fused(h, table), reference(h, table), rtol=1e-5)
   g0 = jax.grad(reference, (0, 1))(h, table)
   g1 = jax.grad(fused, (0, 1))(h, table)
@@ -153,7 +153,7 @@ def test_subclassed_model_takes_the_reference_path(monkeypatch):
   cfg = TransformerConfig(vocab_size=31, d_model=16, num_heads=4, d_ff=24, max_len=12, **SMALL)
   batch = _batch(cfg)
   params = init_params(cfg, jax.random.key(0), batch)
-  monkeypatch.setattr(ops, "head_cross_entropy", None)   # any call of the fused op would fail
+  monkeypatch.setattr(kernels, "head_cross_entropy", None)   # any call of the fused op would fail
   model = Scaled(dataclasses.replace(cfg, deterministic=True))
   loss_sum, _ = jax.jit(lambda p: cross_entropy_loss(0.1)(model, p, batch, None))(params)
   logits = 2.0 * build_model(cfg, deterministic=True).apply({"params": params}, batch["inputs"],
@@ -166,8 +166,8 @@ def test_subclassed_model_takes_the_reference_path(monkeypatch):
 def _spy_fused(monkeypatch):
   """Counts the calls of the fused op (it still runs)."""
   calls = []
-  real = ops.head_cross_entropy
-  monkeypatch.setattr(ops, "head_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
+  real = kernels.head_cross_entropy
+  monkeypatch.setattr(kernels, "head_cross_entropy", lambda *a, **k: calls.append(1) or real(*a, **k))
   return calls
 
 

@@ -1,4 +1,4 @@
-"""The fused output head (``txf.ops.head_cross_entropy``) under sharding, on 8 fake CPU devices.
+"""The fused output head (``txf.kernels.head_cross_entropy``) under sharding, on 8 fake CPU devices.
 
 The vocabulary (>= 1024 rows, padded) sharded on the tensor axis and the rows on data x fsdp, as a
 mesh run lays them out: (4, 1, 2) and (1, 8, 1). Its loss terms and gradients must equal the
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf import ops
+from txf import kernels, ops
 
 N, D, V, V_PAD, EPS, CHUNK = 256, 32, 1100, 1152, 0.1, 64
 MESHES = [(4, 1, 2), (1, 8, 1)]
@@ -87,7 +87,7 @@ def _worker() -> dict:
 
     def fused(h, table, targets, weights):
       def loss(h, table):
-        terms = ops.head_cross_entropy(h, table, targets, weights, EPS, CHUNK, V)
+        terms = kernels.head_cross_entropy(h, table, targets, weights, EPS, CHUNK, V)
         return terms[0], terms[1:3]
       (value, (nll, correct)), (dh, dtable) = jax.value_and_grad(loss, (0, 1), has_aux=True)(
           h, table)

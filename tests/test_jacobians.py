@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops import jacobians as jac
+from txf.analysis import jacobians as jac
 from txf.ops.norm import layer_norm
 
 

@@ -9,6 +9,8 @@
    adverb and an adjective (both move in translation), by ``txf.viz.attention_maps``.
 4. benchmark_ratios.png: txf and the peers' tokens/s relative to the best float32 peer, read from
    the first table after "### After" in BENCHMARKS.md (train step and beam-4 decoding).
+5. bf16_loss_curves.png: the default run in float32 beside the same run with
+   ``--config.model.dtype=bfloat16`` (trained into ``--bf16_workdir`` when it is not there).
 
 The default run is deterministic (same metrics and parameters on every machine of one kind), so a
 run trained earlier gives the same pictures. ``--steps N`` trains a shorter run instead.
@@ -27,14 +29,16 @@ OUT = os.path.join(ROOT, "docs", "figures")
 MAX_BYTES = 150_000
 
 
-def train_default(workdir, steps=None):
-  """``txf train --workdir W --progress=false`` (the default experiment) unless W holds a finished run."""
+def train_default(workdir, steps=None, overrides=()):
+  """``txf train --workdir W --progress=false`` (the default experiment, with ``overrides`` such as
+  ``--config.model.dtype=bfloat16``) unless W holds a finished run."""
   if os.path.exists(os.path.join(workdir, "params.msgpack")):
     print(f"figures: drawing from the finished run in {workdir}")
     return
   command = [sys.executable, "-m", "txf.cli", "train", "--workdir", workdir, "--progress=false"]
   if steps:
     command.append(f"--config.num_train_steps={steps}")
+  command += list(overrides)
   print("figures:", " ".join(command[2:]))
   subprocess.run(command, check=True, cwd=ROOT)
 
@@ -71,6 +75,28 @@ def cross_attention(workdir, path):
   maps = viz.attention_maps(run.model_cfg, run.params, batch)["cross"][:, 0, :, :len(out), :len(src)]
   return viz.plot_attention_heads(maps, out, src, "cross-attention of the default run: target words (rows) "
                                   "attend to source words (columns)", path)
+
+
+def bf16_curves(workdir32, workdir16, path):
+  """Train and eval loss of the default run in float32 and in bfloat16 compute, on one axis, with
+  each run's final eval exact match in the legend."""
+  from txf import viz
+  fig = viz.new_figure(7, 4)
+  ax = fig.subplots()
+  for workdir, dtype, color in ((workdir32, "float32", "C0"), (workdir16, "bfloat16", "C1")):
+    rows = viz.read_metrics_rows(os.path.join(workdir, "metrics.jsonl"))
+    final = [r for r in rows if r.get("split") == "eval" and "exact_match" in r][-1]
+    for split, style in (("train", {}), ("eval", dict(marker="o", markersize=3, linestyle="--"))):
+      steps, values = viz._series(rows, "loss", split)  # pylint: disable=protected-access
+      label = f"{dtype} {split} loss" + (f" (final exact match {final['exact_match']:.3f})"
+                                         if split == "eval" else "")
+      ax.plot(steps, values, color=color, label=label, **style)
+  ax.set_xlabel("step")
+  ax.set_ylabel("loss (nats per token)")
+  ax.set_title("the default run in float32 and in bfloat16 compute")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  return viz.save_figure(fig, path)
 
 
 def _after_table(text):
@@ -128,6 +154,8 @@ def main(argv=None):
   parser.add_argument("--workdir", default=os.path.join(ROOT, "runs", "figures-default"),
                       help="a default run (trained here when it has no params.msgpack)")
   parser.add_argument("--steps", type=int, default=None, help="train a shorter run (num_train_steps)")
+  parser.add_argument("--bf16_workdir", default=os.path.join(ROOT, "runs", "figures-default-bf16"),
+                      help="the default run with model.dtype=bfloat16 (trained here when missing)")
   args = parser.parse_args(argv)
   os.makedirs(OUT, exist_ok=True)
   written = [positional_encoding(os.path.join(OUT, "positional_encoding.png")),
@@ -135,6 +163,8 @@ def main(argv=None):
   train_default(args.workdir, args.steps)
   written += [loss_curves(args.workdir, os.path.join(OUT, "loss_curves.png")),
               cross_attention(args.workdir, os.path.join(OUT, "cross_attention.png"))]
+  train_default(args.bf16_workdir, args.steps, ["--config.model.dtype=bfloat16"])
+  written.append(bf16_curves(args.workdir, args.bf16_workdir, os.path.join(OUT, "bf16_loss_curves.png")))
   for path in written:
     size = os.path.getsize(path)
     print(f"figures: {os.path.relpath(path, ROOT)} ({size // 1000} KB)")

@@ -222,7 +222,7 @@ print("causal: outputs before the changed position are identical; the last one c
 # and for softmax `∂w_j/∂x_k = w_j (δ_jk − w_k)`, i.e. `diag(w) − w wᵀ`. `jax.jacobian` must agree.
 
 # %%
-from txf.ops import jacobians
+from txf.analysis import jacobians
 
 xv = jnp.asarray(np.random.default_rng(2).normal(size=pick(8, 5)), jnp.float32)
 for eps in (0.0, 1e-6):

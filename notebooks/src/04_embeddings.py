@@ -3,7 +3,7 @@
 #
 # 1. Count which words occur near which in real movie-review sentences (rt-polarity, read from
 #    `$TXF_DATA/rt-polarity`), standardise the counts, and take the top-k principal components with
-#    power iteration and deflation (`txf.ops.cooccurrence`).
+#    power iteration and deflation (`txf.analysis.cooccurrence`).
 # 2. Look at the space: nearest neighbours, the analogy probe `a − b + c`, a 2-D map.
 # 3. Initialise the sentiment classifier's embedding table with these vectors (`d_model = k`) and
 #    compare dev accuracy with random initialisation, training each with `txf.train.train` (the
@@ -53,7 +53,7 @@ from txf.config import load_experiment
 from txf.data import EOS_ID, UNK_ID, make_task, synthetic
 from txf.models import EncoderClassifier
 from txf.nn import Embed, Encoder
-from txf.ops import cooccurrence as co
+from txf.analysis import cooccurrence as co
 from txf.train import train
 
 absl_logging.set_verbosity("error")   # the data pipeline's notes (how many sentences it truncated)

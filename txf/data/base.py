@@ -12,7 +12,7 @@ Special ids are fixed for every tokenizer: PAD=0, BOS=1, EOS=2, UNK=3.
 
 import abc
 import dataclasses
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from txf.decode.greedy import BOS_ID, EOS_ID, PAD_ID, LogitsFn, check_length, forbid
+from txf.kernels.topk import top_k
 
 NEG_INF = -1.0e7  # finite "impossible" score: no inf - inf NaNs
 PENALTIES = ("gnmt", "power", "average", "none")
@@ -111,33 +112,6 @@ def _take(x: jnp.ndarray, indices: jnp.ndarray) -> jnp.ndarray:
   return jnp.take_along_axis(x, idx, axis=1)
 
 
-def blocked_top_k(x: jnp.ndarray, n: int, block: int) -> Tuple[jnp.ndarray, jnp.ndarray]:
-  """``jax.lax.top_k(x, n)`` over the last axis through block maxima: the same values and ids.
-
-  x [..., V] with V = M * block, M >= n. The n largest entries lie in the n blocks of largest
-  maximum (a block holding one of them has a maximum at least the n-th largest value, and at most n
-  blocks do, ties going to the lower index as in top_k); so: maxima of the M blocks, the n best
-  blocks (put back in index order, keeping top_k's rule that equal values rank by index), then
-  top-n of their n * block entries. Costs one vectorised pass over x instead of a per-row
-  partial sort of V entries.
-  """
-  *lead, vocab = x.shape
-  blocks = x.reshape(*lead, vocab // block, block)
-  _, best = jax.lax.top_k(jnp.max(blocks, axis=-1), n)  # [..., n]
-  best = jnp.sort(best, axis=-1)
-  kept = jnp.take_along_axis(blocks, best[..., None], axis=-2).reshape(*lead, n * block)
-  values, at = jax.lax.top_k(kept, n)
-  return values, jnp.take_along_axis(best, at // block, axis=-1) * block + at % block
-
-
-def _block_size(vocab: int, n: int) -> int:
-  """A block length for :func:`blocked_top_k` over ``vocab`` entries (0: use plain top_k)."""
-  for block in (128, 125, 100, 96, 80, 64, 50, 40, 32):
-    if vocab % block == 0 and vocab // block >= 4 * n:
-      return block
-  return 0
-
-
 def top_log_probs(logits: jnp.ndarray, n: int, never_ids: Tuple[int, ...] = ()
                   ) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """The ``n`` largest log-probabilities of each row of logits and their token ids.
@@ -151,9 +125,7 @@ def top_log_probs(logits: jnp.ndarray, n: int, never_ids: Tuple[int, ...] = ()
   normaliser (Hugging Face's bad-words rule: -inf on the log-probabilities, not renormalised).
   """
   logits = logits.astype(jnp.float32)
-  block = _block_size(logits.shape[-1], n)
-  kept = forbid(logits, never_ids)
-  top, ids = blocked_top_k(kept, n, block) if block else jax.lax.top_k(kept, n)
+  top, ids = top_k(forbid(logits, never_ids), n)
   # m from its own max-reduction: taking it from ``top`` (its first value) makes XLA lower the
   # top-k as a full sort of each row (its TopK rewrite wants the sorted values used only once)
   peak = jnp.max(logits, axis=-1, keepdims=True)

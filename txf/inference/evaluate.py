@@ -5,9 +5,8 @@ report from it (``evaluate_split``), notebooks call it directly.
 
 import math
 import os
-import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp

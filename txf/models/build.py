@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf import kernels
 from txf.config import resolve_vocab_multiple
 from txf.models.decoder_lm import DecoderLM
 from txf.models.encoder_classifier import EncoderClassifier
@@ -113,7 +114,7 @@ def model_config_from(config, task, vocab_multiple: Optional[int] = None) -> Tra
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in config.model.items() if k in fields}
   if vocab_multiple is None:
-    vocab_multiple = resolve_vocab_multiple(config, jax.device_count(), jax.default_backend(),
+    vocab_multiple = resolve_vocab_multiple(config, jax.device_count(), kernels.backend(),
                                             jax.process_count())
   kwargs.update(vocab_size=task.vocab_size, target_vocab_size=task.target_vocab_size,
                 num_classes=task.num_classes or 2, vocab_multiple=vocab_multiple)

@@ -7,7 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import ops
+from txf import kernels, ops
 from txf.models.build import TOKEN_HEAD_FAMILIES, forward, forward_hidden
 
 
@@ -29,7 +29,7 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
 
   ``fused``: for the built-in translation and LM models (exactly ``EncoderDecoder`` /
   ``DecoderLM``, not subclasses), the output projection, the loss terms and their gradients run
-  as one op (``txf.ops.head_cross_entropy``, rows in blocks of ``chunk_rows``: 512 measured best
+  as one op (``txf.kernels.head_cross_entropy``, rows in blocks of ``chunk_rows``: 512 measured best
   at the small and base bench configs); the same maths as the reference path (``forward`` +
   ``txf.ops.label_smoothed_cross_entropy``), taken by every other model and by ``fused=False``,
   up to float32 rounding. ``None`` (default): fused when the target vocabulary has at least
@@ -45,7 +45,7 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
   def loss_fn(model, params, batch, rng):
     if use_fused(model):
       h, table, targets, weights = forward_hidden(model, params, batch, rng)
-      loss_sum, nll_sum, correct, count = ops.head_cross_entropy(
+      loss_sum, nll_sum, correct, count = kernels.head_cross_entropy(
           h, table, targets, weights, label_smoothing, chunk_rows, model.config.tgt_vocab_size)
       return loss_sum, {"count": count, "nll_sum": nll_sum, "correct": correct}
     logits, targets, weights = forward(model, params, batch, rng)

@@ -1,4 +1,5 @@
-"""Multi-head attention as a Flax module: parameters declared here, math in txf.ops.attention.
+"""Multi-head attention as a Flax module: parameters declared here, math in txf.ops.attention
+(run through txf.kernels, which picks the backend's way of computing it).
 
 Three kinds share this module: bidirectional self-attention (encoder), causal self-attention
 (decoder; with ``decode=True`` it reads and writes a KV cache and takes one position per call), and
@@ -10,14 +11,12 @@ txf.nn.kv_cache's.
 from typing import Optional
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from txf.nn.config import TransformerConfig
+from txf.kernels import attend, multi_head_attention
 from txf.nn import kv_cache
+from txf.nn.config import TransformerConfig
 from txf.nn.dropout import Dropout
-from txf.ops import attention as attn_ops
-from txf.ops import dots
 
 xavier = nn.initializers.xavier_uniform()
 # logical axes of the weights (txf/parallel/sharding.py maps them onto the mesh)
@@ -35,69 +34,6 @@ def constrain(x, names):
   return nn.with_logical_constraint(x, names)
 
 
-# What ``attention_impl='auto'`` runs on CPU: the faster of the two at the benchmark sizes
-# (BENCHMARKS.md, "attention implementations": reference <= fused in CPU time, small and base).
-CPU_AUTO_IMPL = "reference"
-
-
-def resolve_impl(impl: str, backend: Optional[str] = None) -> str:
-  """``auto`` -> ``fused`` on GPU/TPU (cuDNN flash attention on GPU), CPU_AUTO_IMPL on CPU.
-
-  ``backend``: "cpu" | "gpu" | "tpu" (default: ``jax.default_backend()``)."""
-  if impl != "auto":
-    return impl
-  return CPU_AUTO_IMPL if (backend or jax.default_backend()) == "cpu" else "fused"
-
-
-def fused_kernel(backend: str, dtype, causal: bool) -> dict:
-  """The keyword arguments of ``jax.nn.dot_product_attention`` for the fused path on ``backend``.
-
-  GPU with bf16/fp16 inputs: ``implementation="cudnn"`` (flash attention), with ``is_causal`` for
-  causal self-attention (the padding/segment mask is passed beside it); everything else, TPU
-  included: ``implementation="xla"``, XLA's own fused attention, the mask alone. The CPU path is
-  the XLA one (tests/test_accelerator_defaults.py).
-  """
-  if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
-    return {"implementation": "cudnn", "is_causal": bool(causal)}
-  return {"implementation": "xla"}
-
-
-def _fused_attention(q, k, v, mask, causal: bool = False):
-  """jax.nn.dot_product_attention; cuDNN on GPU for half-precision inputs it supports, else XLA.
-
-  A query row whose keys are all masked gets a zero output, as on the reference path (XLA's
-  softmax would average V there instead).
-  """
-  if mask is not None:
-    mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
-  out = None
-  kernel = fused_kernel(jax.default_backend(), q.dtype, causal and q.shape[1] == k.shape[1])
-  if kernel["implementation"] == "cudnn":
-    try:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, **kernel)
-    except Exception:  # pylint: disable=broad-except  # cuDNN rejects this shape/GPU at trace time
-      out = None
-  if out is None:
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
-  if mask is not None:
-    out = out * mask.any(-1).transpose(0, 2, 1)[..., None].astype(out.dtype)
-  return out
-
-
-def attend(q, k, v, mask, impl: str, causal: bool = False):
-  """softmax(Q K^T / sqrt(d_k) + M) V on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None).
-
-  ``reference`` is txf.ops.scaled_dot_product_attention (weights returned for inspection);
-  ``fused`` is jax.nn.dot_product_attention on [B, L, H, d_k] (cuDNN flash attention on GPU; no
-  weights); ``auto`` picks per backend (:func:`resolve_impl`). Both agree to float32 rounding
-  (tests/test_attention_impl.py).
-  """
-  impl = resolve_impl(impl)
-  if impl == "fused":
-    t = lambda x: x.transpose(0, 2, 1, 3)
-    return t(_fused_attention(t(q), t(k), t(v), mask, causal)), None
-  products = (dots.scores, dots.weighted) if dots.uses_bf16_units(q.dtype) else None
-  return attn_ops.scaled_dot_product_attention(q, k, v, mask, products)
 
 
 def per_source_attention(attend_fn, q, k, v, mask):
@@ -170,9 +106,9 @@ class MultiHeadAttention(nn.Module):
         return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
       return attend(q, k, v, mask, cfg.attention_impl, causal=self.kind == "causal")
 
-    out, weights = attn_ops.multi_head_attention(
+    out, weights = multi_head_attention(
         x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,
-        matmul=dots.matmul_for(dt), biases=biases)
+        biases=biases)
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
     return constrain(out, HIDDEN_AXES)

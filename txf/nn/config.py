@@ -3,9 +3,9 @@
 import dataclasses
 from typing import Any, Optional
 
-import jax
 import jax.numpy as jnp
 
+from txf import kernels
 from txf.config import base_config
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -20,10 +20,10 @@ def padded_size(size: int, multiple: int) -> int:
 def resolve_dtype(name: str, backend: Optional[str] = None) -> str:
   """The compute dtype ``model.dtype`` names: "auto" -> "bfloat16" on TPU and GPU (parameters,
   optimizer state, softmax and loss stay float32), "float32" on CPU; any other name as given.
-  ``backend``: "cpu" | "gpu" | "tpu" (default: ``jax.default_backend()``)."""
+  ``backend``: "cpu" | "gpu" | "tpu" (default: the running backend, txf.kernels.backend)."""
   if name != "auto":
     return name
-  return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+  return "float32" if (backend or kernels.backend()) == "cpu" else "bfloat16"
 
 
 # The fields the data and the run mode decide, which an experiment's ``config.model`` does not hold.

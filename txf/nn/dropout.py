@@ -1,15 +1,15 @@
-"""Dropout as a Flax module: flax's ``nn.Dropout`` with the mask drawn by txf.ops.dropout."""
+"""Dropout as a Flax module: flax's ``nn.Dropout`` with the mask drawn by txf.kernels.threefry."""
 
 from typing import Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from txf.ops import dropout as dropout_ops
+from txf import kernels
 
 
 class Dropout(nn.Dropout):
-  """flax ``nn.Dropout`` with the mask from ``txf.ops.dropout.bernoulli``: the same bits and output
+  """flax ``nn.Dropout`` with the mask from ``txf.kernels.bernoulli``: the same bits and output
   for the same key, computed as one fusible elementwise loop instead of jax's rolled threefry loop
   on CPU. The class keeps flax's name, so its auto-name (``Dropout_0``, ...) and hence its
   ``dropout`` RNG stream are those of ``nn.Dropout`` at the same place in a model."""
@@ -25,4 +25,4 @@ class Dropout(nn.Dropout):
       return jnp.zeros_like(inputs)
     if rng is None:
       rng = self.make_rng(self.rng_collection)
-    return dropout_ops.dropout(inputs, self.rate, rng, self.broadcast_dims)
+    return kernels.dropout(inputs, self.rate, rng, self.broadcast_dims)

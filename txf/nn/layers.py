@@ -5,8 +5,7 @@ from typing import Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from txf import ops
-from txf.ops import dots
+from txf import kernels, ops
 from txf.nn import kv_cache
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig, padded_size
@@ -39,9 +38,7 @@ class Embed(nn.Module):
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
     """h [B, L, d_model] -> logits [B, L, V_pad] = h E^T (padding columns included)."""
-    if dots.uses_bf16_units(h.dtype):  # f32 logits from the bf16 dot units
-      return dots.dense_nt(h, self.table.astype(h.dtype))
-    return ops.tied_logits(h, self.table.astype(h.dtype))
+    return kernels.tied_logits(h, self.table.astype(h.dtype))
 
 
 class AddPositions(nn.Module):
@@ -100,8 +97,8 @@ class FeedForward(nn.Module):
     b1 = self.param("bi", axes(nn.initializers.zeros, "mlp"), (cfg.d_ff,)).astype(dt)
     w2 = self.param("wo", axes(xavier, "mlp", "embed"), (cfg.d_ff, cfg.d_model)).astype(dt)
     b2 = self.param("bo", axes(nn.initializers.zeros, "norm"), (cfg.d_model,)).astype(dt)
-    return constrain(ops.feed_forward(x.astype(dt), w1, b1, w2, b2, matmul=dots.matmul_for(dt),
-                                      activation=cfg.activation), HIDDEN_AXES)
+    return constrain(kernels.feed_forward(x.astype(dt), w1, b1, w2, b2, activation=cfg.activation),
+                     HIDDEN_AXES)
 
 
 def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
@@ -183,7 +180,7 @@ class Decoder(nn.Module):
     memory [B, S, d_model] and memory_valid bool [B, S] for cross-attention (None at cached steps).
     ``project=False``: (final hidden states h [B, T, d_model], output table W [V_pad, d_model],
     padding rows included: the loss must ignore rows >= V_target) instead, logits = h W^T (for a
-    loss that fuses the projection, ``txf.ops.head_cross_entropy``).
+    loss that fuses the projection, ``txf.kernels.head_cross_entropy``).
     """
     cfg = self.config
     length = decoder_inputs.shape[1]
@@ -209,7 +206,7 @@ class Decoder(nn.Module):
                      (cfg.d_model, cfg.padded_tgt_vocab_size))
       if not project:
         return y, w.astype(y.dtype).T
-      logits = (dots.matmul_for(y.dtype) or jnp.matmul)(y, w.astype(y.dtype))
+      logits = kernels.dense(y, w.astype(y.dtype))
     logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
     # the padding columns of a padded vocabulary (model.vocab_multiple) are cut off: never predicted
     if logits.shape[-1] > cfg.tgt_vocab_size:

@@ -62,38 +62,46 @@ def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
   return out
 
 
-def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                                 mask: Optional[jnp.ndarray] = None,
-                                 products: Optional[Tuple[Callable, Callable]] = None
-                                 ) -> Tuple[jnp.ndarray, jnp.ndarray]:
-  r"""Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V.
+def attention_weights(logits: jnp.ndarray, mask: Optional[jnp.ndarray], dtype) -> jnp.ndarray:
+  r"""softmax(logits + M) over the last axis, computed in float32 and returned in ``dtype``.
 
-  $$\operatorname{Attention}(Q, K, V) = \operatorname{softmax}\Big(\frac{QK^\top}{\sqrt{d_k}} + M\Big)V$$
+  $$w_{ij} = \frac{[M_{ij}]\, e^{s_{ij}}}{\sum_{j'} [M_{ij'}]\, e^{s_{ij'}}}$$
 
   Masked logits get the most negative finite value, so masked keys get exactly 0 weight; a row
-  with every key masked returns zero weights and a zero output (never NaN).
+  with every key masked gets zero weights (never NaN).
 
   Args:
-    q: [..., L_q, d_k]; k: [..., L_k, d_k]; v: [..., L_k, d_v].
-    mask: bool, broadcastable to [..., L_q, L_k]; True = may attend.
-    products: optional ``(scores(q, k) = Q Kᵀ, weighted(p, v) = P V)`` (txf.ops.dots.scores,
-      .weighted: float32 logits); default einsums in q's dtype.
+    logits: [..., L_q, L_k]; mask: bool broadcastable to it (True = may attend) or None.
   Returns:
-    (output [..., L_q, d_v], weights [..., L_q, L_k]) with each unmasked row of weights summing to 1.
+    weights [..., L_q, L_k] in ``dtype``, each unmasked row summing to 1.
   """
-  d_k = q.shape[-1]
-  if products is not None:
-    logits = products[0](q, k) / jnp.sqrt(jnp.float32(d_k))
-  else:
-    logits = jnp.einsum("...qd,...kd->...qk", q, k) / jnp.sqrt(jnp.asarray(d_k, q.dtype))
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
   weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   if mask is not None:
     weights = jnp.where(mask, weights, 0.0)  # a fully masked row becomes all zeros
-  weights = weights.astype(v.dtype)
-  if products is not None:
-    return products[1](weights, v), weights
+  return weights.astype(dtype)
+
+
+def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                                 mask: Optional[jnp.ndarray] = None
+                                 ) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  r"""Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V.
+
+  $$\operatorname{Attention}(Q, K, V) = \operatorname{softmax}\Big(\frac{QK^\top}{\sqrt{d_k}} + M\Big)V$$
+
+  The softmax is :func:`attention_weights` (float32; masked keys get exactly 0 weight, a row with
+  every key masked returns zero weights and a zero output, never NaN).
+
+  Args:
+    q: [..., L_q, d_k]; k: [..., L_k, d_k]; v: [..., L_k, d_v].
+    mask: bool, broadcastable to [..., L_q, L_k]; True = may attend.
+  Returns:
+    (output [..., L_q, d_v], weights [..., L_q, L_k]) with each unmasked row of weights summing to 1.
+  """
+  d_k = q.shape[-1]
+  logits = jnp.einsum("...qd,...kd->...qk", q, k) / jnp.sqrt(jnp.asarray(d_k, q.dtype))
+  weights = attention_weights(logits, mask, v.dtype)
   return jnp.einsum("...qk,...kd->...qd", weights, v), weights
 
 
@@ -126,7 +134,6 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
                          mask: Optional[jnp.ndarray] = None, *,
                          kv_hook: Optional[Callable] = None,
                          attention_fn: Callable = scaled_dot_product_attention,
-                         matmul: Optional[Callable] = None,
                          biases: Optional[Tuple[jnp.ndarray, ...]] = None
                          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   r"""MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
@@ -137,8 +144,8 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
   With d_k = d_v = d_model / h, the per-head projections W_i^Q are the column blocks of ``w_q``
   (given as [d_model, h*d_k], or already as blocks [d_model, h, d_k] with W_i^Q = w_q[:, i]); W^O
   likewise [h*d_v, d_model] or [h, d_v, d_model]. The model (txf.nn.MultiHeadAttention) runs this
-  function; its two hooks are where a KV cache and another attention kernel plug in, without
-  changing the maths.
+  function (or, for bf16 on CPU, its restatement in txf.kernels.bf16); its two hooks are where a
+  KV cache and another attention kernel plug in, without changing the maths.
 
   Args:
     x_q: [B, L_q, d_model] queries; x_kv: [B, L_k, d_model] keys/values (x_q itself for
@@ -151,9 +158,6 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
       appends this step's keys and returns all cached positions with their mask.
     attention_fn: ``(q, k, v, mask) -> (out [B, h, L_q, d_v], weights [B, h, L_q, L_k] or None)``;
       default :func:`scaled_dot_product_attention`.
-    matmul: ``(x [..., K], w [K, M]) -> [..., M]`` (e.g. txf.ops.dots.dense): the projections
-      then run as products with the flattened kernels [d_model, h*d_k] and [h*d_v, d_model];
-      default: einsums with the per-head kernels.
     biases: optional (b_q, b_k, b_v [h*d_k], b_o [d_model]) added after each projection
       (Q = x_q W^Q + b_q, ..., output Concat(...) W^O + b_o), as Marian/BART attention has;
       None: no biases, as in the paper.
@@ -164,10 +168,7 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
 
   def heads(x, w, bias=None):  # [B, L, d_model] -> [B, h, L, d_k]: the h projections, then split
     b, l, _ = x.shape
-    if matmul is not None:
-      projected = matmul(x, w.reshape(w.shape[0], -1))
-    else:
-      projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1)).reshape(b, l, -1)
+    projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1)).reshape(b, l, -1)
     if bias is not None:
       projected = projected + bias.reshape(-1)
     return split_heads(projected, num_heads)
@@ -180,9 +181,6 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
     k, v, mask = kv_hook(k, v, mask)
   out, weights = attention_fn(q, k, v, mask)
   concat = merge_heads(out)  # [B, L_q, h*d_v]
-  if matmul is not None:
-    projected = matmul(concat, w_o.reshape(-1, w_o.shape[-1]))
-  else:
-    w_o = _per_head(w_o, num_heads, 0)
-    projected = jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o)
+  w_o = _per_head(w_o, num_heads, 0)
+  projected = jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o)
   return (projected if b_o is None else projected + b_o), weights

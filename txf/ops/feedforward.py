@@ -1,7 +1,5 @@
 """Position-wise feed-forward network (section 3.3)."""
 
-from typing import Callable, Optional
-
 import jax
 import jax.numpy as jnp
 
@@ -13,8 +11,7 @@ ACTIVATIONS = {"relu": jax.nn.relu, "gelu": lambda z: jax.nn.gelu(z, approximate
 
 
 def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
-                 b2: jnp.ndarray, matmul: Optional[Callable] = None,
-                 activation: str = "relu") -> jnp.ndarray:
+                 b2: jnp.ndarray, activation: str = "relu") -> jnp.ndarray:
   r"""FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately.
 
   $$\operatorname{FFN}(x) = \max(0,\, xW_1 + b_1)\,W_2 + b_2$$
@@ -24,18 +21,11 @@ def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarr
 
   Args:
     x: [..., d_model]; w1: [d_model, d_ff]; b1: [d_ff]; w2: [d_ff, d_model]; b2: [d_model].
-    matmul: ``(x [..., K], w [K, M]) -> [..., M]`` for the two products (e.g.
-      txf.ops.dots.dense); default ``x @ w``.
   Returns:
     [..., d_model].
   """
   if activation != "relu":
-    f = ACTIVATIONS[activation]
-    if matmul is not None:
-      return matmul(f(matmul(x, w1) + b1), w2) + b2
-    return f(x @ w1 + b1) @ w2 + b2
-  if matmul is not None:
-    return matmul(jax.nn.relu(matmul(x, w1) + b1), w2) + b2
+    return ACTIVATIONS[activation](x @ w1 + b1) @ w2 + b2
   # jax.nn.relu = max(0, .) with the gradient select(z > 0, g, 0); jnp.maximum's gradient splits
   # ties with compares and a divide, which made the FFN's backward ~25% slower on CPU (BENCHMARKS.md).
   return jax.nn.relu(x @ w1 + b1) @ w2 + b2

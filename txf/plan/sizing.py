@@ -24,7 +24,7 @@ import numpy as np
 from txf.models.flops import model_train_flops
 from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
-from txf.nn.attention import resolve_impl
+from txf.kernels import resolve_impl
 from txf.nn.config import resolve_dtype
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner

@@ -1,4 +1,5 @@
-"""Matrix products for bfloat16 compute on CPU, laid out for the CPU's bf16 dot units.
+"""Matrix products for bfloat16 compute on CPU, laid out for the CPU's bf16 dot units (the
+``bf16_dots="layout"`` kernels of txf.kernels.select).
 
 XLA:CPU (jaxlib 0.10.2) runs a dot on YNNPACK's bf16 kernels (AVX512-BF16 where the CPU has it)
 only when (measured, and read in the compiled HLO; BENCHMARKS.md):
@@ -20,8 +21,6 @@ contracts the lhs on dim 0 after it has decided the dtypes, and that bf16 dot th
 time (``Unsupported element type for DotThunk``).
 """
 
-from typing import Callable, Optional
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -29,18 +28,6 @@ from jax.experimental.layout import Layout, with_layout_constraint
 
 NN = ((1,), (0,))  # contract lhs dim 1 with rhs dim 0: a @ b
 NT = ((1,), (1,))  # contract lhs dim 1 with rhs dim 1: a @ b.T
-
-
-def uses_bf16_units(dtype) -> bool:
-  """True when the model's dots in ``dtype`` go through :func:`dense`/:func:`dense_nt`: bfloat16
-  compute on the CPU backend (elsewhere XLA's own dots are used unchanged)."""
-  return jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu"
-
-
-def matmul_for(dtype) -> Optional[Callable]:
-  """:func:`dense` where :func:`uses_bf16_units` (the ``matmul`` the ops take), else None
-  (their default ``x @ w``)."""
-  return dense if uses_bf16_units(dtype) else None
 
 
 def transposed(x: jnp.ndarray) -> jnp.ndarray:

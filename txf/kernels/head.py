@@ -1,4 +1,5 @@
-"""The output head and its loss in one op: logits = h E^T, label-smoothed cross-entropy, the
+"""A fused kernel for the output head and its loss (the formulas of txf.ops.tied_logits and
+txf.ops.label_smoothed_cross_entropy, computed together):  logits = h E^T, label-smoothed cross-entropy, the
 unsmoothed NLL and the argmax-correct count, with the gradients w.r.t. h and E computed in the
 same pass (a custom VJP), so the [N, V] logits and their gradient are each made once."""
 
@@ -8,7 +9,8 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from txf.ops import dots
+from txf.kernels import dots
+from txf.kernels.select import select
 
 
 def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool, vocab: int):
@@ -16,7 +18,7 @@ def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool, vocab:
   loss sum w.r.t. the logits, and g E, g^T h). h [R, d]; table [V_pad, d]; targets int [R];
   weights [R]; ``vocab``: the real V <= V_pad (rows >= V are padding: logits -inf, q = 0)."""
   rows = table.shape[0]
-  bf16 = dots.uses_bf16_units(h.dtype)  # bf16 compute on CPU: the dot forms of txf.ops.dots
+  bf16 = select(h.dtype).layout_dots  # bf16 compute on CPU: the dot forms of txf.kernels.dots
   z = dots.dot_nt(h, table) if bf16 else jnp.dot(h, table.T).astype(jnp.float32)  # [R, V_pad]
   iota = jnp.arange(rows, dtype=targets.dtype)[None, :]
   real = iota < vocab if vocab < rows else None

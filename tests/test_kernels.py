@@ -1,0 +1,131 @@
+"""txf.kernels: the one selection function, and each kernel against the txf.ops formula it replaces."""
+
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txf import kernels, ops
+from txf.kernels import bf16
+
+RS = np.random.RandomState(0)
+
+
+def _bf16(*shape):
+  """A bf16 array and the same values in float32 (the formula's input, so only the kernel rounds)."""
+  x = jnp.asarray(RS.randn(*shape), jnp.bfloat16)
+  return x, x.astype(jnp.float32)
+
+
+def _close(got, want, rtol=2e-2):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-6)
+  assert err < rtol, err
+
+
+def test_only_the_selection_module_asks_for_the_backend():
+  root = pathlib.Path(kernels.__file__).parents[1]
+  callers = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if "default_backend()" in p.read_text() and "bench" not in p.parts]
+  assert callers == ["kernels/select.py"], callers
+
+
+def test_cpu_choices_and_overrides():
+  assert jax.default_backend() == "cpu"
+  assert kernels.select("bfloat16").layout_dots and not kernels.select("float32").layout_dots
+  assert kernels.select().attention_auto == "reference" and kernels.resolve_impl("auto") == "reference"
+  with kernels.use(bf16_dots="xla", top_k="lax"):
+    assert not kernels.select("bfloat16").layout_dots and kernels.select().top_k == "lax"
+    assert kernels.select("float32").bf16_dots == "xla"   # float32 compute never takes bf16 dots
+  assert kernels.select("bfloat16").layout_dots and kernels.select().top_k == "blocked"
+  with pytest.raises(ValueError, match="unknown kernel choice"):
+    with kernels.use(bf16_dots="fast"):
+      pass
+  info = kernels.describe()
+  assert info["jax"] == jax.__version__ and info["bf16_dots"] == "layout"
+
+
+def test_accelerator_choices(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  chosen = kernels.select("bfloat16")
+  assert (chosen.backend, chosen.bf16_dots, chosen.attention_auto, chosen.dropout_mask,
+          chosen.top_k) == ("gpu", "xla", "fused", "jax", "lax")
+  assert kernels.resolve_impl("auto") == "fused" and kernels.resolve_impl("reference") == "reference"
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_bf16_attention_matches_the_formula(with_mask):
+  (q, q32), (k, k32), (v, v32) = _bf16(2, 3, 5, 8), _bf16(2, 3, 7, 8), _bf16(2, 3, 7, 8)
+  mask = jnp.asarray(RS.rand(2, 1, 5, 7) > 0.3) if with_mask else None
+  if with_mask:
+    mask = mask.at[0, 0, 1].set(False)   # a fully masked row: zero weights, zero output
+  out, weights = jax.jit(bf16.scaled_dot_product_attention)(q, k, v, mask)
+  want_out, want_weights = ops.scaled_dot_product_attention(q32, k32, v32, mask)
+  assert out.dtype == jnp.bfloat16
+  _close(out, want_out)
+  _close(weights, want_weights)
+  if with_mask:
+    assert float(jnp.abs(out[0, :, 1]).max()) == 0.0
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_bf16_feed_forward_matches_the_formula(activation):
+  (x, x32), (w1, w132), (w2, w232) = _bf16(2, 4, 16), _bf16(16, 32), _bf16(32, 16)
+  (b1, b132), (b2, b232) = _bf16(32), _bf16(16)
+  got = jax.jit(bf16.feed_forward, static_argnums=5)(x, w1, b1, w2, b2, activation)
+  _close(got, ops.feed_forward(x32, w132, b132, w232, b232, activation=activation))
+
+
+def test_bf16_multi_head_attention_matches_the_formula_with_biases_and_a_kv_hook():
+  (x, x32), (m, m32) = _bf16(2, 5, 16), _bf16(2, 6, 16)
+  ws = [_bf16(16, 4, 4) for _ in range(3)] + [_bf16(4, 4, 16)]
+  bs = [_bf16(4, 4) for _ in range(3)] + [_bf16(16)]
+  seen = []
+  hook = lambda k, v, mask: (seen.append(k.shape) or (k, v, mask))
+  got, _ = bf16.multi_head_attention(x, m, *(w for w, _ in ws), 4, None, kv_hook=hook,
+                                     biases=tuple(b for b, _ in bs))
+  want, _ = ops.multi_head_attention(x32, m32, *(w for _, w in ws), 4, None, kv_hook=hook,
+                                     biases=tuple(b for _, b in bs))
+  assert seen == [(2, 4, 6, 4)] * 2
+  _close(got, want)
+
+
+def test_bf16_logits_and_dense_match_the_formulas():
+  (h, h32), (e, e32), (w, w32) = _bf16(3, 4, 16), _bf16(40, 16), _bf16(16, 40)
+  logits = kernels.tied_logits(h, e)
+  assert logits.dtype == jnp.float32          # float32 logits from the bf16 products
+  _close(logits, ops.tied_logits(h32, e32))
+  _close(kernels.dense(h, w), h32 @ w32)
+  with kernels.use(bf16_dots="xla"):
+    assert kernels.tied_logits(h, e).dtype == jnp.bfloat16   # the formula itself, in bf16
+
+
+def test_dropout_kernel_equals_the_formula_bit_for_bit():
+  x = jnp.asarray(RS.randn(6, 5, 8), jnp.float32)
+  key = jax.random.key(3)
+  for dims in [(), (1,), (-1,)]:
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda a, k: kernels.dropout(a, 0.3, k, dims))(x, key)),
+                                  np.asarray(ops.dropout(x, 0.3, key, dims)))
+
+
+def test_top_k_kernel_equals_lax_top_k():
+  x = jnp.asarray(RS.randint(0, 50, (3, 2, 1280)), jnp.float32)   # many ties
+  values, ids = kernels.top_k(x, 4)
+  want_values, want_ids = jax.lax.top_k(x, 4)
+  np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values))
+  np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
+  with kernels.use(top_k="lax"):
+    assert "reduce_max" not in str(jax.make_jaxpr(lambda a: kernels.top_k(a, 4))(x))
+  assert "reduce_max" in str(jax.make_jaxpr(lambda a: kernels.top_k(a, 4))(x))
+
+
+def test_ops_hold_formulas_only():
+  # no product hooks in the formulas: the backend's ways of computing them live in txf.kernels
+  root = pathlib.Path(ops.__file__).parent
+  for path in root.glob("*.py"):
+    text = path.read_text()
+    assert not re.search(r"\b(matmul|products)\s*[:=]", text), path.name
+    assert not re.search(r"^\s*(from|import) txf\.kernels", text, re.M), path.name

@@ -1,0 +1,89 @@
+"""Attention kernels and the one dispatch the model calls: the reference formula (txf.ops), its
+bf16 CPU restatement (txf.kernels.bf16), or a fused ``jax.nn.dot_product_attention`` (cuDNN flash
+attention on GPU, XLA's own elsewhere)."""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from txf import ops
+from txf.kernels import bf16
+from txf.kernels.select import backend, select
+
+
+def resolve_impl(impl: str, backend_name: Optional[str] = None) -> str:
+  """``model.attention_impl``: "auto" -> the backend's choice (:func:`txf.kernels.select`'s
+  ``attention_auto``: "fused" on GPU/TPU, "reference" on CPU); any other name as given.
+
+  ``backend_name``: "cpu" | "gpu" | "tpu" (default: the running backend)."""
+  if impl != "auto":
+    return impl
+  return select(None, backend_name).attention_auto
+
+
+def fused_kernel(backend_name: str, dtype, causal: bool) -> dict:
+  """The keyword arguments of ``jax.nn.dot_product_attention`` for the fused path on ``backend_name``.
+
+  GPU with bf16/fp16 inputs: ``implementation="cudnn"`` (flash attention), with ``is_causal`` for
+  causal self-attention (the padding/segment mask is passed beside it); everything else, TPU
+  included: ``implementation="xla"``, XLA's own fused attention, the mask alone. The CPU path is
+  the XLA one (tests/test_accelerator_defaults.py).
+  """
+  if backend_name == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return {"implementation": "cudnn", "is_causal": bool(causal)}
+  return {"implementation": "xla"}
+
+
+def fused_attention(q, k, v, mask, causal: bool = False):
+  """softmax(Q K^T / sqrt(d_k) + M) V by ``jax.nn.dot_product_attention`` on [B, L, H, d_k]: cuDNN
+  on GPU for the half-precision inputs it supports, XLA otherwise.
+
+  A query row whose keys are all masked gets a zero output, as on the reference path (XLA's
+  softmax would average V there instead). Returns [B, L_q, H, d_v].
+  """
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
+  out = None
+  kernel = fused_kernel(backend(), q.dtype, causal and q.shape[1] == k.shape[1])
+  if kernel["implementation"] == "cudnn":
+    try:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, **kernel)
+    except Exception:  # pylint: disable=broad-except  # cuDNN rejects this shape/GPU at trace time
+      out = None
+  if out is None:
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+  if mask is not None:
+    out = out * mask.any(-1).transpose(0, 2, 1)[..., None].astype(out.dtype)
+  return out
+
+
+def attend(q, k, v, mask, impl: str, causal: bool = False):
+  """softmax(Q K^T / sqrt(d_k) + M) V on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None).
+
+  ``reference`` is txf.ops.scaled_dot_product_attention (its bf16 CPU restatement where
+  :func:`select` says ``layout`` dots; weights returned for inspection); ``fused`` is
+  :func:`fused_attention` (no weights); ``auto`` picks per backend (:func:`resolve_impl`). Both
+  agree to float32 rounding (tests/test_attention_impl.py).
+  """
+  impl = resolve_impl(impl)
+  if impl == "fused":
+    t = lambda x: x.transpose(0, 2, 1, 3)
+    return t(fused_attention(t(q), t(k), t(v), mask, causal)), None
+  return scaled_dot_product_attention(q, k, v, mask)
+
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+  """The reference attention formula for q's dtype: txf.ops's, or txf.kernels.bf16's where
+  :func:`select` says ``layout`` dots. Shapes as ``txf.ops.scaled_dot_product_attention``."""
+  if select(q.dtype).layout_dots:
+    return bf16.scaled_dot_product_attention(q, k, v, mask)
+  return ops.scaled_dot_product_attention(q, k, v, mask)
+
+
+def multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask=None, **hooks):
+  """``txf.ops.multi_head_attention`` (same arguments), or its bf16 CPU restatement where
+  :func:`select` says ``layout`` dots for x_q's dtype."""
+  if select(x_q.dtype).layout_dots:
+    return bf16.multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask, **hooks)
+  return ops.multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask, **hooks)

@@ -1,0 +1,76 @@
+"""The paper's formulas restated with the bf16 CPU products of txf.kernels.dots.
+
+Each function computes the same maths as its txf.ops counterpart (tests/test_kernels.py checks each
+against it), with every matrix product a :mod:`txf.kernels.dots` product: bf16 operands, float32
+accumulation, results rounded to the compute dtype (attention logits and output logits float32).
+"""
+
+from typing import Callable, Optional, Tuple
+
+import jax.numpy as jnp
+
+from txf.kernels import dots
+from txf.ops.attention import attention_weights, merge_heads, split_heads
+from txf.ops.feedforward import ACTIVATIONS
+
+
+def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                                 mask: Optional[jnp.ndarray] = None
+                                 ) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """softmax(Q K^T / sqrt(d_k) + M) V (``txf.ops.scaled_dot_product_attention``) with float32
+  logits from :func:`txf.kernels.dots.scores` and the output from :func:`~txf.kernels.dots.weighted`.
+
+  q [..., L_q, d_k]; k [..., L_k, d_k]; v [..., L_k, d_v] -> (out [..., L_q, d_v], weights).
+  """
+  logits = dots.scores(q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+  weights = attention_weights(logits, mask, v.dtype)
+  return dots.weighted(weights, v), weights
+
+
+def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
+                 b2: jnp.ndarray, activation: str = "relu") -> jnp.ndarray:
+  """FFN(x) = f(x W1 + b1) W2 + b2 (``txf.ops.feed_forward``) with :func:`txf.kernels.dots.dense`.
+
+  x [..., d_model]; w1 [d_model, d_ff]; w2 [d_ff, d_model] -> [..., d_model].
+  """
+  return dots.dense(ACTIVATIONS[activation](dots.dense(x, w1) + b1), w2) + b2
+
+
+def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp.ndarray,
+                         w_k: jnp.ndarray, w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
+                         mask: Optional[jnp.ndarray] = None, *,
+                         kv_hook: Optional[Callable] = None,
+                         attention_fn: Callable = scaled_dot_product_attention,
+                         biases: Optional[Tuple[jnp.ndarray, ...]] = None
+                         ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
+  """Concat(head_1..head_h) W^O (``txf.ops.multi_head_attention``, same arguments and hooks) with
+  the projections as :func:`txf.kernels.dots.dense` products on the flattened kernels
+  [d_model, h*d_k] and [h*d_v, d_model].
+
+  x_q [B, L_q, d_model]; x_kv [B, L_k, d_model] or None -> (out [B, L_q, d_model], weights).
+  """
+  b_q, b_k, b_v, b_o = biases if biases is not None else (None,) * 4
+
+  def heads(x, w, bias=None):  # [B, L, d_model] -> [B, h, L, d_k]
+    projected = dots.dense(x, w.reshape(w.shape[0], -1))
+    return split_heads(projected if bias is None else projected + bias.reshape(-1), num_heads)
+
+  q = heads(x_q, w_q, b_q)
+  k = v = None
+  if x_kv is not None:
+    k, v = heads(x_kv, w_k, b_k), heads(x_kv, w_v, b_v)
+  if kv_hook is not None:
+    k, v, mask = kv_hook(k, v, mask)
+  out, weights = attention_fn(q, k, v, mask)
+  projected = dots.dense(merge_heads(out), w_o.reshape(-1, w_o.shape[-1]))
+  return (projected if b_o is None else projected + b_o), weights
+
+
+def tied_logits(h: jnp.ndarray, table: jnp.ndarray) -> jnp.ndarray:
+  """h E^T (``txf.ops.tied_logits``) as float32 logits: h [..., d], E [V, d] -> [..., V]."""
+  return dots.dense_nt(h, table)
+
+
+def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+  """x W in x's dtype (float32 accumulation): x [..., K], w [K, M] -> [..., M]."""
+  return dots.dense(x, w)

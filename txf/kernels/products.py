@@ -1,0 +1,31 @@
+"""The model's matrix-product formulas, dispatched once on :func:`txf.kernels.select`: txf.ops's
+formula, or its bf16 CPU restatement in txf.kernels.bf16."""
+
+import jax.numpy as jnp
+
+from txf import ops
+from txf.kernels import bf16
+from txf.kernels.select import select
+
+
+def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
+                 b2: jnp.ndarray, activation: str = "relu") -> jnp.ndarray:
+  """FFN(x) = f(x W1 + b1) W2 + b2 (``txf.ops.feed_forward``): x [..., d_model] -> [..., d_model]."""
+  if select(x.dtype).layout_dots:
+    return bf16.feed_forward(x, w1, b1, w2, b2, activation)
+  return ops.feed_forward(x, w1, b1, w2, b2, activation=activation)
+
+
+def tied_logits(h: jnp.ndarray, table: jnp.ndarray) -> jnp.ndarray:
+  """logits = h E^T (``txf.ops.tied_logits``): h [..., d], E [V, d] -> [..., V] (float32 from the
+  bf16 CPU products, h's dtype otherwise)."""
+  if select(h.dtype).layout_dots:
+    return bf16.tied_logits(h, table)
+  return ops.tied_logits(h, table)
+
+
+def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+  """x W: x [..., K], w [K, M] -> [..., M] in x's dtype."""
+  if select(x.dtype).layout_dots:
+    return bf16.dense(x, w)
+  return jnp.matmul(x, w)

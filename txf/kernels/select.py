@@ -1,0 +1,106 @@
+"""The one place that chooses kernels for the backend, the jax version and the compute dtype.
+
+Every backend- or version-dependent choice of txf is read from :func:`select` (and the backend from
+:func:`backend`, the only call of ``jax.default_backend()`` in the package). The choices are made at
+trace time, so a compiled step keeps the kernels it was traced with. :func:`describe` gives the
+choices as a dict for ``txf info`` and the bench JSON; :func:`use` overrides them for a block (a
+benchmark comparing two kernels; tests comparing a kernel with the formula it replaces).
+"""
+
+import contextlib
+import dataclasses
+from typing import Dict, Iterator, Optional
+
+import jax
+import jax.numpy as jnp
+
+# The kinds of bf16 matrix product on CPU (see txf.kernels.dots and BENCHMARKS.md):
+#   "layout": bf16 operands, float32 accumulation and result, transposed operands as row-major copies;
+#   "xla":    XLA's own dot in the operands' dtype (what a plain ``x @ w`` compiles to).
+BF16_DOTS = ("layout", "xla")
+ATTENTION_IMPLS = ("reference", "fused")
+DROPOUT_MASKS = ("threefry-slab", "jax")
+TOP_KS = ("blocked", "lax")
+
+# What the CPU runs, measured with `txf bench` (BENCHMARKS.md, "kernel choices"): attention as the
+# reference formula (the fused XLA path costs as much or more CPU time at the bench sizes), the
+# unrolled threefry dropout mask, beam search's top-k through block maxima.
+CPU_CHOICES = {"attention_auto": "reference", "dropout_mask": "threefry-slab", "top_k": "blocked"}
+ACCELERATOR_CHOICES = {"attention_auto": "fused", "dropout_mask": "jax", "top_k": "lax"}
+
+_overrides: Dict[str, str] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """The kernels for one compute dtype on one backend.
+
+  Attributes:
+    backend: "cpu" | "gpu" | "tpu".
+    bf16_dots: for bf16 compute on CPU, ``BF16_DOTS``' "layout" or "xla"; "xla" everywhere else.
+    attention_auto: what ``model.attention_impl='auto'`` runs: "reference" (txf.ops's formula) or
+      "fused" (``jax.nn.dot_product_attention``: cuDNN flash attention on GPU for bf16/fp16).
+    dropout_mask: "threefry-slab" (txf.kernels.threefry's unrolled threefry, equal bits) or "jax"
+      (``jax.random.bernoulli``).
+    top_k: beam search's top-k: "blocked" (through block maxima, equal result) or "lax".
+  """
+  backend: str
+  bf16_dots: str
+  attention_auto: str
+  dropout_mask: str
+  top_k: str
+
+  @property
+  def layout_dots(self) -> bool:
+    """True when the model's products run through txf.kernels.dots (bf16 compute on CPU)."""
+    return self.bf16_dots == "layout"
+
+
+def backend() -> str:
+  """The default backend's platform name: "cpu", "gpu" or "tpu" (``jax.default_backend()``)."""
+  return jax.default_backend()
+
+
+def default_bf16_dots(backend_name: str) -> str:
+  """The bf16 product kind for ``backend_name``: "layout" on CPU (XLA:CPU runs a bf16 dot on its
+  bf16 units only with float32 accumulation and row-major operands, and converts both operands to
+  float32 otherwise), "xla" on GPU/TPU."""
+  return "layout" if backend_name == "cpu" else "xla"
+
+
+def select(dtype=None, backend_name: Optional[str] = None) -> Kernels:
+  """The kernels for compute ``dtype`` (None: float32) on ``backend_name`` (None: :func:`backend`),
+  with any :func:`use` override applied."""
+  name = backend_name or backend()
+  choices = dict(CPU_CHOICES if name == "cpu" else ACCELERATOR_CHOICES)
+  bf16 = dtype is not None and jnp.dtype(dtype) == jnp.bfloat16
+  choices["bf16_dots"] = default_bf16_dots(name) if bf16 else "xla"
+  for key, value in _overrides.items():
+    if key != "bf16_dots" or bf16:
+      choices[key] = value
+  return Kernels(backend=name, **choices)
+
+
+def describe(dtype=None) -> Dict[str, str]:
+  """The choices of :func:`select` for ``dtype`` (default bfloat16, where they differ most) with
+  the jax version, as a flat dict: ``txf info`` prints it, the bench JSON records it."""
+  chosen = dataclasses.asdict(select(jnp.bfloat16 if dtype is None else dtype))
+  return {"jax": jax.__version__, **chosen}
+
+
+@contextlib.contextmanager
+def use(**choices: str) -> Iterator[None]:
+  """Within the block, :func:`select` returns these choices (fields of :class:`Kernels` other than
+  ``backend``; ``bf16_dots`` applies to bf16 compute only). Trace inside the block."""
+  allowed = {"bf16_dots": BF16_DOTS, "attention_auto": ATTENTION_IMPLS,
+             "dropout_mask": DROPOUT_MASKS, "top_k": TOP_KS}
+  for key, value in choices.items():
+    if key not in allowed or value not in allowed[key]:
+      raise ValueError(f"unknown kernel choice {key}={value!r}; choose from {allowed}")
+  saved = dict(_overrides)
+  _overrides.update(choices)
+  try:
+    yield
+  finally:
+    _overrides.clear()
+    _overrides.update(saved)
