@@ -20,8 +20,9 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from bench import train as train_bench
-from txf.config import ConfigError
 from bench.decode import decode_benchmark
+from txf import kernels
+from txf.config import ConfigError
 from txf.kernels import resolve_impl
 
 
@@ -36,7 +37,8 @@ def uptime() -> str:
 def run_benchmarks(configs: Sequence[str] = ("small", "base"), steps: int = 5,
                    dtypes: Sequence[str] = ("float32",), attention_impls: Sequence[str] = ("auto",),
                    decode: bool = True, decode_batch: int = 8, decode_length: int = 32,
-                   beam_size: int = 4, peak_size: int = 2048, say=print) -> Dict[str, object]:
+                   beam_size: int = 4, peak_size: int = 2048, say=print,
+                   bf16_dots: Sequence[str] = ("auto",)) -> Dict[str, object]:
   """Run everything; returns the JSON-able results (``say`` gets progress lines).
 
   Args:
@@ -46,11 +48,14 @@ def run_benchmarks(configs: Sequence[str] = ("small", "base"), steps: int = 5,
     attention_impls: model.attention_impl values to time ("auto", "reference", "fused").
     decode: also time decoding (greedy and beam ``beam_size``, ``decode_batch`` sources,
       ``decode_length`` output tokens; first dtype and attention_impl).
+    bf16_dots: for bfloat16 rows, the kinds of bf16 product to time ("auto": what
+      ``txf.kernels.select`` chooses; "layout", "xla": txf.kernels.BF16_DOTS), one row each.
   """
   import jax
 
   started = time.time()
   results: Dict[str, object] = {"command": " ".join(sys.argv), "machine": train_bench.machine_info(),
+                                "kernels": kernels.describe(),
                                 "uptime_start": uptime(), "peaks": {}, "train": [], "decode": []}
   say(f"machine: {results['machine']['cpu']}, {results['machine']['cpu_count']} cores, "
       f"SIMD {','.join(results['machine']['simd'])}, jax {jax.__version__}; {results['uptime_start']}")
@@ -65,14 +70,19 @@ def run_benchmarks(configs: Sequence[str] = ("small", "base"), steps: int = 5,
     shape = train_bench.BENCH_CONFIGS[name]
     for dtype in dtypes:
       for impl in attention_impls:
-        cfg = train_bench.config_for(name, dtype, impl)
-        say(f"train {name} {dtype} attention {impl} ({resolve_impl(impl)}) ...")
-        row = train_bench.train_benchmark(name, cfg, shape["batch"], shape["source_len"],
-                                          shape["target_len"], steps=steps, peaks=peaks,
-                                          probes=probes)
-        row["attention_resolved"] = resolve_impl(impl)
-        results["train"].append(row)
-        say("  " + _train_line(row))
+        for dots in (bf16_dots if dtype == "bfloat16" else ("auto",)):
+          choice = {} if dots == "auto" else {"bf16_dots": dots}
+          with kernels.use(**choice):  # the step is traced and compiled inside
+            cfg = train_bench.config_for(name, dtype, impl)
+            chosen = kernels.describe(dtype)
+            say(f"train {name} {dtype} attention {impl} ({resolve_impl(impl)}), "
+                f"dots {chosen['bf16_dots']} ...")
+            row = train_bench.train_benchmark(name, cfg, shape["batch"], shape["source_len"],
+                                              shape["target_len"], steps=steps, peaks=peaks,
+                                              probes=probes)
+          row.update(attention_resolved=resolve_impl(impl), kernels=chosen)
+          results["train"].append(row)
+          say("  " + _train_line(row))
     if decode:
       cfg = train_bench.config_for(name, dtypes[0], attention_impls[0])
       say(f"decode {name}: batch {decode_batch}, {decode_length} tokens, greedy and beam {beam_size} ...")
@@ -107,7 +117,7 @@ def format_report(results: Dict[str, object]) -> str:
   for dtype, p in results["peaks"].items():
     lines.append(f"matmul peak {dtype:<8} {p['gflops_best']:7.1f} GFLOP/s best, {p['gflops_median']:7.1f} "
                  f"median, {p['gflops_per_cpu_s']:6.1f} per CPU-second  (load {p['load_before']})")
-  head = (f"{'config':<6} {'dtype':<8} {'attn':<9} {'compile s':>9} {'step s':>7} {'median':>7} "
+  head = (f"{'config':<6} {'dtype':<8} {'attn':<9} {'dots':<6} {'compile s':>9} {'step s':>7} {'median':>7} "
           f"{'tgt tok/s':>9} {'all tok/s':>9} {'GFLOP/step':>10} {'XLA GFLOP':>9} {'GFLOP/s':>8} "
           f"{'MFU32':>6} {'MFUbf16':>7} {'MFUcpu':>6} {'peak MiB':>8} {'RSS MiB':>8} {'load':>11}")
   lines += ["", head, "-" * len(head)]
@@ -116,7 +126,8 @@ def format_report(results: Dict[str, object]) -> str:
     mfu_cpu = r["model_gflops_per_cpu_s"] / fp32_cpu if fp32_cpu else float("nan")
     xla = r["flops_xla"] / 1e9 if r["flops_xla"] else float("nan")
     lines.append(
-        f"{r['config']:<6} {r['dtype']:<8} {r['attention_resolved'][:9]:<9} {r['compile_s']:>9.1f} "
+        f"{r['config']:<6} {r['dtype']:<8} {r['attention_resolved'][:9]:<9} "
+        f"{r.get('kernels', {}).get('bf16_dots', '')[:6]:<6} {r['compile_s']:>9.1f} "
         f"{r['step_s_best']:>7.3f} {r['step_s_median']:>7.3f} {r['target_tokens_per_s']:>9.0f} "
         f"{r['tokens_per_s']:>9.0f} {r['flops_model'] / 1e9:>10.1f} {xla:>9.1f} "
         f"{r['model_gflops_per_s']:>8.1f} {100 * _mfu(r, 'float32'):>5.0f}% "
@@ -143,13 +154,13 @@ def format_report(results: Dict[str, object]) -> str:
 def run_and_report(configs: Sequence[str], output: Optional[str], steps: int,
                    dtypes: Sequence[str] = ("float32",), attention_impls: Sequence[str] = ("auto",),
                    decode: bool = True, decode_batch: int = 8, decode_length: int = 32,
-                   beam_size: int = 4) -> Dict[str, object]:
+                   beam_size: int = 4, bf16_dots: Sequence[str] = ("auto",)) -> Dict[str, object]:
   """Run, print the report, write JSON to ``output`` (if given); returns the results."""
   unknown = [c for c in configs if c not in train_bench.BENCH_CONFIGS]
   if unknown:
     raise ConfigError(f"unknown bench config(s) {unknown}; choose from {sorted(train_bench.BENCH_CONFIGS)}")
   results = run_benchmarks(configs, steps, dtypes, attention_impls, decode, decode_batch,
-                           decode_length, beam_size)
+                           decode_length, beam_size, bf16_dots=bf16_dots)
   print()
   print(format_report(results))
   if output:
@@ -176,9 +187,10 @@ def main(argv=None) -> None:
   p.add_argument("--decode_batch", type=int, default=8)
   p.add_argument("--decode_length", type=int, default=32)
   p.add_argument("--beam", type=int, default=4)
+  p.add_argument("--bf16_dots", default="auto", help="comma-separated, for bfloat16 rows: auto,layout,xla")
   a = p.parse_args(argv)
   run_and_report(_csv(a.configs), a.output or None, a.steps, _csv(a.dtypes), _csv(a.attention_impls),
-                 a.decode, a.decode_batch, a.decode_length, a.beam)
+                 a.decode, a.decode_batch, a.decode_length, a.beam, _csv(a.bf16_dots))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""``txf bench [--configs small,base] [--output runs/bench.json] [--steps 5] [--dtypes float32,bfloat16]``.
+"""``txf bench [--configs small,base] [--output runs/bench.json] [--steps 5] [--dtypes float32,bfloat16]
+[--bf16_dots auto,layout,xla]``.
 
 Prints the machine's fp32/bf16 matmul peaks, train-step compile seconds, tokens/s, model FLOPs
 (analytic and XLA's count), MFU, memory, and cached greedy/beam decode tokens/s, and writes them
@@ -24,6 +25,8 @@ flags.DEFINE_bool("decode", True, "also time cached greedy and beam decoding")
 flags.DEFINE_integer("decode_batch", 8, "sources decoded at once")
 flags.DEFINE_integer("decode_length", 32, "output tokens per decode")
 flags.DEFINE_integer("beam", 4, "beam size of the beam-search row")
+flags.DEFINE_list("bf16_dots", ["auto"], "for bfloat16 rows, the bf16 products to time: auto (txf.kernels."
+                  "select's choice), layout (txf.kernels.dots), xla (XLA's own bf16 dot); one row each")
 
 
 def main(argv):
@@ -33,7 +36,8 @@ def main(argv):
   if f.steps < 1:
     raise TxfError(f"--steps={f.steps} must be >= 1")
   load_bench_run().run_and_report(f.configs, f.output or None, f.steps, f.dtypes,
-                                  f.attention_impls, f.decode, f.decode_batch, f.decode_length, f.beam)
+                                  f.attention_impls, f.decode, f.decode_batch, f.decode_length, f.beam,
+                                  f.bf16_dots)
 
 
 def checkout_root() -> str:

@@ -1,12 +1,14 @@
-"""``txf info``: what this process runs on (jax, devices, CPU, SIMD features, malloc, XLA_FLAGS).
+"""``txf info``: what this process runs on (jax, devices, CPU, SIMD features, malloc, XLA_FLAGS)
+and the kernels txf chooses there (txf.kernels.select: bf16 products, attention, dropout, top-k).
 
 One ``key: value`` line each; useful in bug reports and to check that tcmalloc is in use.
 """
 
 import jax
 
-from txf.machine import machine_info
+from txf import kernels
 from txf.errors import TxfError
+from txf.machine import machine_info
 
 
 def main(argv):
@@ -19,3 +21,5 @@ def main(argv):
               "allocator", "xla_flags", "load_1min"):
     value = info[key]
     print(f"{key}: {','.join(value) if isinstance(value, list) else value}")
+  chosen = kernels.describe()
+  print("kernels: " + ", ".join(f"{k} {v}" for k, v in chosen.items() if k not in ("jax", "backend")))
