@@ -61,11 +61,16 @@ def test_model_flops_formula_matches_a_hand_count():
 
 def test_cli_writes_json(tmp_path, txf_cli):
   out = tmp_path / "bench.json"
-  proc = txf_cli("bench", "--configs=tiny", f"--output={out}", "--steps=2", "--nodecode", timeout=600)
+  proc = txf_cli("bench", "--configs=tiny", f"--output={out}", "--steps=2", "--nodecode",
+                 "--dtypes=float32,bfloat16", "--bf16_dots=layout,xla", timeout=600)
   assert proc.returncode == 0, proc.stderr
   assert "MFU32" in proc.stdout
   data = json.loads(out.read_text())
   assert data["train"][0]["config"] == "tiny" and "uptime_start" in data
+  # one float32 row, then one bfloat16 row per kind of bf16 product, each recording its kernels
+  rows = [(r["dtype"], r["kernels"]["bf16_dots"]) for r in data["train"]]
+  assert rows == [("float32", "xla"), ("bfloat16", "layout"), ("bfloat16", "xla")], rows
+  assert data["kernels"]["backend"] == "cpu" and data["kernels"]["jax"]
 
 
 def test_cli_rejects_unknown_config(txf_cli):

@@ -179,3 +179,41 @@ def test_beam_early_stopping_stops_at_k_finished():
   ids, scores = beam_search(fn, cache, 1, 2, 5, alpha=1.0, length_penalty="power")
   np.testing.assert_array_equal(ids[0, 0], [3, 3, 2, 0, 0])
   np.testing.assert_allclose(scores[0, 0], math.log(.4 * .5 * .99) / 3, rtol=1e-4)
+
+
+def _stream_dtypes(cfg, params, batch):
+  """The dtypes of every LayerNorm's input (the residual stream x + Sublayer(x)) and of every
+  sublayer's output, captured in one forward pass."""
+  from txf.nn.layers import FeedForward, LayerNorm
+  seen = {"norm_in": set(), "ffn_out": set()}
+
+  def spy(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if isinstance(context.module, LayerNorm) and context.method_name == "__call__":
+      seen["norm_in"].add(str(args[0].dtype))
+    if isinstance(context.module, FeedForward) and context.method_name == "__call__":
+      seen["ffn_out"].add(str(out.dtype))
+    return out
+
+  import flax.linen as nn
+  model = build_model(cfg, deterministic=True)
+  with nn.intercept_methods(spy):
+    logits = model.apply({"params": params}, batch["inputs"], batch["targets"])
+  return seen, logits
+
+
+@pytest.mark.parametrize("residual, stream", [("float32", "float32"), ("compute", "bfloat16")])
+def test_residual_stream_dtype_under_bf16_compute(residual, stream):
+  kw = dict(vocab_size=40, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+            num_decoder_layers=1, max_len=16, vocab_multiple=1)
+  batch = {"inputs": jnp.asarray(RNG.integers(3, 40, (2, 6)), jnp.int32),
+           "targets": jnp.asarray(RNG.integers(3, 40, (2, 5)), jnp.int32)}
+  f32 = TransformerConfig(dtype="float32", **kw)
+  params = init_params(f32, jax.random.key(0), batch)
+  seen, logits = _stream_dtypes(TransformerConfig(dtype="bfloat16", residual_dtype=residual, **kw),
+                                params, batch)
+  assert seen == {"norm_in": {stream}, "ffn_out": {"bfloat16"}}   # sublayers compute in bf16
+  _, want = _stream_dtypes(f32, params, batch)
+  assert logits.dtype == jnp.float32
+  err = float(jnp.abs(logits - want).max() / jnp.abs(want).max())
+  assert err < 0.05, err   # bf16 rounding of the same model

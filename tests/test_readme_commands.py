@@ -154,6 +154,8 @@ NOT_RUN = {
     "txf bench": "minutes of benchmarking: tests/test_bench.py runs it shrunk",
     "txf bench --configs base --dtypes float32,bfloat16 --attention_impls reference,fused --output bench.json":
         "minutes of benchmarking: tests/test_bench.py runs it shrunk",
+    "txf bench --configs small --dtypes float32,bfloat16 --bf16_dots layout,xla --decode=false":
+        "minutes of benchmarking: tests/test_bench.py::test_cli_writes_json runs it on the tiny config",
     "python -m bench.decode --config small": "a benchmark: tests/test_bench.py",
     "python -m bench.memory": "a benchmark: tests/test_bench.py",
     "python -m bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":

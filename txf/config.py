@@ -76,6 +76,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | first token
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
   m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
+  m.residual_dtype = "float32"   # the residual stream x + Sublayer(x) and LayerNorm's input/output: float32 | compute (the compute dtype)
   m.vocab_multiple = 0           # embedding/output tables get ceil(V/m)*m rows, the padding never predicted nor exported; 0 = auto: 1 on CPU, 128 on GPU/TPU, lcm(128, split) when the mesh splits the vocabulary (tensor axis > 1)
   # options of Marian (OPUS-MT) models, see `txf import-hf`; the defaults are the paper's
   m.activation = "relu"          # FFN activation: relu | gelu (exact, erf) | swish (= silu, Marian)
@@ -374,6 +375,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
              "model.positional": ("sinusoidal", "learned", "none"),
              "model.pooling": ("mean", "first"), "model.attention_impl": ("auto", "reference", "fused"),
              "model.dtype": ("auto", "float32", "bfloat16"),
+             "model.residual_dtype": ("float32", "compute"),
              "model.remat": ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",
                              "nothing_saveable", "everything_saveable"),
              "parallelism": ("single", "pmap", "mesh"),

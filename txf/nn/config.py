@@ -66,6 +66,13 @@ class _TransformerConfigBase:
     return jnp.dtype(resolve_dtype(self.dtype))
 
   @property
+  def stream_dtype(self) -> Any:
+    """The residual stream's dtype: float32 (``residual_dtype="float32"``, the default: with bf16
+    compute the sublayers run in bf16 and the sums x + Sublayer(x) and LayerNorm stay float32), or
+    the compute dtype (``"compute"``)."""
+    return jnp.dtype(jnp.float32) if self.residual_dtype == "float32" else self.compute_dtype
+
+  @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
 

@@ -32,9 +32,10 @@ class Embed(nn.Module):
                              self.config.d_model))
 
   def __call__(self, ids: jnp.ndarray) -> jnp.ndarray:
-    """ids int [B, L] -> [B, L, d_model]."""
-    return constrain(ops.embed(ids, self.table.astype(self.config.compute_dtype),
-                               scale=self.config.embed_scale), HIDDEN_AXES)
+    """ids int [B, L] -> [B, L, d_model] in the residual stream's dtype (``stream_dtype``)."""
+    cfg = self.config
+    x = ops.embed(ids, self.table.astype(cfg.compute_dtype), scale=cfg.embed_scale)
+    return constrain(x.astype(cfg.stream_dtype), HIDDEN_AXES)
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
     """h [B, L, d_model] -> logits [B, L, V_pad] = h E^T (padding columns included)."""
@@ -197,6 +198,7 @@ class Decoder(nn.Module):
                      (self_mask, memory, cross_mask, memory_valid), cross=self.cross)
     if cfg.pre_ln:
       y = LayerNorm(cfg, name="final_norm")(y)
+    y = y.astype(cfg.compute_dtype)  # the output projection runs in the compute dtype
     if cfg.tie_output:
       if not project:
         return y, self.embed.table.astype(y.dtype)
