@@ -306,15 +306,18 @@ def test_disk_errors_name_the_path_and_the_fix_and_pass_other_errors():
       raise FileNotFoundError(errno.ENOENT, "missing")
 
 
-def test_fresh_moves_the_old_run_aside(tmp_path):
+def test_fresh_moves_the_old_run_aside(tmp_path, capfd):
   workdir = str(tmp_path / "run")
   workdir_lib.prepare(workdir, _config())
   (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
   other = _config()
   other.model.d_model = 256
-  assert workdir_lib.prepare(workdir, other, fresh=True) is False
+  said = []
+  assert workdir_lib.prepare(workdir, other, fresh=True, say=said.append) is False
   aside = [p for p in os.listdir(tmp_path) if p.startswith("run.old-")]
   assert len(aside) == 1
+  assert said == [f"--fresh: moved the previous run to {tmp_path / aside[0]}"]
+  assert capfd.readouterr() == ("", "")   # the library says it through ``say`` only
   assert (tmp_path / aside[0] / "metrics.jsonl").read_text() == '{"step": 1}\n'
   assert workdir_lib.load_config(workdir).model.d_model == 256
 

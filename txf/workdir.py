@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import ml_collections
@@ -206,8 +206,10 @@ def differing_fields(old: Dict[str, Any], new: Dict[str, Any]) -> List[Tuple[str
           and not k.startswith(RESUMABLE_PREFIXES)]
 
 
-def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False) -> bool:
+def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False,
+            say: Callable[[str], None] = lambda line: None) -> bool:
   """Create or check the workdir; returns True when it already held this same run (resume).
+  ``say`` hears the line naming where ``fresh`` moved a previous run.
 
   Raises RunConflictError when it holds a different run that has trained (or unrelated files) and
   ``fresh`` is False; DiskError when the workdir cannot be written. A resumed run's config.json is
@@ -222,7 +224,7 @@ def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False
     if fresh:
       aside = f"{workdir.rstrip('/')}.old-{time.strftime('%Y%m%d-%H%M%S')}"
       shutil.move(workdir, aside)
-      print(f"--fresh: moved the previous run to {aside}")
+      say(f"--fresh: moved the previous run to {aside}")
     elif not os.path.exists(path):
       raise RunConflictError(f"workdir {workdir} is not empty and holds no txf run (no config.json): "
                              f"choose another --workdir, or pass --fresh to move it aside")

@@ -148,7 +148,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   config_lib.validate(config)
   is_main = jax.process_index() == 0
   say = report.line if is_main else Silent().line
-  resumed = bool(distributed.main_first(lambda: workdir_lib.prepare(workdir, config, fresh),
+  resumed = bool(distributed.main_first(lambda: workdir_lib.prepare(workdir, config, fresh, say),
                                         "the workdir's preparation"))
   made = {}
 
