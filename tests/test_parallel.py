@@ -40,7 +40,7 @@ LAYOUTS = [("pmap", None), ("mesh", (8, 1, 1)), ("mesh", (4, 1, 2)), ("mesh", (1
 
 def _model(family="decoder_lm", **kw):
   base = dict(family=family, vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=1,
-              num_decoder_layers=1, dropout_rate=0.0, max_len=16)
+              num_decoder_layers=1, dropout_rate=0.0, max_len=16, dtype="float32")
   base.update(kw)
   return TransformerConfig(**base)
 
