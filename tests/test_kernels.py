@@ -35,17 +35,31 @@ def test_only_the_selection_module_asks_for_the_backend():
 
 def test_cpu_choices_and_overrides():
   assert jax.default_backend() == "cpu"
-  assert kernels.select("bfloat16").layout_dots and not kernels.select("float32").layout_dots
+  default = kernels.default_bf16_dots("cpu")   # this CPU's and jax's (the policy: test below)
+  assert kernels.select("bfloat16").bf16_dots == default and not kernels.select("float32").layout_dots
   assert kernels.select().attention_auto == "reference" and kernels.resolve_impl("auto") == "reference"
+  with kernels.use(bf16_dots="layout"):
+    assert kernels.select("bfloat16").layout_dots
+    assert kernels.select("float32").bf16_dots == "xla"   # float32 compute never takes bf16 dots
   with kernels.use(bf16_dots="xla", top_k="lax"):
     assert not kernels.select("bfloat16").layout_dots and kernels.select().top_k == "lax"
-    assert kernels.select("float32").bf16_dots == "xla"   # float32 compute never takes bf16 dots
-  assert kernels.select("bfloat16").layout_dots and kernels.select().top_k == "blocked"
+  assert kernels.select("bfloat16").bf16_dots == default and kernels.select().top_k == "blocked"
   with pytest.raises(ValueError, match="unknown kernel choice"):
     with kernels.use(bf16_dots="fast"):
       pass
   info = kernels.describe()
-  assert info["jax"] == jax.__version__ and info["bf16_dots"] == "layout"
+  assert info["jax"] == jax.__version__ and info["bf16_dots"] == default
+
+
+@pytest.mark.parametrize("backend, version, flags, expect", [
+    ("cpu", "0.10.2", {"avx2", "fma"}, "xla"),             # no bf16 units, XLA converts to float32
+    ("cpu", "0.12.0.1", {"avx2", "fma"}, "layout"),        # XLA's own bf16 dot: slower than layout
+    ("cpu", "0.10.2", {"avx512f", "avx512_bf16"}, "layout"),
+    ("cpu", "0.12.0.1", {"amx_bf16"}, "layout"),
+    ("cpu", "0.10.2", set(), "layout"),                    # flags unknown: the bf16-unit layout
+    ("gpu", "0.10.2", {"avx2"}, "xla"), ("tpu", "0.12.0.1", set(), "xla")])
+def test_bf16_dots_policy_by_cpu_and_jax_version(backend, version, flags, expect):
+  assert kernels.default_bf16_dots(backend, version, frozenset(flags)) == expect
 
 
 def test_accelerator_choices(monkeypatch):
@@ -95,10 +109,12 @@ def test_bf16_multi_head_attention_matches_the_formula_with_biases_and_a_kv_hook
 
 def test_bf16_logits_and_dense_match_the_formulas():
   (h, h32), (e, e32), (w, w32) = _bf16(3, 4, 16), _bf16(40, 16), _bf16(16, 40)
-  logits = kernels.tied_logits(h, e)
+  with kernels.use(bf16_dots="layout"):
+    logits = kernels.tied_logits(h, e)
+    dense = kernels.dense(h, w)
   assert logits.dtype == jnp.float32          # float32 logits from the bf16 products
   _close(logits, ops.tied_logits(h32, e32))
-  _close(kernels.dense(h, w), h32 @ w32)
+  _close(dense, h32 @ w32)
   with kernels.use(bf16_dots="xla"):
     assert kernels.tied_logits(h, e).dtype == jnp.bfloat16   # the formula itself, in bf16
 

@@ -1,9 +1,10 @@
 """What this process runs on: CPU model and SIMD features, cores, jax and its devices, XLA flags,
 malloc, load (``txf info``; the benchmarks record it with their figures)."""
 
+import functools
 import os
 import platform
-from typing import Dict
+from typing import Dict, FrozenSet
 
 import jax
 
@@ -18,18 +19,31 @@ def load_average() -> float:
     return float("nan")
 
 
-def machine_info() -> Dict[str, object]:
-  """What the figures were measured on: CPU model and features, cores, jax, XLA flags, malloc, load."""
-  model, flags = platform.processor() or "unknown", set()
+@functools.lru_cache(maxsize=1)
+def cpu_model_and_flags() -> tuple:
+  """(CPU model name, frozenset of its feature flags) from /proc/cpuinfo ("flags" on x86,
+  "Features" on ARM); ("unknown", frozenset()) where there is no /proc/cpuinfo."""
+  model, flags = platform.processor() or "unknown", frozenset()
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
         if line.startswith("model name") and model in ("unknown", "x86_64", ""):
           model = line.split(":", 1)[1].strip()
-        if line.startswith("flags"):
-          flags = set(line.split(":", 1)[1].split())
+        if line.startswith(("flags", "Features")) and not flags:
+          flags = frozenset(line.split(":", 1)[1].split())
   except OSError:
     pass
+  return model, flags
+
+
+def cpu_flags() -> FrozenSet[str]:
+  """The CPU's feature flags (see :func:`cpu_model_and_flags`)."""
+  return cpu_model_and_flags()[1]
+
+
+def machine_info() -> Dict[str, object]:
+  """What the figures were measured on: CPU model and features, cores, jax, XLA flags, malloc, load."""
+  model, flags = cpu_model_and_flags()
   return {"cpu": model, "cpu_count": os.cpu_count(),
           "simd": sorted(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")),
           "platform": jax.devices()[0].platform, "device_kind": jax.devices()[0].device_kind,

@@ -12,5 +12,5 @@ from txf.kernels.attention import (attend, fused_attention, fused_kernel, multi_
 from txf.kernels.threefry import bernoulli, dropout
 from txf.kernels.head import head_cross_entropy
 from txf.kernels.products import dense, feed_forward, tied_logits
-from txf.kernels.select import Kernels, backend, describe, select, use
+from txf.kernels.select import Kernels, backend, default_bf16_dots, describe, select, use
 from txf.kernels.topk import blocked_top_k, top_k

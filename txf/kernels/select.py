@@ -9,15 +9,23 @@ benchmark comparing two kernels; tests comparing a kernel with the formula it re
 
 import contextlib
 import dataclasses
-from typing import Dict, Iterator, Optional
+import re
+from typing import AbstractSet, Dict, Iterator, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+
+from txf import machine
 
 # The kinds of bf16 matrix product on CPU (see txf.kernels.dots and BENCHMARKS.md):
 #   "layout": bf16 operands, float32 accumulation and result, transposed operands as row-major copies;
 #   "xla":    XLA's own dot in the operands' dtype (what a plain ``x @ w`` compiles to).
 BF16_DOTS = ("layout", "xla")
+# CPU flags of native bf16 dot instructions (x86: AVX512-BF16, AMX; ARM: BF16).
+BF16_UNITS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+# From this jax version on, XLA:CPU runs a bf16 x bf16 -> bf16 dot as a bf16 kernel; before it,
+# the operands are converted and the dot runs in float32 (BENCHMARKS.md, "Kernel choices").
+XLA_BF16_DOT_VERSION = (0, 12)
 ATTENTION_IMPLS = ("reference", "fused")
 DROPOUT_MASKS = ("threefry-slab", "jax")
 TOP_KS = ("blocked", "lax")
@@ -61,11 +69,23 @@ def backend() -> str:
   return jax.default_backend()
 
 
-def default_bf16_dots(backend_name: str) -> str:
-  """The bf16 product kind for ``backend_name``: "layout" on CPU (XLA:CPU runs a bf16 dot on its
-  bf16 units only with float32 accumulation and row-major operands, and converts both operands to
-  float32 otherwise), "xla" on GPU/TPU."""
-  return "layout" if backend_name == "cpu" else "xla"
+def _version(text: str) -> Tuple[int, ...]:
+  return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def default_bf16_dots(backend_name: str, jax_version: Optional[str] = None,
+                      cpu_flags: Optional[AbstractSet[str]] = None) -> str:
+  """The bf16 product kind for ``backend_name``, measured per CPU and jax version (BENCHMARKS.md,
+  "Kernel choices"): "xla" on GPU/TPU; on CPU "layout" (txf.kernels.dots: XLA:CPU runs a bf16 dot
+  on bf16 units only with float32 accumulation and row-major operands), except on a CPU without
+  bf16 units (``BF16_UNITS``) under jax < 0.12, where XLA's own dot (converted to float32, the
+  float32 rate) is faster than the layout copies. ``jax_version`` and ``cpu_flags`` default to
+  this process's."""
+  if backend_name != "cpu":
+    return "xla"
+  flags = machine.cpu_flags() if cpu_flags is None else cpu_flags
+  old_xla = _version(jax_version or jax.__version__) < XLA_BF16_DOT_VERSION
+  return "xla" if flags and not flags & BF16_UNITS and old_xla else "layout"
 
 
 def select(dtype=None, backend_name: Optional[str] = None) -> Kernels:

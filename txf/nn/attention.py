@@ -87,6 +87,7 @@ class MultiHeadAttention(nn.Module):
       biases = (bias("query_bias", (h, dk), ("heads", "kv")), bias("key_bias", (h, dk), ("heads", "kv")),
                 bias("value_bias", (h, dk), ("heads", "kv")), bias("out_bias", (cfg.d_model,), ("norm",)))
 
+    x = x.astype(dt)  # the residual stream may be float32 (model.residual_dtype): project in dt
     x_kv, kv_hook = x, None
     if self.kind == "cross":
       x_kv = None if memory is None else memory.astype(dt)
@@ -107,7 +108,7 @@ class MultiHeadAttention(nn.Module):
       return attend(q, k, v, mask, cfg.attention_impl, causal=self.kind == "causal")
 
     out, weights = multi_head_attention(
-        x.astype(dt), x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,
+        x, x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,
         biases=biases)
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
