@@ -113,11 +113,12 @@ def _rows(workdir):
 
 
 def _train(config, workdir):
-  """Runs ``txf.train.train``; returns what it printed."""
+  """Runs ``txf.train.train`` with the lines ``txf train`` prints (its TerminalReporter); returns them."""
+  from txf.commands.reporting import TerminalReporter
   from txf.train import train
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    train(config, workdir)
+    train(config, workdir, report=TerminalReporter(progress=False))
   return out.getvalue()
 
 
