@@ -3,13 +3,12 @@
 
 The source run decides what its parameters need: the model's architecture (every ``model.*``
 field but the dropout rates, attention implementation and compute dtype, which stay the
-experiment's), and the tokenizer (its ``tokenizer/`` is copied into the new workdir, so its
+experiment's), and the tokenizer (the task reads its ``tokenizer/``, which the new run then saves as its own, so its
 vocabulary decides the data pipeline's ids). Optimizer, schedule, data, sharding, checkpointing and
 evaluation are the experiment's. A run that resumes from its own checkpoint ignores init_from.
 """
 
 import os
-import shutil
 from typing import Any, Optional
 
 from txf import workdir as workdir_lib
@@ -42,13 +41,14 @@ def apply_init_from(config) -> None:
       config.data[key] = theirs.data[key]
 
 
-def copy_tokenizer(config, workdir: str) -> None:
-  """Copy the init_from run's tokenizer/ into ``workdir`` unless the run already has one."""
+def tokenizer_home(config, workdir: str) -> str:
+  """The run directory whose ``tokenizer/`` the task reads: ``workdir`` once it has one, else the
+  init_from run's (then ``workdir.save_task`` writes it into ``workdir``, once), else ``workdir``."""
   source = config.get("init_from", "")
-  src, dst = (os.path.join(d, workdir_lib.TOKENIZER_DIR) for d in (source, workdir))
-  if source and os.path.isdir(src) and not os.path.exists(dst):
-    with workdir_lib.disk_errors(dst):
-      shutil.copytree(src, dst)
+  if (source and not os.path.exists(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
+      and os.path.isdir(os.path.join(source, workdir_lib.TOKENIZER_DIR))):
+    return source
+  return workdir
 
 
 def initial_params(config, model_cfg, task) -> Optional[Any]:

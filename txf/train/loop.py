@@ -40,7 +40,7 @@ from txf.models import (LossFn, ModelBuilder, count_params, init_params, model_c
 from txf.parallel import distributed, make_runner
 from txf.parallel.feeding import Feed
 from txf.parallel.sharding import check_splits
-from txf.train.init_from import apply_init_from, copy_tokenizer, initial_params
+from txf.train.init_from import apply_init_from, initial_params, tokenizer_home
 from txf.train.logs import Eta, LogWindow, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.profile import StepProfiler
@@ -153,8 +153,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   made = {}
 
   def make_and_save():
-    copy_tokenizer(config, workdir)
-    made["task"] = _make_task(config, workdir, model)
+    made["task"] = _make_task(config, tokenizer_home(config, workdir), model)
     workdir_lib.save_task(workdir, made["task"])
     return 0
 
