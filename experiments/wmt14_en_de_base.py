@@ -3,7 +3,7 @@
 NEEDS A DOWNLOAD AND ACCELERATORS. The training data (~4.5M sentence pairs, several GB) is not in
 ../shared/data (only newstest2014 is); prepare it once on a machine with network access:
 
-  python -m txf.data.catalog wmt14_translate/de-en --data_dir /data/tfds
+  txf prepare-data wmt14_translate/de-en --data_dir /data/tfds
   txf train --config experiments/wmt14_en_de_base.py --config.data.data_dir=/data/tfds
 
 Offline, an unprepared dataset fails in seconds with these instructions. The paper trained 100k

@@ -3,7 +3,7 @@
 NEEDS A DOWNLOAD AND ACCELERATORS. Prepare the training data (~4.5M pairs) once on a machine with
 network access, as for experiments/wmt14_en_de_base.py:
 
-  python -m txf.data.catalog wmt14_translate/de-en --data_dir /data/tfds
+  txf prepare-data wmt14_translate/de-en --data_dir /data/tfds
   txf train --config experiments/wmt14_en_de_big.py --config.data.data_dir=/data/tfds
 
 The paper trained 300k steps on 8 P100 GPUs (3.5 days). This config is the base config

@@ -175,7 +175,7 @@ def test_unprepared_catalog_dataset_offline_fails_fast_with_instructions(tmp_pat
   with pytest.raises(DataError) as e:
     make_real_task(cfg, "")
   assert time.time() - start < 10
-  assert "python -m txf.data.catalog wmt14_translate/de-en" in str(e.value)
+  assert "txf prepare-data wmt14_translate/de-en" in str(e.value)
   assert "www.statmt.org" in str(e.value)
 
 

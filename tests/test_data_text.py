@@ -119,3 +119,32 @@ def test_multi30k_tab_line_is_parallel_text_not_tsv():
                                     10000)
   assert len(pairs) + sum(stats.skipped.values()) == 29000
   assert "\t" in pairs[7365][1]                 # line 7366 keeps its TAB and its alignment
+
+
+def test_a_preparation_logs_its_one_line_and_prints_nothing_until_a_command_shows_it(tmp_path,
+                                                                                       capfd, caplog):
+  import logging
+  from txf.commands import common
+  data = tmp_path / "d"
+  data.mkdir()
+  write_lines(data / "train.en", ["one", "two", "three"])
+  write_lines(data / "train.de", ["eins", "zwei", "drei"])
+  write_lines(data / "val.en", ["v"])
+  write_lines(data / "val.de", ["w"])
+  spec = builders.local_spec(str(data), "parallel", ["train", "val", "test"], "en", "de", 100, 0.9)
+  with caplog.at_level(logging.INFO, logger="txf.data.prepared"):
+    builders.prepare_local(str(data), spec, str(tmp_path / "tfds"))
+  assert capfd.readouterr() == ("", "")      # the library prints nothing
+  lines = [r.getMessage() for r in caplog.records if r.name == "txf.data.prepared"]
+  assert len(lines) == 1 and lines[0].startswith("txf: prepared d: train 3, val 1 examples -> ")
+  logger = logging.getLogger("txf.data.prepared")
+  kept = (list(logger.handlers), logger.level, logger.propagate)
+  try:
+    common.show_preparations()
+    common.show_preparations()                 # idempotent: still one line per preparation
+    spec = builders.local_spec(str(data), "parallel", ["train", "val", "test"], "en", "de", 50, 0.9)
+    builders.prepare_local(str(data), spec, str(tmp_path / "tfds"))
+    err = capfd.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("txf: prepared d: train 3, val 1 examples -> "), err
+  finally:
+    logger.handlers[:], logger.level, logger.propagate = kept

@@ -463,8 +463,8 @@ def check_output(cmd, r, clone):
     assert (clone / "report.json").is_file()
 
 
-def test_the_catalog_script_says_one_line_for_a_dataset_it_cannot_prepare(tmp_path):
-  r = subprocess.run([sys.executable, "-m", "txf.data.catalog", "no_such_dataset_txf",
+def test_prepare_data_says_one_line_for_a_dataset_it_cannot_prepare(tmp_path):
+  r = subprocess.run([sys.executable, "-m", "txf.cli", "prepare-data", "no_such_dataset_txf",
                       "--data_dir", str(tmp_path)], capture_output=True, text=True, timeout=300,
                      cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   lines = [l for l in r.stderr.splitlines() if l.strip()]

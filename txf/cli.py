@@ -32,6 +32,7 @@ COMMANDS = {
     "plan": ("txf.commands.plan", "size a job before launch: per-device memory and step time on N devices"),
     "import-hf": ("txf.commands.import_hf", "import a Hugging Face Marian (OPUS-MT) model as a txf workdir"),
     "export-hf": ("txf.commands.export_hf", "export a translation run as a Hugging Face Marian model"),
+    "prepare-data": ("txf.commands.prepare_data", "download and prepare a tfds catalog dataset for offline use"),
 }
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull")
 
@@ -210,6 +211,7 @@ def _prepare(fn, name: str):
 
   def run(argv):
     runtime.quiet_logging()
+    common.show_preparations()
     fit_config(name)
     return fn(argv)
 

@@ -1,6 +1,7 @@
 """Flags and error handling shared by the commands."""
 
 import functools
+import logging
 import os
 import sys
 import traceback
@@ -16,6 +17,28 @@ flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user erro
 def error_line(message: str) -> str:
   """The one-line form of a user error: ``txf: error: MESSAGE``."""
   return f"txf: error: {message}"
+
+
+class _StderrHandler(logging.StreamHandler):
+  """A StreamHandler on whatever ``sys.stderr`` is when a record comes (tests swap it)."""
+
+  def emit(self, record) -> None:
+    self.stream = sys.stderr
+    super().emit(record)
+
+
+def show_preparations(stream=None) -> None:
+  """Print the data layer's one line per data preparation (the ``txf.data.prepared`` logger's
+  records, 'txf: prepared NAME: ... examples -> PATH') on stderr, whatever the log verbosity.
+  Idempotent: a second call adds no second handler."""
+  logger = logging.getLogger("txf.data.prepared")
+  if not any(getattr(h, "txf_preparations", False) for h in logger.handlers):
+    handler = _StderrHandler() if stream is None else logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.txf_preparations = True
+    logger.addHandler(handler)
+  logger.setLevel(logging.INFO)
+  logger.propagate = False  # not again through the root handlers
 
 
 def fail(message: str, verbose_errors: bool = False) -> None:

@@ -18,9 +18,9 @@ Python writers and ``ArrayRecordDataSource``.
 import dataclasses
 import hashlib
 import json
+import logging as std_logging
 import os
 import re
-import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
@@ -29,6 +29,8 @@ import tensorflow_datasets as tfds
 
 from txf.data import text
 from txf.data.base import DataError
+
+PREPARED_LOG = std_logging.getLogger("txf.data.prepared")  # say_prepared's one line
 
 DATA_DIR_ENV = "TXF_DATA_DIR"              # prepared-data root when data.data_dir is ""
 DEFAULT_DATA_DIR = "~/.cache/txf/tfds"
@@ -247,9 +249,11 @@ def quiet_prepare(builder, **kwargs) -> None:
 
 
 def say_prepared(name: str, sources: Mapping[str, Sequence[Any]], path: str) -> None:
-  """The one line on stderr of a preparation: 'txf: prepared NAME: train 29,000, val 1,014 examples -> PATH'."""
+  """The one line of a preparation, 'txf: prepared NAME: train 29,000, val 1,014 examples -> PATH',
+  as an INFO record of the ``txf.data.prepared`` logger: txf's commands print it on stderr
+  (``txf.commands.terminal.show_preparations``); a program that set up no logging sees nothing."""
   counts = ", ".join(f"{split} {len(src):,}" for split, src in sources.items())
-  print(f"txf: prepared {name}: {counts} examples -> {path}", file=sys.stderr)
+  PREPARED_LOG.info("txf: prepared %s: %s examples -> %s", name, counts, path)
 
 
 def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepared:

@@ -4,7 +4,7 @@ Without TensorFlow, tfds finds a catalog builder only once its module is importe
 name maps to the module that defines it. Preparing happens once under ``data.data_dir``
 (``file_format='array_record'``, no GCS copy: those are tfrecord). When the data is not prepared
 yet, the download hosts are probed first with a few-second timeout; if none answers, a DataError
-explains how to prepare the data elsewhere (``python -m txf.data.catalog NAME --data_dir DIR``) --
+explains how to prepare the data elsewhere (``txf prepare-data NAME --data_dir DIR``) --
 instead of tfds' minutes-long download retries.
 
 Known TensorFlow dependency: lm1b's builder lists its extracted files with ``tf.io.gfile.glob``;
@@ -27,11 +27,9 @@ from absl import logging
 import numpy as np
 import tensorflow_datasets as tfds
 
-from txf import runtime
 from txf.data import builders
 from txf.data.base import DataError
 from txf.data.builders import FILE_FORMAT, resolve_data_dir
-from txf.errors import TxfError
 
 # base name -> (module that registers the builder, hosts its download uses)
 CATALOG = {
@@ -84,9 +82,10 @@ def import_builder(name: str) -> None:
   try:
     tfds.builder_cls(base)
   except Exception as e:  # tfds raises several types for unknown names
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # not tfds' list of all names
     raise DataError(f"data.source='tfds:{name}': unknown tfds dataset (without TensorFlow only "
                     f"imported builders are found): use one of {sorted(CATALOG)} or import the "
-                    f"builder's module before make_task ({e})") from None
+                    f"builder's module before make_task ({first})") from None
 
 
 @contextlib.contextmanager
@@ -106,7 +105,7 @@ def _not_prepared_error(name: str, data_dir: str, hosts: Sequence[str]) -> DataE
   return DataError(
       f"data.source='tfds:{name}' is not prepared under {data_dir} and its download hosts "
       f"{list(hosts)} cannot be reached (no network?). Prepare it on a machine with network access:\n"
-      f"    python -m txf.data.catalog {name} --data_dir /some/dir\n"
+      f"    txf prepare-data {name} --data_dir /some/dir\n"
       f"then copy /some/dir/{base_name(name)} into {data_dir}/ (or point data.data_dir / "
       f"TXF_DATA_DIR at /some/dir). For datasets whose files must be fetched by hand, put them in "
       f"{data_dir}/downloads/manual and run the same command.")
@@ -189,23 +188,3 @@ def open_catalog(name: str, splits: Sequence[str], data_dir: str, src_lang: str,
   raise DataError(f"tfds:{name} has features {sorted(keys)}: txf needs the languages "
                   f"data.src_lang={src_lang!r} and data.tgt_lang={tgt_lang!r} (translation), a "
                   f"'label' (classification), or 'text' (language modelling)")
-
-
-def main(argv: Optional[Sequence[str]] = None) -> None:
-  """``python -m txf.data.catalog NAME [--data_dir DIR]``: prepare a catalog dataset for offline use."""
-  import argparse
-  runtime.quiet_script_logging()
-  parser = argparse.ArgumentParser(description=main.__doc__)
-  parser.add_argument("name", help="e.g. wmt14_translate/de-en")
-  parser.add_argument("--data_dir", default="", help="default: $TXF_DATA_DIR or ~/.cache/txf/tfds")
-  args = parser.parse_args(argv)
-  try:
-    builder = prepare(args.name, resolve_data_dir(args.data_dir))
-  except TxfError as e:  # offline, an unknown name: one line, exit status 2
-    print(f"txf: error: {' '.join(str(e).split())}", file=sys.stderr)
-    sys.exit(2)
-  print(f"prepared {args.name} in {builder.data_path}")
-
-
-if __name__ == "__main__":
-  main()
