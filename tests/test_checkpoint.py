@@ -391,6 +391,67 @@ def test_average_reads_one_array_at_a_time(tmp_path, monkeypatch):
     np.testing.assert_array_equal(a, b)
 
 
+def test_average_shard_by_shard_over_four_devices(tmp_path):
+  """--sharded: every checkpoint array is read as 4 shards of a global array (never whole), the
+  mean is taken on the devices and written as an orbax directory of shards; it reads back as the
+  float64 mean of the checkpoints (to float32 rounding), and one exported step exactly."""
+  rng = np.random.default_rng(0)
+  states = []
+  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  for step in (1, 2, 3):
+    state = _state(step * 0.25, step)
+    params = jax.tree_util.tree_map(lambda x: (x + rng.normal(size=x.shape)).astype(np.float32),
+                                    state.params)
+    states.append(state.replace(params=params))
+    ck.save(step, states[-1], {"next_index": step})
+  ck.close()
+  expected = jax.tree_util.tree_map(
+      lambda *xs: np.mean(np.stack(xs).astype(np.float64), axis=0), *[s.params for s in states[1:]])
+  np.savez(tmp_path / "expected.npz", **{"/".join(map(str, k)): v for k, v in
+                                        _flat_items(expected)})
+  np.savez(tmp_path / "step2.npz", **{"/".join(map(str, k)): v for k, v in _flat_items(states[1].params)})
+  script = textwrap.dedent(f"""
+      import jax, numpy as np
+      from txf.checkpoint import Checkpointer, average_checkpoints
+      from txf import workdir as workdir_lib
+      reads = []
+      original = Checkpointer._restore_leaf
+      def spy(self, step, keys, meta, sharding=None):
+        x = original(self, step, keys, meta, sharding)
+        reads.append((x.shape, [s.data.shape for s in x.addressable_shards]))
+        return x
+      Checkpointer._restore_leaf = spy
+      path, steps = average_checkpoints({str(tmp_path)!r}, 2, sharded=True)
+      assert steps == [2, 3] and path.endswith("params_avg2"), path
+      assert len(reads) == 2 * 3, reads
+      kernel = [r for r in reads if r[0] == (4, 6)]
+      assert kernel and all(shards == [(1, 6)] * 4 for _, shards in kernel), kernel
+      got = workdir_lib.load_params({str(tmp_path)!r}, "params_avg2")
+      want = np.load({str(tmp_path / "expected.npz")!r})
+      flat = jax.tree_util.tree_flatten_with_path(got)[0]
+      assert len(flat) == len(want.files)
+      for k, v in flat:
+        key = "/".join(p.key for p in k)
+        assert v.dtype == np.float32
+        np.testing.assert_allclose(v, want[key], rtol=1e-6, atol=1e-7)
+      path, steps = average_checkpoints({str(tmp_path)!r}, 1, step="2", sharded=True)
+      assert steps == [2] and path.endswith("params_2"), path
+      one = np.load({str(tmp_path / "step2.npz")!r})
+      for k, v in jax.tree_util.tree_flatten_with_path(workdir_lib.load_params({str(tmp_path)!r}, "params_2"))[0]:
+        np.testing.assert_array_equal(v, one["/".join(p.key for p in k)])
+      print("ok")
+  """)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                     cwd=ROOT, timeout=300)
+  assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def _flat_items(tree):
+  """(path of dict keys, leaf) of a nested-dict tree."""
+  return [(tuple(p.key for p in k), v) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
 def test_sharded_params_directory_loads_like_msgpack(tmp_path):
   """params/ (orbax shards, what a multi-process mesh run writes) reads back as params.msgpack does."""
   params = _state(0.25, 3).params

@@ -259,17 +259,40 @@ class Checkpointer:
       means.append((total / len(steps)).astype(meta.dtype))
     return jax.tree_util.tree_unflatten(treedef, means)
 
-  def _restore_leaf(self, step: int, keys: Tuple[str, ...], meta) -> np.ndarray:
-    """One array of checkpoint ``step``'s state, at the nested-dict path ``keys``, as numpy."""
-    item = jax.ShapeDtypeStruct(meta.shape, meta.dtype)
-    args = ocp.RestoreArgs(restore_type=np.ndarray)
+  def average_params_sharded(self, steps: List[int]):
+    """``average_params`` shard by shard: each parameter is restored as a global array spread
+    over every device of every process (``spread_sharding``), so each process reads only its own
+    shards of each checkpoint; the sum is taken on the devices in float32 and divided there.
+    Returns the mean as sharded jax Arrays: no host ever holds an array whole."""
+    tree = self._manager.item_metadata(int(steps[0]))[STATE].tree["params"]
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("shards",))
+    add = jax.jit(lambda total, x: total + x.astype(total.dtype), donate_argnums=0)
+    means = []
+    for path, meta in flat:
+      sharding = spread_sharding(mesh, meta.shape)
+      mean = jax.jit(lambda t, n=len(steps), dt=meta.dtype: (t / n).astype(dt),
+                     out_shardings=sharding)
+      total = None
+      for step in steps:
+        x = self._restore_leaf(step, ("params",) + tuple(_key_name(k) for k in path), meta, sharding)
+        total = x.astype(np.float32) if total is None else add(total, x)
+      means.append(mean(total))
+    return jax.tree_util.tree_unflatten(treedef, means)
+
+  def _restore_leaf(self, step: int, keys: Tuple[str, ...], meta, sharding=None):
+    """One array of checkpoint ``step``'s state, at the nested-dict path ``keys``: numpy, or with
+    ``sharding`` a global jax Array of which this process reads only its own shards."""
+    item = jax.ShapeDtypeStruct(meta.shape, meta.dtype, sharding=sharding)
+    args = (ocp.RestoreArgs(restore_type=np.ndarray) if sharding is None else
+            ocp.ArrayRestoreArgs(sharding=sharding, global_shape=tuple(meta.shape), dtype=meta.dtype))
     for k in reversed(keys):
       item, args = {k: item}, {k: args}
     out = self._manager.restore(int(step), args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
         item=item, restore_args=args, partial_restore=True)}))[STATE]
     for k in keys:
       out = out[k]
-    return np.asarray(out)
+    return np.asarray(out) if sharding is None else out
 
   def _restore_numpy(self, step: int, key: Optional[str] = None):
     """The saved state (or its ``key`` subtree) as nested dicts of numpy arrays, on any devices."""
@@ -361,12 +384,27 @@ def exported_params(workdir: str, params):
   return unpad_vocab(params, cfg)
 
 
+def spread_sharding(mesh, shape) -> "jax.sharding.NamedSharding":
+  """A sharding of an array of ``shape`` over the 1-D ``mesh`` ("shards"): split on its first
+  axis that the device count divides (the largest such axis when several do), else replicated
+  (only small arrays: biases, LayerNorm scales)."""
+  n = mesh.shape["shards"]
+  fits = [i for i, size in enumerate(shape) if size % n == 0 and size >= n]
+  spec = [None] * len(shape)
+  if fits and n > 1:
+    spec[max(fits, key=lambda i: shape[i])] = "shards"
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
 def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
-                        step: Optional[str] = None) -> Tuple[str, List[int]]:
+                        step: Optional[str] = None, sharded: bool = False) -> Tuple[str, List[int]]:
   """Average the params of the ``last`` newest checkpoints; returns (path written, steps used).
 
   Means are taken in float64 and cast back to each leaf's dtype. ``step`` ('best', 'latest' or a
   step number) exports that one checkpoint's params instead (default name params_<step>.msgpack).
+  ``sharded``: shard by shard over every device of every process (``average_params_sharded``,
+  sums in float32), written as an orbax directory of shards (default name params_avg<N>/ or
+  params_<step>/) that ``workdir.load_params`` reads: what a pod's processes run together.
   """
   if last < 1:
     raise CheckpointError(f"--last={last} must be at least 1")
@@ -374,8 +412,12 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
   try:
     if step:
       chosen = _pick_step(checkpointer, str(step))
+      name = output or workdir_lib.exported_params_name(str(step))
+      if sharded:  # the mean of one checkpoint: its parameters exactly (x / 1)
+        params = exported_params(workdir, checkpointer.average_params_sharded([chosen]))
+        return workdir_lib.save_params_sharded(workdir, params, _directory_name(name)), [chosen]
       params = exported_params(workdir, checkpointer.restore_params(chosen))
-      path = workdir_lib.save_params(workdir, params, output or workdir_lib.exported_params_name(str(step)))
+      path = workdir_lib.save_params(workdir, params, name)
       return path, [chosen]
     steps = checkpointer.all_steps()
     if len(steps) < last:
@@ -383,9 +425,18 @@ def average_checkpoints(workdir: str, last: int, output: Optional[str] = None,
                        f"than --last={last}: use --last={len(steps)}, or train with "
                        f"--config.keep_checkpoints={last} (or more) to keep enough")
     steps = steps[-last:]
+    if sharded:
+      mean = exported_params(workdir, checkpointer.average_params_sharded(steps))
+      name = _directory_name(output or workdir_lib.exported_params_name(last))
+      return workdir_lib.save_params_sharded(workdir, mean, name), steps
     mean = checkpointer.average_params(steps)
   finally:
     checkpointer.close()
   mean = exported_params(workdir, mean)
   path = workdir_lib.save_params(workdir, mean, output or workdir_lib.exported_params_name(last))
   return path, steps
+
+
+def _directory_name(name: str) -> str:
+  """An exported-parameters file name as the directory of shards: without ``.msgpack``."""
+  return name[:-len(".msgpack")] if name.endswith(".msgpack") else name

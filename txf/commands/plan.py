@@ -25,6 +25,8 @@ flags.DEFINE_integer("devices", 0, "devices of the mesh (0 = all there are); on 
 flags.DEFINE_integer("vocab_size", 0, "vocabulary size (0 = config.data.vocab_size)")
 flags.DEFINE_float("device_peak_tflops", 0.0, "peak TFLOP/s of one device, for the time estimate")
 flags.DEFINE_float("mfu", 0.4, "model FLOPs utilisation assumed for the time estimate")
+flags.DEFINE_integer("hosts", 0, "hosts the devices stand for (per-host bytes; 0 = the devices' own "
+                     "processes, one host for local devices)")
 flags.DEFINE_string("json", "", "also write the plan as JSON to this file")
 flags.DEFINE_string("topology", "", "compile for this TPU slice instead of local devices (needs libtpu: "
                     "pip install -e '.[tpu]'), e.g. v5e-8, v4-32, v5p-128, v6e-256, 2xv5e-256")
@@ -65,7 +67,8 @@ def main(argv):
   if f.devices:
     devices = devices[:f.devices]
   from txf.plan import plan
-  result = plan(config, f.vocab_size or config.data.vocab_size, devices, f.device_peak_tflops, f.mfu)
+  result = plan(config, f.vocab_size or config.data.vocab_size, devices, f.device_peak_tflops, f.mfu,
+                hosts=f.hosts)
   _report(result, f.json)
 
 
@@ -77,7 +80,7 @@ def _plan_topology(config, f) -> None:
   devices = topology.topology_devices(f.topology)
   chip = topology.chip(f.topology)
   result = plan(config, f.vocab_size or config.data.vocab_size, devices,
-                f.device_peak_tflops or chip["peak_tflops"], f.mfu, chip["hbm_bytes"])
+                f.device_peak_tflops or chip["peak_tflops"], f.mfu, chip["hbm_bytes"], f.hosts)
   result["topology"] = f.topology
   _report(result, f.json)
 

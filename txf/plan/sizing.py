@@ -16,7 +16,7 @@ The batch is the data's largest fixed shape: ``batch_size`` rows of ``max_input_
 
 import dataclasses
 import time
-from typing import Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 import numpy as np
@@ -57,6 +57,58 @@ def _bytes_per_device(abstract_sharded) -> int:
                  for x in jax.tree_util.tree_leaves(abstract_sharded)))
 
 
+def host_of_devices(devices, hosts: int = 0) -> List[int]:
+  """The host (process) of each device: its ``process_index`` when the devices span several
+  processes (a TPU topology, a multi-process job), else ``hosts`` contiguous groups of the
+  devices as listed (fake CPU devices standing in for ``hosts`` hosts; 0 or 1 = one host)."""
+  indices = [getattr(d, "process_index", 0) for d in devices]
+  if len(set(indices)) > 1 or hosts <= 1:
+    return indices
+  if len(devices) % hosts:
+    raise ConfigError(f"--hosts={hosts} does not divide the {len(devices)} devices: give a "
+                      f"divisor of {len(devices)}")
+  per = len(devices) // hosts
+  return [i // per for i in range(len(devices))]
+
+
+def bytes_per_host(abstract_sharded, devices, host_of: Sequence[int]) -> List[int]:
+  """Bytes of the distinct shards each host's devices hold of a tree of sharded
+  ShapeDtypeStructs: sum over leaves of |{index of the shard on d : d on host h}| shard sizes
+  (a shard replicated on two devices of one host counts once, as it is written once)."""
+  where = {d: h for d, h in zip(devices, host_of)}
+  totals = [0] * (max(host_of) + 1)
+  for x in jax.tree_util.tree_leaves(abstract_sharded):
+    seen = [set() for _ in totals]
+    for device, index in x.sharding.devices_indices_map(x.shape).items():
+      h = where.get(device)
+      key = tuple((sl.start, sl.stop) for sl in index)
+      if h is None or key in seen[h]:
+        continue
+      seen[h].add(key)
+      sizes = [len(range(*sl.indices(n))) for sl, n in zip(index, x.shape)]
+      totals[h] += int(np.prod(sizes, dtype=np.int64)) * x.dtype.itemsize
+  return totals
+
+
+def largest_arrays(params) -> Dict[str, Any]:
+  """{"array": (name, bytes)} of the largest single parameter and {"layer": (name, bytes)} of
+  the largest layer (a top-level entry of an encoder or decoder stack, or any other top-level
+  module such as the embedding), from a tree of ShapeDtypeStructs."""
+  def nbytes(tree):
+    return int(sum(np.prod(x.shape, dtype=np.int64) * x.dtype.itemsize
+                   for x in jax.tree_util.tree_leaves(tree)))
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  name, leaf = max(flat, key=lambda kv: np.prod(kv[1].shape, dtype=np.int64) * kv[1].dtype.itemsize)
+  array = ("/".join(str(getattr(k, "key", k)) for k in name), nbytes(leaf))
+  layers = []
+  for top, sub in params.items():
+    if isinstance(sub, dict) and any(isinstance(v, dict) and "layer" in k for k, v in sub.items()):
+      layers += [(f"{top}/{k}", nbytes(v)) for k, v in sub.items() if isinstance(v, dict)]
+    else:
+      layers.append((str(top), nbytes(sub)))
+  return {"array": array, "layer": max(layers, key=lambda kv: kv[1])}
+
+
 def _memory(compiled) -> Dict[str, int]:
   m = compiled.memory_analysis()
   if m is None:
@@ -83,10 +135,13 @@ def _xla_flops(compiled) -> Optional[float]:
 
 
 def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
-         mfu: float = 0.4, hbm_bytes: int = 0) -> Dict:
+         mfu: float = 0.4, hbm_bytes: int = 0, hosts: int = 0) -> Dict:
   """Compile ``config``'s init and train step on a mesh over ``devices`` (default: all) and return
-  the per-device figures (see the module docstring). Raises ConfigError for a mesh that does not
-  fit the devices or does not divide the model."""
+  the per-device figures (see the module docstring) and the per-host ones: the bytes of the state
+  shards each host's devices hold (what the host writes to a checkpoint or to the sharded final
+  ``params/``), the largest single parameter array and the largest layer. ``hosts`` splits
+  devices of one process into that many hosts (fake CPU devices). Raises ConfigError for a mesh
+  that does not fit the devices or does not divide the model."""
   devices = list(jax.devices() if devices is None else devices)
   slices = len({getattr(d, "slice_index", 0) for d in devices})
   if slices > 1 and not tuple(config.get("dcn_mesh_shape", ()) or ()):
@@ -148,6 +203,15 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
          "flops_per_step": flops, "tokens_per_step": rows * t,
          "num_train_steps": int(config.num_train_steps),
          "step_compile_seconds": compile_seconds}
+  host_of = host_of_devices(devices, hosts)
+  per_host_params = bytes_per_host(target.params, devices, host_of)
+  per_host_opt = bytes_per_host(target.opt_state, devices, host_of)
+  largest = largest_arrays(abstract.params)
+  out["hosts"] = {"count": max(host_of) + 1, "devices_per_host": n // (max(host_of) + 1),
+                  "param_bytes": max(per_host_params), "opt_bytes": max(per_host_opt),
+                  "state_bytes": max(p + o for p, o in zip(per_host_params, per_host_opt)),
+                  "largest_array": largest["array"][0], "largest_array_bytes": largest["array"][1],
+                  "largest_layer": largest["layer"][0], "largest_layer_bytes": largest["layer"][1]}
   step_mem, init_mem = _memory(step_compiled), _memory(init_compiled)
   out["temp_bytes_per_device"] = step_mem.get("temp_bytes")
   out["peak_bytes_per_device"] = step_mem.get("peak_bytes")
@@ -173,6 +237,20 @@ def _size(b: Optional[float]) -> str:
   return f"{int(b)} B"
 
 
+def _host_lines(p: Dict) -> List[str]:
+  """The per-host block of ``format_plan`` (plans written before it had none: no lines)."""
+  h = p.get("hosts")
+  if not h:
+    return []
+  return [f"per host ({h['count']} host{'s' if h['count'] > 1 else ''} x {h['devices_per_host']} "
+          f"devices), the most any host holds:",
+          f"  state shards      {_size(h['state_bytes']):>12}   (parameters {_size(h['param_bytes'])} "
+          f"+ Adam {_size(h['opt_bytes'])}: a checkpoint's or the final params/' share)",
+          f"  largest array     {_size(h['largest_array_bytes']):>12}   ({h['largest_array']}: what "
+          f"average-checkpoints reads at once)",
+          f"  largest layer     {_size(h['largest_layer_bytes']):>12}   ({h['largest_layer']})"]
+
+
 def format_plan(p: Dict) -> str:
   """The plan as the lines ``txf plan`` prints."""
   m, b = p["model"], p["batch"]
@@ -191,6 +269,7 @@ def format_plan(p: Dict) -> str:
            f"  temporaries       {_size(p['temp_bytes_per_device']):>12}   (XLA, compiled train step)",
            f"  peak              {_size(p['peak_bytes_per_device']):>12}   (train step; init "
            f"{_size(p['init_peak_bytes_per_device'])})",
+           *_host_lines(p),
            f"compile    train step in {p['step_compile_seconds']:.1f} s (lowering + XLA)",
            f"model FLOPs per step  {p['flops_per_step'] / 1e12:.2f} TFLOP (matmuls, forward + backward)"]
   if p.get("xla_flops_per_device"):
