@@ -101,6 +101,19 @@ def test_two_processes_train_checkpoint_and_one_process_resumes(tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(ref_params), jax.tree_util.tree_leaves(params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
+  # both processes average the checkpoints of steps 3 and 6 shard by shard (the default with
+  # several processes): params_avg2/ holds the mean that one process takes in float64
+  status, out, _ = _launch(2, 2, [sys.executable, "-m", "txf.cli", "average-checkpoints",
+                                  "--workdir", str(resumed), "--last", "2"])
+  assert status == 0 and "checkpoints at steps 3, 6" in out, out[-3000:]
+  assert os.path.isdir(resumed / "params_avg2")
+  from txf.checkpoint import average_checkpoints
+  average_checkpoints(str(resumed), 2)  # one process, float64 sums: params_avg2.msgpack
+  whole = workdir_lib.load_params(str(resumed), "params_avg2.msgpack")
+  sharded = workdir_lib.load_params(str(resumed), "params_avg2")
+  for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(sharded)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7)
+
 
 def test_every_process_resumes_from_the_step_process_0_lists(tmp_path):
   """Process 1 does not see the newest checkpoint (a stale view of the shared folder): it resumes

@@ -43,7 +43,7 @@ def test_plan_base_with_fsdp_8_splits_the_state_eight_ways(tmp_path):
   out = tmp_path / "plan.json"
   proc = _plan("--config", "experiments/wmt14_en_de_base.py", "--devices", "8",
                "--config.parallelism=mesh", "--config.mesh_shape=(1,8,1)", *SMALL_BATCH,
-               "--device_peak_tflops=100", "--mfu=0.5", "--json", str(out))
+               "--device_peak_tflops=100", "--mfu=0.5", "--hosts", "2", "--json", str(out))
   assert proc.returncode == 0, proc.stderr[-3000:]
   plan = json.loads(out.read_text())
   for key in ("devices", "mesh_shape", "param_bytes_total", "param_bytes_per_device",
@@ -60,6 +60,15 @@ def test_plan_base_with_fsdp_8_splits_the_state_eight_ways(tmp_path):
   assert plan["step_seconds"] == pytest.approx(step_s, rel=1e-9)
   assert plan["train_hours"] == pytest.approx(step_s * 100000 / 3600, rel=1e-9)
   assert "parameters" in proc.stdout and "peak" in proc.stdout and "ms/step" in proc.stdout
+  # 2 hosts of 4 devices: a host holds half of every sharded array (and the few small replicated ones)
+  hosts, total = plan["hosts"], plan["param_bytes_total"]
+  assert hosts["count"] == 2 and hosts["devices_per_host"] == 4
+  assert total / 2 <= hosts["param_bytes"] < 1.01 * total / 2
+  assert 2 * total / 2 <= hosts["opt_bytes"] < 2 * 1.01 * total / 2
+  assert hosts["state_bytes"] == hosts["param_bytes"] + hosts["opt_bytes"]
+  assert hosts["largest_array"] == "embed/embedding" and hosts["largest_array_bytes"] == 32000 * 512 * 4
+  assert hosts["largest_layer_bytes"] >= hosts["largest_array_bytes"]
+  assert "per host (2 hosts x 4 devices)" in proc.stdout
 
 
 @pytest.mark.parametrize("args, words", [
