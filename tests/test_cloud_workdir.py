@@ -31,6 +31,7 @@ from txf import workdir as workdir_lib
 from txf.errors import TxfError
 from txf.metrics import MetricWriter
 from txf.train import train
+from txf.train.profile import StepProfiler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -188,3 +189,16 @@ def test_a_missing_filesystem_package_is_one_line_and_writes_nothing(tmp_path):
   assert len(lines) == 1 and lines[0].startswith("txf: error:"), out.stderr
   assert "pip install gcsfs" in lines[0]
   assert os.listdir(cwd) == []
+
+
+def test_a_profile_is_traced_locally_and_copied_up(tmp_path, bucket):
+  profiler = StepProfiler("2:3", "gs://runs/profiled", first_step=0)
+  profiler.before(1)  # step 2 starts the trace
+  assert profiler.running
+  profiler.after(2, jax.numpy.ones(3) * 2)
+  assert not profiler.running
+  traces = [os.path.join(root, name) for root, _, files in os.walk(bucket / "runs" / "profiled")
+            for name in files if name.endswith(".xplane.pb")]
+  assert traces and all(os.path.getsize(p) > 0 for p in traces)
+  assert os.sep.join(["profile", "plugins", "profile"]) in traces[0]
+  assert os.listdir(tmp_path / "cwd") == []
