@@ -117,6 +117,8 @@ NOT_RUN = {
     "launch/tpu_pod.sh --dry-run --queued v5p-128 v2-alpha-tpuv5 --num-slices 2 my-qr us-east5-a "
     "--config=experiments/wmt14_en_de_1b.py --workdir=/mnt/runs/1b": "tests/test_launchers.py runs the dry runs",
     "launch/tpu_pod.sh --dry-run --stop my-qr us-east5-a": "tests/test_launchers.py runs the dry runs",
+    "txf train --config experiments/wmt14_en_de_base.py --workdir gs://my-bucket/runs/base":
+        "a Cloud Storage bucket: tests/test_cloud_workdir.py trains into a local stand-in for one",
     "launch/gke_jobset.sh --hosts 4 --image IMAGE -- --config=experiments/wmt14_en_de_1b.py "
     "--workdir=/data/runs/1b": "tests/test_launchers.py parses the manifest",
     "launch/gke_jobset.sh --xpk my-cluster v5p-128 --num-slices 2 --image IMAGE --dry-run -- "

@@ -45,6 +45,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from txf import storage
 from txf import workdir as workdir_lib
 from txf.errors import TxfError
 from txf.models import model_config_from, unpad_vocab
@@ -105,8 +106,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, config=None, async_save: bool = True, read_only: bool = False,
                agreed_steps: bool = False):
-    self.workdir = os.path.abspath(workdir)
-    self.directory = os.path.join(self.workdir, workdir_lib.CHECKPOINTS_DIR)
+    self.workdir = storage.absolute(workdir)  # a local path made absolute, a bucket path as it is
+    self.directory = storage.join(self.workdir, workdir_lib.CHECKPOINTS_DIR)
     self.read_only = config is None or read_only
     self.seed = None if config is None else int(config.seed)
     self.best_metric = "" if config is None else config.best_metric
@@ -135,7 +136,7 @@ class Checkpointer:
         cleanup_tmp_directories=not self.read_only, read_only=self.read_only,
         enable_async_checkpointing=async_save, save_interval_steps=0 if self.read_only else 1,
         single_host_load_and_broadcast=agreed_steps)
-    if self.read_only and not os.path.isdir(self.directory):
+    if self.read_only and not storage.wpath(self.directory).is_dir():
       raise CheckpointError(f"no checkpoints in {self.directory}: train a run there first")
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           handler_registry=registry)
@@ -154,7 +155,7 @@ class Checkpointer:
     return self._manager.best_step()
 
   def step_dir(self, step: int) -> str:
-    return os.path.join(self.directory, str(step))
+    return storage.join(self.directory, str(step))
 
   # -- saving ----------------------------------------------------------------------------------
 
@@ -324,11 +325,14 @@ class Checkpointer:
                      f"this run has {jax.process_count()}: resume with {len(states)} processes")
 
   def _move_aside(self, step: int) -> str:
-    aside = os.path.join(self.workdir, workdir_lib.UNREADABLE_CHECKPOINTS_DIR,
+    aside = storage.join(self.workdir, workdir_lib.UNREADABLE_CHECKPOINTS_DIR,
                          f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
     if jax.process_index() == 0:
-      os.makedirs(os.path.dirname(aside), exist_ok=True)
-      os.replace(self.step_dir(step), aside)
+      storage.wpath(aside).parent.mkdir(parents=True, exist_ok=True)
+      if storage.is_local(aside):
+        os.replace(self.step_dir(step), aside)
+      else:  # a bucket renames by copying the objects
+        storage.wpath(self.step_dir(step)).rename(aside)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"txf_checkpoint_move_aside_{step}")
     self._manager.reload()

@@ -2,15 +2,25 @@
 
 TensorBoard files are written with tensorboardX (no TensorFlow): scalars per split, the run's
 config (text and hparams) and eval samples (text). Only process 0 writes.
+
+In a bucket workdir (gs://...) an object cannot be appended to: metrics.jsonl is kept in memory and
+uploaded whole at each row, and the event files are written in a local temporary folder and copied
+up to ``tensorboard/`` at ``flush``/``close`` and at most every ``TB_UPLOAD_SECONDS`` while writing.
 """
 
 import json
 import os
+import shutil
+import tempfile
+import time
 from typing import Dict
 
 import numpy as np
 
-from txf.workdir import METRICS_FILE, TENSORBOARD_DIR, disk_errors
+from txf.storage import is_local, read_text, upload_tree, write_bytes, wpath
+from txf.workdir import METRICS_FILE, TENSORBOARD_DIR, disk_errors, path_of
+
+TB_UPLOAD_SECONDS = 60.0  # a bucket workdir's event files are copied up at most this often while writing
 
 
 class MetricWriter:
@@ -18,14 +28,33 @@ class MetricWriter:
 
   def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
     self.enabled = enabled
-    self.path = os.path.join(workdir, METRICS_FILE)
+    self.path = path_of(workdir, METRICS_FILE)
+    self.local = is_local(workdir)
+    self._text = None  # a bucket workdir's metrics.jsonl, read once
     self._tb = None
+    self._tb_target = path_of(workdir, TENSORBOARD_DIR)
+    self._tb_local = None  # a bucket workdir's local event folder
+    self._uploaded = time.monotonic()
     if enabled and tensorboard:
       try:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
+        if not self.local:
+          self._tb_local = tempfile.mkdtemp(prefix="txf-tensorboard-")
+        self._tb = SummaryWriter(self._tb_local or self._tb_target)
       except ImportError:  # pragma: no cover - tensorboardX is a dependency
         self._tb = None
+
+  def _bucket_text(self) -> str:
+    """A bucket workdir's metrics.jsonl as it is now (read from the bucket once)."""
+    if self._text is None:
+      self._text = read_text(self.path) if wpath(self.path).exists() else ""
+    return self._text
+
+  def _upload_events(self) -> None:
+    """Copy a bucket workdir's event files up to ``tensorboard/`` (whole files)."""
+    if self._tb_local is not None:
+      upload_tree(self._tb_local, self._tb_target)
+      self._uploaded = time.monotonic()
 
   def write(self, step: int, split: str, metrics: Dict[str, float]) -> Dict:
     row = {"step": int(step), "split": split}
@@ -34,12 +63,19 @@ class MetricWriter:
     if not self.enabled:
       return row
     with disk_errors(self.path):
-      with open(self.path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+      if self.local:
+        with open(self.path, "a") as f:
+          f.write(json.dumps(row) + "\n")
+      else:
+        self._text = self._bucket_text() + json.dumps(row) + "\n"
+        write_bytes(self.path, self._text.encode("utf-8"))
     if self._tb is not None:
       for k, v in row.items():
         if k not in ("step", "split") and isinstance(v, float):
           self._tb.add_scalar(f"{split}/{k}", v, step)
+      if self._tb_local is not None and time.monotonic() - self._uploaded > TB_UPLOAD_SECONDS:
+        self._tb.flush()
+        self._upload_events()
     return row
 
   def write_text(self, tag: str, text: str, step: int) -> None:
@@ -68,7 +104,7 @@ class MetricWriter:
 
   def truncate_after(self, step: int) -> None:
     """Drop rows logged after ``step`` (a resumed run re-logs them exactly)."""
-    if not (self.enabled and os.path.exists(self.path)):
+    if not (self.enabled and wpath(self.path).exists()):
       return
     def keep(line: str) -> bool:
       try:
@@ -76,6 +112,11 @@ class MetricWriter:
       except ValueError:  # a line cut short by a killed process
         return False
 
+    if not self.local:
+      self._text = "".join(line + "\n" for line in self._bucket_text().splitlines()
+                           if line.strip() and keep(line))
+      write_bytes(self.path, self._text.encode("utf-8"))
+      return
     with open(self.path) as f:
       rows = [line.rstrip("\n") + "\n" for line in f if line.strip() and keep(line)]
     tmp = self.path + ".tmp"
@@ -84,10 +125,17 @@ class MetricWriter:
     os.replace(tmp, self.path)
 
   def flush(self):
+    """Write the pending event records (and copy a bucket workdir's event files up)."""
     if self._tb is not None:
       self._tb.flush()
+      self._upload_events()
 
   def close(self):
+    """Close the event writer (a bucket workdir's event files are copied up, the local copy removed)."""
     if self._tb is not None:
       self._tb.close()
+    if self._tb_local is not None:
+      self._upload_events()
+      shutil.rmtree(self._tb_local, ignore_errors=True)
+      self._tb, self._tb_local = None, None
 

@@ -6,6 +6,7 @@ so nothing here touches matplotlib's global backend or figure registry. Every ``
 writes one PNG and returns its path.
 """
 
+import io
 import json
 import os
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -17,6 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from txf import storage
 from txf import workdir as workdir_lib
 from txf.models import ModelBuilder, build_model, model_inputs
 
@@ -31,13 +33,15 @@ def new_figure(width: float, height: float) -> Figure:
 
 
 def save_figure(fig: Figure, path: Union[str, os.PathLike], tight: bool = False) -> str:
-  """Write ``fig`` as PNG to ``path`` (creating its folder) and return the path as a string.
-  ``tight`` crops the canvas to what is drawn (``bbox_inches="tight"``)."""
+  """Write ``fig`` as PNG to ``path`` (creating its folder; local or in a bucket) and return the
+  path as a string. ``tight`` crops the canvas to what is drawn (``bbox_inches="tight"``)."""
   path = os.fspath(path)
-  folder = os.path.dirname(path)
-  if folder:
-    os.makedirs(folder, exist_ok=True)
-  fig.savefig(path, format="png", **({"bbox_inches": "tight"} if tight else {}))
+  folder = storage.wpath(path).parent
+  if os.fspath(folder) not in ("", "."):
+    folder.mkdir(parents=True, exist_ok=True)
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", **({"bbox_inches": "tight"} if tight else {}))
+  storage.wpath(path).write_bytes(buffer.getvalue())
   return path
 
 
@@ -75,8 +79,7 @@ def attention_maps(model_cfg, params, batch: Dict[str, np.ndarray],
 def read_metrics_rows(source: Rows) -> List[Dict]:
   """Rows of a metrics.jsonl file (one JSON object per line, blank lines skipped), or a given list of dicts."""
   if isinstance(source, (str, os.PathLike)):
-    with open(source) as f:
-      return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in storage.read_text(source).splitlines() if line.strip()]
   return list(source)
 
 
@@ -260,11 +263,11 @@ def write_run_plots(workdir: Union[str, os.PathLike]) -> List[str]:
     FileNotFoundError: workdir/metrics.jsonl does not exist.
   """
   workdir = os.fspath(workdir)
-  rows = read_metrics_rows(os.path.join(workdir, workdir_lib.METRICS_FILE))
+  rows = read_metrics_rows(workdir_lib.path_of(workdir, workdir_lib.METRICS_FILE))
   written = []
   if any("loss" in r for r in rows):
-    written.append(plot_loss_curves(rows, os.path.join(workdir, workdir_lib.LOSS_PLOT)))
+    written.append(plot_loss_curves(rows, workdir_lib.path_of(workdir, workdir_lib.LOSS_PLOT)))
   steps, values = _series(rows, "learning_rate")
   if steps.size:
-    written.append(plot_learning_rate((steps, values), os.path.join(workdir, workdir_lib.LR_PLOT)))
+    written.append(plot_learning_rate((steps, values), workdir_lib.path_of(workdir, workdir_lib.LR_PLOT)))
   return written

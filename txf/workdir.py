@@ -4,7 +4,8 @@ A workdir that already holds a different run that has trained (a checkpoint, a m
 final parameters) is never silently overwritten: it is refused with the differing fields named, or,
 with ``fresh=True``, moved aside to ``<workdir>.old-<time>``. A start that failed before training
 leaves nothing to protect: the next command replaces its config. A disk that is full, read-only or
-not ours while txf writes gives a ``DiskError`` naming the path (``disk_errors``).
+not ours while txf writes gives a ``DiskError`` naming the path (``disk_errors``). A workdir may be a
+bucket (``gs://bucket/run``): every file here goes through ``txf.storage`` (etils.epath).
 """
 
 import contextlib
@@ -22,6 +23,8 @@ from flax import serialization
 
 from txf.config import _flatten, base_config
 from txf.errors import TxfError, disk_errno_of
+from txf.storage import (absolute, check_filesystem, is_local, join, read_bytes, read_text, staged_dir,
+                         size_of, write_bytes, wpath)
 
 # Fields that may change between a run and its resumption (length of the run, logging, decoding).
 RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_every",
@@ -52,7 +55,7 @@ LR_PLOT = "learning_rate.png"        # the learning rate against step
 
 def path_of(workdir: str, name: str) -> str:
   """``workdir/name`` for one of the names above (e.g. ``path_of(w, METRICS_FILE)``)."""
-  return os.path.join(workdir, name)
+  return join(workdir, name)
 
 
 def eval_report_name(split: str) -> str:
@@ -69,17 +72,17 @@ def exported_params_name(which: Any) -> str:
 def save_task(workdir: str, task) -> None:
   """Write a run's task once: its codecs into tokenizer/ (``task.save``) and its sizes into
   task.json (``task.describe()``). The data layer reads both back; nothing else writes them."""
-  task.save(path_of(workdir, TOKENIZER_DIR))
+  with staged_dir(path_of(workdir, TOKENIZER_DIR)) as local:
+    task.save(local)
   write_json(path_of(workdir, TASK_FILE), task.describe())
 
 
 def read_task_json(workdir: str) -> Optional[Dict[str, Any]]:
   """The sizes training recorded in ``workdir/task.json`` (None if the run has none)."""
   path = path_of(workdir, TASK_FILE)
-  if not os.path.isfile(path):
+  if not wpath(path).is_file():
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(read_text(path))
 
 
 class RunConflictError(TxfError, RuntimeError):
@@ -174,6 +177,8 @@ def disk_errors(path: str, what: str = "writing", need_bytes: Optional[int] = No
       raise
     problem, fix = _DISK_ERRNOS[found.errno]
     if found.errno in (errno.ENOSPC, errno.EDQUOT):
+      if need_bytes is None and not is_local(path):
+        need_bytes = 0
       if need_bytes is None:
         steps = sorted((int(n) for n in os.listdir(path) if n.isdigit()), reverse=True) \
             if os.path.isdir(path) else []
@@ -184,11 +189,11 @@ def disk_errors(path: str, what: str = "writing", need_bytes: Optional[int] = No
 
 def has_trained(workdir: str) -> bool:
   """Whether the run in ``workdir`` has trained: a checkpoint, a metrics row or params.msgpack."""
-  metrics = path_of(workdir, METRICS_FILE)
-  checkpoints = path_of(workdir, CHECKPOINTS_DIR)
-  return ((os.path.isfile(metrics) and os.path.getsize(metrics) > 0)
-          or (os.path.isdir(checkpoints) and bool(os.listdir(checkpoints)))
-          or os.path.exists(path_of(workdir, PARAMS_FILE)))
+  metrics = wpath(path_of(workdir, METRICS_FILE))
+  checkpoints = wpath(path_of(workdir, CHECKPOINTS_DIR))
+  return ((metrics.is_file() and size_of(metrics) > 0)
+          or (checkpoints.is_dir() and any(True for _ in checkpoints.iterdir()))
+          or wpath(path_of(workdir, PARAMS_FILE)).exists())
 
 
 def config_to_dict(config: ml_collections.ConfigDict) -> Dict[str, Any]:
@@ -216,22 +221,26 @@ def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False
   left as it is: ``record_config`` rewrites it once the run trains on (resumable fields such as
   num_train_steps may differ). A run that never trained is replaced by the new config.
   """
+  check_filesystem(workdir)
   path = path_of(workdir, CONFIG_FILE)
   new = config_to_dict(config)
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
+  where = wpath(workdir)
+  if where.exists() and not where.is_dir():
     raise TxfError(f"--workdir {workdir} is a file, not a directory: choose another --workdir")
-  if os.path.isdir(workdir) and os.listdir(workdir):
+  if where.is_dir() and any(True for _ in where.iterdir()):
     if fresh:
-      aside = f"{workdir.rstrip('/')}.old-{time.strftime('%Y%m%d-%H%M%S')}"
-      shutil.move(workdir, aside)
+      aside = f"{os.fspath(workdir).rstrip('/')}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+      if is_local(workdir):
+        shutil.move(workdir, aside)
+      else:  # a bucket has no folders to rename: its objects are copied under the new prefix
+        where.rename(aside)
       say(f"--fresh: moved the previous run to {aside}")
-    elif not os.path.exists(path):
+    elif not wpath(path).exists():
       raise RunConflictError(f"workdir {workdir} is not empty and holds no txf run (no config.json): "
                              f"choose another --workdir, or pass --fresh to move it aside")
     else:
       if has_trained(workdir):
-        with open(path) as f:
-          old = json.load(f)
+        old = json.loads(read_text(path))
         diffs = differing_fields(old, new)
         if diffs:
           lines = "\n".join(f"  {k}: {a!r} (in workdir) != {b!r} (now)" for k, a, b in diffs)
@@ -240,7 +249,7 @@ def prepare(workdir: str, config: ml_collections.ConfigDict, fresh: bool = False
         _check_writable(workdir)
         return True
   with disk_errors(workdir, "creating"):
-    os.makedirs(workdir, exist_ok=True)
+    where.mkdir(parents=True, exist_ok=True)
   _check_writable(workdir)
   write_json(path, new)
   return False
@@ -254,55 +263,40 @@ def record_config(workdir: str, config: ml_collections.ConfigDict) -> None:
 
 def _check_writable(workdir: str) -> None:
   """DiskError now, before anything is built, if ``workdir`` cannot be written."""
-  probe = os.path.join(workdir, f".txf-write-test-{os.getpid()}")
+  probe = wpath(join(workdir, f".txf-write-test-{os.getpid()}"))
   with disk_errors(workdir):
-    with open(probe, "w"):
-      pass
-    os.remove(probe)
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def write_json(path: str, obj: Any, elsewhere: str = "--workdir") -> None:
   """Write JSON atomically (temp file + rename): a crash never leaves half a file; a full disk is a
   DiskError whose fix names ``elsewhere`` (the flag that picks another place)."""
-  tmp = f"{path}.tmp-{os.getpid()}"
   with disk_errors(path, elsewhere=elsewhere):
-    try:
-      with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-      os.replace(tmp, path)
-    finally:
-      if os.path.exists(tmp):
-        os.remove(tmp)
+    write_bytes(path, json.dumps(obj, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def save_params(workdir: str, params, name: str = PARAMS_FILE) -> str:
   """Write parameters (flax msgpack) atomically; returns the path."""
-  path = os.path.join(workdir, name)
-  tmp = f"{path}.tmp-{os.getpid()}"
+  path = join(workdir, name)
   data = serialization.msgpack_serialize(jax.device_get(params))
   with disk_errors(path, need_bytes=len(data)):
-    try:
-      with open(tmp, "wb") as f:
-        f.write(data)
-      os.replace(tmp, path)
-    finally:
-      if os.path.exists(tmp):
-        os.remove(tmp)
-    stale = os.path.join(workdir, SHARDED_PARAMS)  # an earlier multi-process finish's shards
-    if name == PARAMS_FILE and os.path.isdir(stale):
-      shutil.rmtree(stale)
+    write_bytes(path, data)
+    stale = wpath(join(workdir, SHARDED_PARAMS))  # an earlier multi-process finish's shards
+    if name == PARAMS_FILE and stale.is_dir():
+      stale.rmtree()
   return path
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's config.json over ``base_config()``: a field missing from an older run's file (added
   to txf since) has its base_config default, so base_config is the one source of defaults."""
+  check_filesystem(workdir)
   path = path_of(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  if not wpath(path).exists():
     raise TxfError(f"{workdir} holds no txf run (no config.json): train one with "
                             f"`txf train --workdir {workdir}` first")
-  with open(path) as f:
-    stored = json.load(f)
+  stored = json.loads(read_text(path))
   config = base_config()
   config.update(stored)
   return config
@@ -313,15 +307,15 @@ def save_params_sharded(workdir: str, params, name: str = SHARDED_PARAMS) -> str
   as an orbax checkpoint directory ``<workdir>/<name>/``: every process calls this and writes
   only its own shards, nothing is gathered. ``load_params`` reads it back. Returns the path."""
   import orbax.checkpoint as ocp  # deferred: orbax takes a while to import
-  path = os.path.abspath(os.path.join(workdir, name))
+  path = absolute(join(workdir, name))
   with disk_errors(path):
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(path, params, force=True)
     checkpointer.wait_until_finished()
     checkpointer.close()
     stale = path_of(workdir, PARAMS_FILE)  # an earlier finish's, which load_params prefers
-    if name == SHARDED_PARAMS and jax.process_index() == 0 and os.path.exists(stale):
-      os.remove(stale)
+    if name == SHARDED_PARAMS and jax.process_index() == 0 and wpath(stale).exists():
+      wpath(stale).unlink()
   return path
 
 
@@ -338,10 +332,10 @@ def params_location(workdir: str, name: Optional[str] = None) -> str:
   """The path of a run's parameters: ``name`` (default params.msgpack; relative to the workdir),
   or, when the default file is absent, the sharded ``params/`` directory a multi-process run
   writes (``save_params_sharded``)."""
-  path = os.path.join(workdir, name or PARAMS_FILE)
-  if name is None and not os.path.exists(path):
-    sharded = os.path.join(workdir, SHARDED_PARAMS)
-    if os.path.isdir(sharded):
+  path = join(workdir, name or PARAMS_FILE)
+  if name is None and not wpath(path).exists():
+    sharded = join(workdir, SHARDED_PARAMS)
+    if wpath(sharded).is_dir():
       return sharded
   return path
 
@@ -350,12 +344,12 @@ def load_params(workdir: str, name: Optional[str] = None):
   """Final (or named, e.g. averaged) parameters of a run as a pytree of numpy arrays: a flax
   msgpack file (params.msgpack), or an orbax directory of shards (``params/``, written by a
   multi-process run without gathering; read here whole)."""
-  path = name if name is not None and os.path.isabs(name) else params_location(workdir, name)
-  if not os.path.exists(path):
+  absolute_name = name is not None and (os.path.isabs(name) or not is_local(name))
+  path = name if absolute_name else params_location(workdir, name)
+  if not wpath(path).exists():
     raise TxfError(f"no trained parameters at {path}: the run has not finished (train it "
                             f"to the end, or average its checkpoints with `txf average-checkpoints`)")
-  if os.path.isdir(path):
+  if wpath(path).is_dir():
     return _load_sharded(path)
-  with open(path, "rb") as f:
-    return serialization.msgpack_restore(f.read())
+  return serialization.msgpack_restore(read_bytes(path))
 

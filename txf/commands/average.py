@@ -17,6 +17,7 @@ import jax
 
 from txf.checkpoint import average_checkpoints
 from txf import workdir as workdir_lib
+from txf import storage
 from txf.errors import TxfError
 from txf.parallel import distributed
 
@@ -37,7 +38,8 @@ def main(argv):
     raise TxfError(f"unexpected arguments {argv[1:]}")
   distributed.maybe_initialize()
   f = flags.FLAGS
-  if not os.path.isdir(f.workdir):
+  storage.check_filesystem(f.workdir)
+  if not storage.wpath(f.workdir).is_dir():
     raise TxfError(f"no run directory {f.workdir}")
   sharded = f.sharded == "true" or (f.sharded == "auto" and jax.process_count() > 1)
   path, steps = average_checkpoints(f.workdir, f.last, f.output, f.step, sharded=sharded)

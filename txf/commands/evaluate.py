@@ -20,6 +20,7 @@ from absl import flags
 
 from txf import inference
 from txf.commands import terminal
+from txf import storage
 from txf import workdir as workdir_lib
 from txf.data.base import DataError
 from txf.errors import TxfError
@@ -75,7 +76,11 @@ def _split(run, wanted):
 
 
 def check_writable(path: str) -> None:
-  """TxfError, before any work, when the report cannot be written at ``path``."""
+  """TxfError, before any work, when the report cannot be written at ``path`` (local; a bucket's
+  path is checked for its file system package, and written at the end)."""
+  if not storage.is_local(path):
+    storage.check_filesystem(path, "--output")
+    return
   folder = os.path.dirname(os.path.abspath(path))
   try:
     os.makedirs(folder, exist_ok=True)
@@ -96,7 +101,7 @@ def main(argv):
     raise TxfError(f"--progress_every={f.progress_every} must be >= 0")
   run = terminal.load_run(f.workdir, f.params, data_path=f.data_path)
   split = _split(run, f.split)
-  path = f.output or os.path.join(f.workdir, workdir_lib.eval_report_name(split))
+  path = f.output or workdir_lib.path_of(f.workdir, workdir_lib.eval_report_name(split))
   check_writable(path)
   report = inference.evaluate_split(
       run, split,

@@ -12,6 +12,7 @@ import dataclasses
 import os
 from typing import Any, Dict, Optional
 
+from txf import storage
 from txf import workdir as workdir_lib
 from txf.data import builders, real, tokenizer
 from txf.data.base import DataError, DataSpec, Task, data_spec
@@ -65,7 +66,7 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
   scheme = d.source.partition(":")[0]
   if scheme not in ("text", "tfds"):
     return None
-  codec = tokenizer.load_codec(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
+  codec = tokenizer.load_codec(workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR))
   sizes = workdir_lib.read_task_json(workdir)
   if codec is None or sizes is None:
     return None
@@ -78,7 +79,7 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
                                 if k in sizes})
   sources = LazySources(d)
   return real.new_task(family, d, sources, sources.adapt, codec,
-                       f"workdir:{os.path.abspath(workdir)}", sentences=scheme == "tfds",
+                       f"workdir:{storage.absolute(workdir)}", sentences=scheme == "tfds",
                        num_classes=int(sizes.get("num_classes", 0)))
 
 

@@ -80,7 +80,7 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
   """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one."""
   wanted = _tokenizer_settings(d)
   if workdir:
-    directory = os.path.join(workdir, workdir_lib.TOKENIZER_DIR)
+    directory = workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR)
     codec = tokenizer.load_codec(directory)
     if codec is not None:
       if codec.settings != wanted and codec.settings.get("tokenizer") != "marian":

@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from txf import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
 
 NUM_SPECIALS = 4
@@ -272,7 +273,12 @@ class Codec:
     Safe when several processes save into one shared directory at once: each writes its files
     into a temporary directory of its own (unique name), then renames them into place one by one,
     the json last; a reader sees either no tokenizer or a complete one, never a partial file.
+    A bucket ``directory`` (gs://...) gets the files written in a local folder, then copied up.
     """
+    if not storage.is_local(directory):
+      with storage.staged_dir(directory) as local:
+        self.save(local)
+      return
     os.makedirs(directory, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{CODEC_FILE}.tmp-{os.getpid()}-", dir=directory)
     try:
@@ -308,7 +314,12 @@ def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
 
 
 def load_codec(directory: str) -> Optional[Codec]:
-  """The codec saved in ``directory``, or None if there is none."""
+  """The codec saved in ``directory`` (local, or a bucket's copied down), or None if there is none."""
+  if not storage.is_local(directory):
+    if not storage.wpath(storage.join(directory, CODEC_FILE)).is_file():
+      return None
+    with storage.local_copy(directory) as local:  # sentencepiece reads local files
+      return load_codec(local)
   path = os.path.join(directory, CODEC_FILE)
   if not os.path.isfile(path):
     return None

@@ -14,6 +14,7 @@ import numpy as np
 import sacrebleu
 
 from txf.data.base import PAD_ID, Batch, Example, truncate_keep_eos
+from txf import storage
 from txf.errors import TxfError
 from txf.inference import bleu as bleu_lib
 from txf.decode.decoders import translate_texts
@@ -201,7 +202,7 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
     raise TxfError(f"split {split!r} has no examples")
   family = run.family
   examples = run.task.examples(split, n) if family == "encoder_decoder" else []
-  report: Dict[str, Any] = {"workdir": run.workdir, "params": os.path.abspath(run.params_path),
+  report: Dict[str, Any] = {"workdir": run.workdir, "params": storage.absolute(run.params_path),
                             "split": split, "family": family, "num_examples": n}
   options = run.config or {}  # a Run built by hand may come without its training config
   evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size,

@@ -27,6 +27,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from txf import config as config_lib
+from txf import storage
 from txf import workdir as workdir_lib
 from txf.data import tokenizer as tok
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -163,7 +164,9 @@ def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_l
     fields = marian.model_fields(hf)
   except marian.UnsupportedMarianConfig as e:
     raise TxfError(f"{config_path}: txf cannot represent {e}") from None
-  if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
+  storage.check_filesystem(workdir)
+  where = storage.wpath(workdir)
+  if where.exists() and (not where.is_dir() or any(True for _ in where.iterdir())):
     raise TxfError(f"--workdir {workdir} exists and is not empty: choose a new directory")
   name = os.path.basename(os.path.normpath(src))
   config = import_config(hf, fields, name, data_config, max_len)
@@ -187,7 +190,15 @@ def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_l
 def _staged_directory(target: str, prefix: str):
   """A new folder beside ``target`` to write every file into; when the block ends without error it
   becomes ``target`` (absent or empty) in one rename, else it is removed. Disk failures inside are
-  DiskErrors naming the folder."""
+  DiskErrors naming the folder. A bucket ``target`` gets a local temporary folder, copied up at the end."""
+  if not storage.is_local(target):
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+      yield tmp
+      storage.upload_tree(tmp, target)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+    return
   parent = os.path.dirname(os.path.abspath(target))
   with workdir_lib.disk_errors(parent, "creating"):
     os.makedirs(parent, exist_ok=True)
@@ -240,7 +251,7 @@ def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> s
   """Write ``output``: config.json, generation_config.json, model.safetensors and the Marian
   tokenizer files of the run in ``workdir``. Raises TxfError naming what cannot be exported."""
   config = workdir_lib.load_config(workdir)
-  codec = tok.load_codec(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
+  codec = tok.load_codec(workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR))
   problems = export_problems(config, codec)
   if problems:
     raise TxfError(f"{workdir} cannot be exported as a Marian model: {'; '.join(problems)}")

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
+from txf import storage
 from txf import workdir as workdir_lib
 from txf.data import make_task, saved
 from txf.data.base import Task
@@ -60,19 +61,21 @@ def resolve_params_path(workdir: str, name: Optional[str] = None) -> str:
   """
   if name is None:  # params.msgpack, or the params/ shards of a multi-process run
     path = workdir_lib.params_location(workdir)
-    if os.path.exists(path):
+    if storage.wpath(path).exists():
       return path
   name = name or DEFAULT_PARAMS
-  candidates = [name] if os.path.isabs(name) else [os.path.join(workdir, name), name]
+  given = os.path.isabs(name) or not storage.is_local(name)  # an absolute path or a bucket's
+  candidates = [name] if given else [storage.join(workdir, name), name]
   for path in candidates:
-    if os.path.isfile(path) or os.path.isdir(path):  # a directory: orbax shards (params/)
+    if storage.wpath(path).exists():  # a file, or a directory: orbax shards (params/)
       return path
   if name == DEFAULT_PARAMS:
     raise TxfError(
         f"no trained parameters in {workdir} (no {DEFAULT_PARAMS}): the run has not finished; train "
         f"it to the end (`txf train --workdir {workdir}`), or average its checkpoints with "
         f"`txf average-checkpoints --workdir {workdir}` and pass --params params_avg<N>.msgpack")
-  present = sorted(f for f in os.listdir(workdir) if f.endswith(".msgpack")) if os.path.isdir(workdir) else []
+  where = storage.wpath(workdir)
+  present = sorted(f.name for f in where.iterdir() if f.name.endswith(".msgpack")) if where.is_dir() else []
   raise TxfError(f"--params {name}: no such file in {workdir} or the current directory "
                  f"(parameter files in the workdir: {', '.join(present) or 'none'})")
 
@@ -122,7 +125,7 @@ def load_run(workdir: str, params_name: Optional[str] = None, data_path: Optiona
   task = load_task(config, workdir)
   # params files hold the real vocabulary (exports drop the padding rows of model.vocab_multiple)
   model_cfg = model_config_from(config, task, vocab_multiple=1)
-  params = workdir_lib.load_params(workdir, os.path.abspath(path))
+  params = workdir_lib.load_params(workdir, storage.absolute(path))
   check_params(model_cfg, task, params, path)
   return Run(workdir, config, task, model_cfg, jax.device_put(params), path)
 

@@ -46,6 +46,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from txf import storage
 from txf import workdir as workdir_lib
 from txf.config import ConfigError
 from txf.errors import EXIT_RESUMABLE, TxfError
@@ -143,12 +144,12 @@ def note_workdir(workdir: str) -> None:
 
 def last_checkpoint(workdir: str) -> str:
   """'step N (DIR)' of the newest complete checkpoint in ``workdir``, or 'none written'."""
-  directory = os.path.join(workdir, workdir_lib.CHECKPOINTS_DIR)
+  directory = storage.join(workdir, workdir_lib.CHECKPOINTS_DIR)
   try:
-    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    steps = sorted(int(p.name) for p in storage.wpath(directory).iterdir() if p.name.isdigit())
   except OSError:
     steps = []
-  return f"step {steps[-1]} ({os.path.join(directory, str(steps[-1]))})" if steps else "none written"
+  return f"step {steps[-1]} ({storage.join(directory, str(steps[-1]))})" if steps else "none written"
 
 
 def _say_and_exit(line: str, status: int) -> None:

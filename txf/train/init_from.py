@@ -8,9 +8,9 @@ vocabulary decides the data pipeline's ids). Optimizer, schedule, data, sharding
 evaluation are the experiment's. A run that resumes from its own checkpoint ignores init_from.
 """
 
-import os
 from typing import Any, Optional
 
+from txf import storage
 from txf import workdir as workdir_lib
 from txf.errors import TxfError
 from txf.inference.run import check_params
@@ -27,16 +27,17 @@ def apply_init_from(config) -> None:
   source = config.get("init_from", "")
   if not source:
     return
-  if not os.path.isfile(os.path.join(source, workdir_lib.CONFIG_FILE)):
+  storage.check_filesystem(source, "init_from")
+  if not storage.wpath(storage.join(source, workdir_lib.CONFIG_FILE)).is_file():
     raise TxfError(f"init_from={source!r} holds no txf run (no config.json): give a trained run's "
                    f"workdir, or one written by `txf import-hf`")
-  if not os.path.isfile(os.path.join(source, workdir_lib.PARAMS_FILE)):
+  if not storage.wpath(storage.join(source, workdir_lib.PARAMS_FILE)).is_file():
     raise TxfError(f"init_from={source!r} has no params.msgpack: train it to the end first")
   theirs = workdir_lib.load_config(source)
   for key, value in theirs.model.items():
     if key not in KEPT_MODEL_FIELDS:
       config.model[key] = value
-  if os.path.isfile(os.path.join(source, workdir_lib.TOKENIZER_DIR, "tokenizer.json")):
+  if storage.wpath(storage.join(source, workdir_lib.TOKENIZER_DIR, "tokenizer.json")).is_file():
     for key in TOKENIZER_FIELDS:
       config.data[key] = theirs.data[key]
 
@@ -45,8 +46,8 @@ def tokenizer_home(config, workdir: str) -> str:
   """The run directory whose ``tokenizer/`` the task reads: ``workdir`` once it has one, else the
   init_from run's (then ``workdir.save_task`` writes it into ``workdir``, once), else ``workdir``."""
   source = config.get("init_from", "")
-  if (source and not os.path.exists(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
-      and os.path.isdir(os.path.join(source, workdir_lib.TOKENIZER_DIR))):
+  if (source and not storage.wpath(storage.join(workdir, workdir_lib.TOKENIZER_DIR)).exists()
+      and storage.wpath(storage.join(source, workdir_lib.TOKENIZER_DIR)).is_dir()):
     return source
   return workdir
 
@@ -56,7 +57,7 @@ def initial_params(config, model_cfg, task) -> Optional[Any]:
   source = config.get("init_from", "")
   if not source:
     return None
-  path = os.path.join(source, workdir_lib.PARAMS_FILE)
+  path = storage.join(source, workdir_lib.PARAMS_FILE)
   params = workdir_lib.load_params(source, path)
   check_params(model_cfg, task, params, path)
   return params

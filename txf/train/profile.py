@@ -3,7 +3,8 @@
 Steps are numbered as in metrics.jsonl (the first optimizer step is step 1). The trace
 (``jax.profiler.start_trace``) begins just before step START and ends after step END-1 has
 finished on the devices; it is written under ``WORKDIR/profile/`` (``plugins/profile/<run>/
-<host>.xplane.pb``, one file per process), which xprof and TensorBoard's profile plugin open:
+<host>.xplane.pb``, one file per process; a bucket workdir's trace is written in a local temporary
+folder and copied up when it stops), which xprof and TensorBoard's profile plugin open:
 ``tensorboard --logdir WORKDIR/profile`` (with ``pip install tensorboard tensorboard-plugin-profile``)
 or ``xprof --logdir WORKDIR/profile``. The first step a process runs compiles the step, so it is
 never traced: a range that starts there starts one step later. The other steps pay one integer
@@ -11,10 +12,13 @@ comparison before and after each step.
 """
 
 import os
+import shutil
+import tempfile
 from typing import Optional, Tuple
 
 import jax
 
+from txf import storage
 from txf.config import ConfigError
 
 PROFILE_DIR = "profile"
@@ -44,7 +48,8 @@ class StepProfiler:
   def __init__(self, spec: str, workdir: str, first_step: int):
     """``first_step``: steps done when this process starts (its next step is the compiling one)."""
     steps = parse_steps(spec)
-    self.directory = os.path.join(workdir, PROFILE_DIR)
+    self.directory = storage.join(workdir, PROFILE_DIR)
+    self.local = None  # where the trace is written: the directory, or a bucket's local stand-in
     self.start = self.end = -1
     if steps is not None:
       start, end = max(steps[0], first_step + 2), steps[1]
@@ -55,8 +60,12 @@ class StepProfiler:
   def before(self, done: int) -> None:
     """Before step ``done + 1``: start the trace when that step is START."""
     if done + 1 == self.start:
-      os.makedirs(self.directory, exist_ok=True)
-      jax.profiler.start_trace(self.directory)
+      if storage.is_local(self.directory):
+        self.local = self.directory
+        os.makedirs(self.directory, exist_ok=True)
+      else:  # jax's profiler writes local files only
+        self.local = tempfile.mkdtemp(prefix="txf-profile-")
+      jax.profiler.start_trace(self.local)
       self.running = True
 
   def after(self, done: int, state) -> None:
@@ -71,3 +80,6 @@ class StepProfiler:
         jax.block_until_ready(state)
       jax.profiler.stop_trace()
       self.running = False
+      if self.local != self.directory:
+        storage.upload_tree(self.local, self.directory)
+        shutil.rmtree(self.local, ignore_errors=True)
