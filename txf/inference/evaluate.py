@@ -4,7 +4,6 @@ report from it (``evaluate_split``), notebooks call it directly.
 """
 
 import math
-import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
