@@ -93,6 +93,7 @@ def _without_speed(rows):
           for r in rows]
 
 
+@pytest.mark.slow  # three small trainings (~80 s of CPU): the end-to-end tier
 def test_a_run_trains_resumes_and_loads_from_a_bucket(tmp_path, bucket):
   local = str(tmp_path / "local")
   train(_config(tmp_path, 4), local)

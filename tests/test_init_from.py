@@ -9,6 +9,7 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from txf import workdir as workdir_lib
 from txf.config import base_config
@@ -37,6 +38,7 @@ def small_run_config(tmp_path):
   return c
 
 
+@pytest.mark.slow  # two small trainings: the end-to-end tier
 def test_init_from_reads_the_source_tokenizer_and_saves_it_once(tmp_path, monkeypatch):
   source = str(tmp_path / "source")
   train(small_run_config(tmp_path), source)
