@@ -13,7 +13,7 @@ the optimized HLO (``compiled.as_text()``) says they compute:
 
 * matmul: ``dot``/``convolution``, a fusion that contains one (XLA:CPU's YNNPACK/oneDNN fusions),
   a custom-call to a matmul library;
-* convert: a ``convert`` or a fusion that only converts dtypes;
+* convert: a ``convert`` or a fusion that only converts dtypes (with a transpose/copy or not);
 * copy/transpose: ``copy``, ``transpose``, slices, concatenates, pads, broadcasts, and fusions of
   only those (data movement, no arithmetic);
 * reduction: an unfused ``reduce``/``reduce-window``;
@@ -39,7 +39,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import jax
 
 from bench import train as train_bench
+from txf import kernels
 
+HLO_FILE, META_FILE = "step.hlo.txt", "profile.json"  # written beside the trace
 CATEGORIES = ("matmul", "convert", "fusion", "copy/transpose", "reduction", "other")
 _MOVE = {"copy", "transpose", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate",
          "pad", "broadcast", "reverse", "copy-start", "copy-done", "iota"}
@@ -119,10 +121,8 @@ def classify(op: HloOp, ops: Dict[str, HloOp], computations: Dict[str, List[str]
         o.startswith("custom-call:") and _MATMUL_TARGET.search(o) for o in inner):
       return "matmul"
     compute = inner - _STRUCTURE
-    if compute and compute <= {"convert"}:
-      return "convert"
-    if compute and compute <= _MOVE:
-      return "copy/transpose"
+    if compute and compute <= _MOVE | {"convert"}:  # a cast (maybe with a layout change), or a copy
+      return "convert" if "convert" in compute else "copy/transpose"
     return "fusion"
   if op.opcode == "convert":
     return "convert"
@@ -151,8 +151,13 @@ def find_trace(directory: str) -> str:
 
 
 def op_events(trace_file: str, module: str) -> List[dict]:
-  """The complete ('X') events of HLO instructions of ``module`` in a trace file, each with its
-  exclusive duration ``self_us`` (less the op events nested in it on the same thread)."""
+  """The complete ('X') events of HLO instructions of ``module`` in a trace file, each with
+
+  * ``self_us``: its exclusive duration (less the op events nested in it on the same thread);
+  * ``wall_us``: its share of the wall time: each instant goes to the innermost op running on
+    each thread, split evenly between threads running one at that instant (XLA:CPU's executor
+    runs independent ops on 2+ threads at once, so summed durations exceed the step).
+  """
   with gzip.open(trace_file, "rt") as f:
     data = json.load(f)
   events = data["traceEvents"] if isinstance(data, dict) else data
@@ -160,7 +165,8 @@ def op_events(trace_file: str, module: str) -> List[dict]:
   modules = collections.Counter(e["args"].get("hlo_module", "") for e in ours)
   if module not in modules and modules:  # a renamed module: the one with the most events
     module = modules.most_common(1)[0][0]
-  ours = [dict(e, self_us=float(e["dur"])) for e in ours if e["args"].get("hlo_module") == module]
+  ours = [dict(e, self_us=float(e["dur"]), wall_us=0.0) for e in ours
+          if e["args"].get("hlo_module") == module]
   by_thread = collections.defaultdict(list)
   for e in ours:
     by_thread[e["tid"]].append(e)
@@ -173,7 +179,31 @@ def op_events(trace_file: str, module: str) -> List[dict]:
       if stack:  # nested in the top of the stack: not the parent's own time
         stack[-1]["self_us"] -= e["dur"]
       stack.append(e)
+  _share_wall_time(ours)
   return ours
+
+
+def _share_wall_time(events: List[dict]) -> None:
+  """Sets each event's ``wall_us`` (see :func:`op_events`) by a sweep over all start/end times:
+  ends before starts at equal times, a parent pushed before the children starting with it."""
+  points = []
+  for i, e in enumerate(events):
+    points.append((e["ts"], 1, -e["dur"], i))
+    points.append((e["ts"] + e["dur"], 0, 0.0, i))
+  points.sort()
+  stacks: Dict[object, List[int]] = collections.defaultdict(list)
+  last = None
+  for time_us, is_start, _, i in points:
+    active = [stack[-1] for stack in stacks.values() if stack]
+    if last is not None and active and time_us > last:
+      for j in active:
+        events[j]["wall_us"] += (time_us - last) / len(active)
+    last = time_us
+    stack = stacks[events[i]["tid"]]
+    if is_start:
+      stack.append(i)
+    else:
+      stack.remove(i)
 
 
 def _covered(events: List[dict]) -> float:
@@ -188,13 +218,14 @@ def _covered(events: List[dict]) -> float:
 
 def summarize(events: List[dict], ops: Dict[str, HloOp], computations: Dict[str, List[str]],
               top: int = 10) -> Dict[str, object]:
-  """Per-step figures of the op events of several executions of one module.
+  """Per-step figures of the op events (:func:`op_events`) of several executions of one module.
 
   Returns {"steps": executions, "step_ms": mean traced step (first op start to last op end),
   "idle_ms": time per step in no op (hand-offs between the executor's threads),
-  "ops_ms": summed exclusive op time per step, "categories": {category: ms per step}, "runs": {category: ops run per step},
-  "top": [(name, category, description, ms per step, count per step)], "unknown": op names
-  not in the HLO}.
+  "categories": {category: wall ms per step}, "thread_ms": {category: summed exclusive
+  durations, ms per step}, "runs": {category: ops run per step}, "ops_ms": the categories'
+  sum, "top": [(name, category, description, wall ms per step, runs per step)], "unknown": op
+  names not in the HLO}.
   """
   runs = collections.defaultdict(list)
   for e in events:
@@ -202,26 +233,28 @@ def summarize(events: List[dict], ops: Dict[str, HloOp], computations: Dict[str,
   steps = max(len(runs), 1)
   spans = [max(e["ts"] + e["dur"] for e in r) - min(e["ts"] for e in r) for r in runs.values()]
   idle = [span - _covered(r) for span, r in zip(spans, runs.values())]
-  per_op = collections.defaultdict(lambda: [0.0, 0])
+  per_op = collections.defaultdict(lambda: [0.0, 0.0, 0])
   for e in events:
-    per_op[e["args"]["hlo_op"]][0] += e["self_us"]
-    per_op[e["args"]["hlo_op"]][1] += 1
-  categories = {c: 0.0 for c in CATEGORIES}
-  runs_per_category = {c: 0.0 for c in CATEGORIES}
+    row = per_op[e["args"]["hlo_op"]]
+    row[0] += e["wall_us"]
+    row[1] += e["self_us"]
+    row[2] += 1
+  figures = {key: {c: 0.0 for c in CATEGORIES} for key in ("categories", "thread_ms", "runs")}
   rows, unknown = [], []
-  for name, (us, count) in per_op.items():
+  for name, (wall_us, self_us, count) in per_op.items():
     op = ops.get(name)
     if op is None:
       unknown.append(name)
     category = classify(op, ops, computations) if op else "other"
-    categories[category] += us / 1e3 / steps
-    runs_per_category[category] += count / steps
+    figures["categories"][category] += wall_us / 1e3 / steps
+    figures["thread_ms"][category] += self_us / 1e3 / steps
+    figures["runs"][category] += count / steps
     rows.append((name, category, describe(op, ops, computations) if op else "?",
-                 us / 1e3 / steps, count / steps))
+                 wall_us / 1e3 / steps, count / steps))
   rows.sort(key=lambda r: -r[3])
-  return {"steps": len(runs), "step_ms": statistics.mean(spans) / 1e3 if spans else 0.0,
-          "idle_ms": statistics.mean(idle) / 1e3 if idle else 0.0, "ops_ms": sum(categories.values()), "categories": categories, "runs": runs_per_category, "top": rows[:top],
-          "unknown": sorted(unknown)}
+  return dict(figures, steps=len(runs), step_ms=statistics.mean(spans) / 1e3 if spans else 0.0,
+              idle_ms=statistics.mean(idle) / 1e3 if idle else 0.0,
+              ops_ms=sum(figures["categories"].values()), top=rows[:top], unknown=sorted(unknown))
 
 
 def profile_step(name: str = "base", dtype: str = "float32", steps: int = 3,
@@ -238,7 +271,7 @@ def profile_step(name: str = "base", dtype: str = "float32", steps: int = 3,
   runner, state = train_bench.build_step(model_cfg, batch)
   rng = jax.random.key(1)
   compiled = runner.train_jit.lower(state, batch, rng).compile()
-  module, ops, computations = parse_hlo(compiled.as_text())
+  hlo_text = compiled.as_text()
   state, metrics = compiled(state, batch, rng)
   jax.block_until_ready(metrics)
   trace_dir = trace_dir or tempfile.mkdtemp(prefix="txf-profile-")
@@ -249,29 +282,51 @@ def profile_step(name: str = "base", dtype: str = "float32", steps: int = 3,
       state, metrics = compiled(state, batch, rng)
       jax.block_until_ready(metrics)
       walls.append(time.perf_counter() - start)
+  meta = dict(config=name, dtype=dtype, batch=int(batch["targets"].shape[0]),
+              length=int(batch["targets"].shape[1]), jax=jax.__version__,
+              bf16_dots=kernels.describe(dtype)["bf16_dots"] if dtype == "bfloat16" else "",
+              wall_ms=1e3 * statistics.mean(walls), load_before=load_before,
+              load_after=train_bench.load_average())
+  with open(os.path.join(trace_dir, HLO_FILE), "w") as f:  # to re-read the trace later
+    f.write(hlo_text)
+  with open(os.path.join(trace_dir, META_FILE), "w") as f:
+    json.dump(meta, f)
+  return read_profile(trace_dir, top)
+
+
+def read_profile(trace_dir: str, top: int = 10) -> Dict[str, object]:
+  """:func:`summarize`'s figures of the trace that :func:`profile_step` left in ``trace_dir``
+  (with its HLO text and run details), and the trace file's path."""
+  with open(os.path.join(trace_dir, HLO_FILE)) as f:
+    module, ops, computations = parse_hlo(f.read())
+  with open(os.path.join(trace_dir, META_FILE)) as f:
+    meta = json.load(f)
   trace_file = find_trace(trace_dir)
   result = summarize(op_events(trace_file, module), ops, computations, top)
-  result.update(config=name, dtype=dtype, batch=int(batch["targets"].shape[0]),
-                length=int(batch["targets"].shape[1]), jax=jax.__version__, module=module,
-                wall_ms=1e3 * statistics.mean(walls), trace_file=trace_file,
-                load_before=load_before, load_after=train_bench.load_average())
+  result.update(meta, module=module, trace_file=trace_file)
   return result
 
 
 def format_table(r: Dict[str, object]) -> str:
-  """The figures as text: categories (ms/step, % of the traced step) and the top ops."""
+  """The figures as text: categories (wall ms/step, % of the traced step, summed thread time,
+  ops run) and the top ops by wall time."""
   step = r["step_ms"] or float("nan")
-  lines = [f"{r['config']} {r['dtype']} (batch {r['batch']}, length {r['length']}), jax {r['jax']}, module {r['module']}: {r['steps']} traced "
-           f"steps, traced step {r['step_ms']:.2f} ms (wall {r['wall_ms']:.2f} ms), op time "
-           f"{r['ops_ms']:.2f} ms/step, load {r['load_before']}->{r['load_after']}",
-           f"{'category':<16} {'ms/step':>9} {'% of step':>9} {'ops/step':>8}"]
+  dots = f", bf16_dots {r['bf16_dots']}" if r.get("bf16_dots") else ""
+  lines = [f"{r['config']} {r['dtype']}{dots} (batch {r['batch']}, length {r['length']}), jax {r['jax']}, "
+           f"module {r['module']}: {r['steps']} traced steps, traced step {r['step_ms']:.2f} ms "
+           f"(wall {r['wall_ms']:.2f} ms), load {r['load_before']}->{r['load_after']}",
+           f"{'category':<16} {'ms/step':>9} {'% of step':>9} {'thread ms':>10} {'ops/step':>8}"]
   for c in CATEGORIES:
     lines.append(f"{c:<16} {r['categories'][c]:>9.2f} {100 * r['categories'][c] / step:>8.1f}% "
-                 f"{r['runs'][c]:>8.0f}")
-  lines.append(f"{'sum of ops':<16} {r['ops_ms']:>9.2f} {100 * r['ops_ms'] / step:>8.1f}%")
-  lines.append(f"{'idle (no op)':<16} {r['idle_ms']:>9.2f} {100 * r['idle_ms'] / step:>8.1f}%"
-               "   (waiting for an executor thread: grows with the machine's load)")
-  lines += ["", f"top {len(r['top'])} ops: {'ms/step':>9} {'%':>6} {'runs':>5}  category        op"]
+                 f"{r['thread_ms'][c]:>10.2f} {r['runs'][c]:>8.0f}")
+  lines.append(f"{'idle (no op)':<16} {r['idle_ms']:>9.2f} {100 * r['idle_ms'] / step:>8.1f}%")
+  lines.append(f"{'sum':<16} {r['ops_ms'] + r['idle_ms']:>9.2f} "
+               f"{100 * (r['ops_ms'] + r['idle_ms']) / step:>8.1f}% "
+               f"{sum(r['thread_ms'].values()):>10.2f} {sum(r['runs'].values()):>8.0f}")
+  lines += ["ms/step: wall time, an instant split between the ops running on the executor's "
+            "threads at that instant;", "thread ms: the ops' summed durations (more than the step "
+            "when ops overlap); idle: no op running (thread hand-offs, load).", "",
+            f"top {len(r['top'])} ops: {'ms/step':>9} {'%':>6} {'runs':>5}  category        op"]
   for name, category, what, ms, count in r["top"]:
     lines.append(f"  {name[:40]:<40} {ms:>9.2f} {100 * ms / step:>5.1f}% {count:>5.0f}  "
                  f"{category:<15} {what[:70]}")
@@ -292,8 +347,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   p.add_argument("--top", type=int, default=10, help="how many individual ops to list")
   p.add_argument("--batch", type=int, default=0, help="batch size (default: the config's)")
   p.add_argument("--length", type=int, default=0, help="source and target length (default: the config's)")
+  p.add_argument("--read", default="", help="print the table of an earlier run's --trace_dir, run nothing")
   p.add_argument("--trace_dir", default="", help="where the trace goes (default: a temp dir)")
   a = p.parse_args(argv)
+  if a.read:
+    print(format_table(read_profile(a.read, a.top)))
+    return
   print(format_table(profile_step(a.config, a.dtype, a.steps, a.trace_dir or None, a.top,
                                  a.batch or None, a.length or None)))
 

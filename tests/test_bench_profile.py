@@ -64,13 +64,16 @@ def test_classify_hand_written_module():
   assert profile.describe(ops["add_fusion"], ops, computations) == "fusion: add,convert"
 
 
-def test_trace_events_nested_events_counted_once(tmp_path):
-  # a conditional (0-100 us) runs a fusion (10-40 us) inside it on the same thread; a dot runs on
-  # another thread (120-150 us): 150 us traced, 70 + 30 + 30 us of ops' own time, 20 us in no op.
+def test_trace_events_nested_and_concurrent_ops(tmp_path):
+  # thread 1: a reduce (0-100 us) with a fusion nested in it (10-40 us); thread 2: a dot (20-40 us)
+  # beside the fusion and a dot (120-150 us) after a gap. By hand: 150 us traced, 20 us in no op;
+  # wall shares: fusion 10 + 20/2 = 20, dots 20/2 + 30 = 40, reduce 100 - 30 = 70 (sum 130);
+  # summed own durations: fusion 30, dots 20 + 30 = 50, reduce 70.
   _, ops, computations = profile.parse_hlo(HLO)
   ev = lambda op, ts, dur, tid: {"ph": "X", "name": op, "ts": ts, "dur": dur, "pid": 1, "tid": tid,
                                  "args": {"hlo_op": op, "hlo_module": "jit_example", "run_id": "7"}}
-  events = [ev("reduce.1", 0, 100, 1), ev("add_fusion", 10, 30, 1), ev("dot.3", 120, 30, 2),
+  events = [ev("reduce.1", 0, 100, 1), ev("add_fusion", 10, 30, 1), ev("dot.3", 20, 20, 2),
+            ev("dot.3", 120, 30, 2),
             {"ph": "X", "name": "end: dot.3", "ts": 150, "dur": 1, "pid": 1, "tid": 2, "args": {}},
             dict(ev("dot.3", 0, 500, 3), args={"hlo_op": "dot.3", "hlo_module": "jit_other"})]
   path = tmp_path / "host.trace.json.gz"
@@ -81,18 +84,22 @@ def test_trace_events_nested_events_counted_once(tmp_path):
   assert r["steps"] == 1
   assert r["step_ms"] == pytest.approx(0.150)
   assert r["idle_ms"] == pytest.approx(0.020)
-  assert r["categories"]["reduction"] == pytest.approx(0.070)
-  assert r["categories"]["fusion"] == pytest.approx(0.030)
-  assert r["categories"]["matmul"] == pytest.approx(0.030)
-  assert r["runs"]["matmul"] == 1
+  wall = {"reduction": 0.070, "fusion": 0.020, "matmul": 0.040}
+  assert {c: r["categories"][c] for c in wall} == pytest.approx(wall)
+  thread = {"reduction": 0.070, "fusion": 0.030, "matmul": 0.050}
+  assert {c: r["thread_ms"][c] for c in thread} == pytest.approx(thread)
+  assert r["runs"]["matmul"] == 2
+  assert r["top"][0][:2] == ("reduce.1", "reduction")
 
 
 def test_profile_tiny_train_step(tmp_path):
   r = profile.profile_step("tiny", "float32", steps=2, trace_dir=str(tmp_path))
   assert r["steps"] == 2, "the trace has no per-op events of the train step"
   assert not r["unknown"], r["unknown"]
-  # the categories plus the time in no op make up the traced step (no op counted twice)
+  # the categories plus the time in no op make up the traced step (no instant counted twice)
   assert sum(r["categories"].values()) + r["idle_ms"] == pytest.approx(r["step_ms"], rel=0.1)
+  # every op's own time is counted: the summed durations cover the time some op ran
+  assert sum(r["thread_ms"].values()) >= 0.99 * (r["step_ms"] - r["idle_ms"])
   # the traced step lies within the wall time of the step that Python measured around it
   assert 0 < r["step_ms"] <= 1.05 * r["wall_ms"]
   # the matmuls are found: 1 encoder + 1 decoder layer have 16 projections and the logits, each
