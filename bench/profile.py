@@ -1,6 +1,7 @@
 """Where a train step spends its time: a jax.profiler trace of a few steps, summed by XLA op kind.
 
   python -m bench.profile --config base --dtype bfloat16 [--steps 3] [--trace_dir DIR]
+  python -m bench.profile --read DIR      (the table of an earlier run's --trace_dir)
 
 Builds the train step exactly as ``python -m bench`` does (:func:`bench.train.build_step` on the
 random batch of a bench config: tiny, small, base), compiles it, runs one untraced warm-up step,
@@ -22,6 +23,10 @@ the optimized HLO (``compiled.as_text()``) says they compute:
 
 The step time is the traced one: per execution (``args.run_id``), from its first op's start to its
 last op's end; the wall time of each traced step (``time.perf_counter``) is printed beside it.
+The executor runs independent ops on several threads at once, so a category's ``ms/step`` is wall
+time shared out (each instant split evenly between the ops running at that instant); ``thread ms``
+beside it sums the ops' own durations; ``idle`` is time in which no op ran. The HLO text and the
+run's details are saved beside the trace (``--trace_dir``): ``--read DIR`` prints the table again.
 """
 
 import argparse
