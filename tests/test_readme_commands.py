@@ -158,6 +158,8 @@ NOT_RUN = {
         "minutes of benchmarking: tests/test_bench.py runs it shrunk",
     "txf bench --configs small --dtypes float32,bfloat16 --bf16_dots layout,xla --decode=false":
         "minutes of benchmarking: tests/test_bench.py::test_cli_writes_json runs it on the tiny config",
+    "python -m bench.profile --config base --dtype bfloat16":
+        "minutes of benchmarking: tests/test_bench_profile.py profiles the tiny config",
     "python -m bench.decode --config small": "a benchmark: tests/test_bench.py",
     "python -m bench.memory": "a benchmark: tests/test_bench.py",
     "python -m bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":
