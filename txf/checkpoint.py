@@ -389,9 +389,9 @@ def exported_params(workdir: str, params):
 
 
 def spread_sharding(mesh, shape) -> "jax.sharding.NamedSharding":
-  """A sharding of an array of ``shape`` over the 1-D ``mesh`` ("shards"): split on its first
-  axis that the device count divides (the largest such axis when several do), else replicated
-  (only small arrays: biases, LayerNorm scales)."""
+  """A sharding of an array of ``shape`` over the 1-D ``mesh`` ("shards"): split on its largest
+  axis of those the device count divides (the first of equal ones), else replicated (only small
+  arrays: biases, LayerNorm scales)."""
   n = mesh.shape["shards"]
   fits = [i for i, size in enumerate(shape) if size % n == 0 and size >= n]
   spec = [None] * len(shape)
