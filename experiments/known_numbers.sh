@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's "Known numbers on real data" table (issues 9, 23): train each run, then score it with
 # `txf eval`. Needs the shared data: TXF_DATA=../shared/data (default here). Multi30k stops at its
-# time_limit_minutes (90; the tiny model 95); Tiny Shakespeare (1500 steps) and SST-2 (2450) at
+# time_limit_minutes (90; the tiny model 110); Tiny Shakespeare (1500 steps) and SST-2 (2450) at
 # their step counts, sized to end inside their limits (60, 15) on 2 cores. Each leaves
 # metrics.jsonl, plots (loss curves), eval_<split>.json and samples in runs/<name>/.
 #
