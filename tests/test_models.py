@@ -110,11 +110,12 @@ def np_layer_norm(x, g, b, eps=1e-6):
   return g * (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) + b
 
 
-@pytest.mark.parametrize("pre_ln", [False, True])
-def test_encoder_classifier_forward_matches_numpy(pre_ln):
-  """One encoder layer, mean pooling and the classifier, recomputed in float64 numpy from the params."""
+@pytest.mark.parametrize("pre_ln,pooling", [(False, "mean"), (True, "mean"), (False, "max")])
+def test_encoder_classifier_forward_matches_numpy(pre_ln, pooling):
+  """One encoder layer, mean or max pooling and the classifier, recomputed in float64 numpy."""
   cfg = TransformerConfig(family="encoder_classifier", vocab_size=13, d_model=8, num_heads=2, d_ff=16,
-                          num_encoder_layers=1, num_classes=3, dropout_rate=0.0, pre_ln=pre_ln)
+                          num_encoder_layers=1, num_classes=3, dropout_rate=0.0, pre_ln=pre_ln,
+                          pooling=pooling)
   ids = np.array([[5, 6, 7, 8, 0], [4, 9, 0, 0, 0]])
   batch = {"inputs": jnp.asarray(ids, jnp.int32), "label": jnp.zeros(2, jnp.int32)}
   params = init_params(cfg, jax.random.key(3), batch)
@@ -150,7 +151,7 @@ def test_encoder_classifier_forward_matches_numpy(pre_ln):
       x = np_layer_norm(x, fn["scale"], fn["bias"])
     else:
       x = n1(x + attn(x)); x = n2(x + ffn(x))
-    pooled = x[valid].mean(0)
+    pooled = x[valid].mean(0) if pooling == "mean" else x[valid].max(0)  # padding never pooled
     out.append(pooled @ p["classifier"]["kernel"] + p["classifier"]["bias"])
   np.testing.assert_allclose(logits, np.stack(out), atol=1e-4)
 

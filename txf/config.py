@@ -73,7 +73,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.positional = "sinusoidal"    # sinusoidal | learned | none
   m.max_len = 256                # longest sequence the model accepts (learned PE size, decode cache)
   m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
-  m.pooling = "mean"             # encoder_classifier: mean over real tokens | first token
+  m.pooling = "mean"             # encoder_classifier: mean over real tokens | max over real tokens (per feature) | first token
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
   m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
   m.residual_dtype = "float32"   # the residual stream x + Sublayer(x) and LayerNorm's input/output: float32 | compute (the compute dtype)
@@ -373,7 +373,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
                   f"an integer; use num_heads in {ok[:6]} or change d_model")
   choices = {"model.family": ("encoder_decoder", "encoder_classifier", "decoder_lm"),
              "model.positional": ("sinusoidal", "learned", "none"),
-             "model.pooling": ("mean", "first"), "model.attention_impl": ("auto", "reference", "fused"),
+             "model.pooling": ("mean", "max", "first"), "model.attention_impl": ("auto", "reference", "fused"),
              "model.dtype": ("auto", "float32", "bfloat16"),
              "model.residual_dtype": ("float32", "compute"),
              "model.remat": ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",

@@ -7,7 +7,12 @@ from txf.nn import Embed, Encoder, TransformerConfig
 
 
 class EncoderClassifier(nn.Module):
-  """logits = W_c pool(Encoder(x)) + b_c, pool = mean over real tokens (or the first token)."""
+  """logits = W_c pool(Encoder(x)) + b_c.
+
+  pool (``model.pooling``): ``mean`` = sum_t m_t h_t / sum_t m_t over real tokens (m_t = 1, padding 0);
+  ``max`` = max_t h_t per feature over real tokens (max-over-time, as CNN sentence classifiers);
+  ``first`` = h_0.
+  """
   config: TransformerConfig
 
   @nn.compact
@@ -18,6 +23,10 @@ class EncoderClassifier(nn.Module):
     encoded, valid = Encoder(cfg, embed, name="encoder")(inputs, inputs_segmentation, inputs_position)
     if cfg.pooling == "first":
       pooled = encoded[:, 0]
+    elif cfg.pooling == "max":
+      lowest = jnp.finfo(encoded.dtype).min
+      pooled = jnp.where(valid[..., None], encoded, lowest).max(1)
+      pooled = jnp.where(valid.any(1, keepdims=True), pooled, 0.0)  # an all-padding row pools to 0
     else:
       w = valid.astype(encoded.dtype)[..., None]
       pooled = (encoded * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
