@@ -7,9 +7,18 @@ import sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from txf import compile_cache  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# One compilation cache for the whole session: every xdist worker, and every txf command a test
+# starts (they inherit TXF_COMPILE_CACHE), reads back the programs another test compiled. It lives
+# in the checkout (.cache/ is ignored), so a fresh clone starts cold; TXF_COMPILE_CACHE overrides.
+TEST_CACHE = os.path.join(ROOT, ".cache", "xla-tests")
+os.environ.setdefault(compile_cache.ENV, TEST_CACHE)
+compile_cache.apply(jax.config)
 EXPERIMENTS = os.path.join(ROOT, "experiments")
 
 

@@ -16,6 +16,7 @@ import sys
 from typing import List, Optional
 
 import txf
+from txf import compile_cache
 from txf import config as config_lib
 from txf import runtime
 from txf.commands import common
@@ -240,6 +241,7 @@ def main(argv=None) -> None:
   verbose_errors = "--verbose_errors" in args
   verbose, args = runtime.split_verbosity(args)
   runtime.quiet_environment(verbose)
+  compile_cache.set_environment()  # before jax starts: programs compiled once are read back
   try:
     args = resolve_config_args(args)
   except UsageError as e:

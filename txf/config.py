@@ -54,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
       "act_embed": "",           # d_model of activations [B, L, d]: not split (FSDP gathers weights)
       "norm": "",                # LayerNorm gain/bias and FFN b_2 [d]: replicated
       "classes": ""})            # classifier outputs: replicated
+  c.compile_cache = ""           # XLA's persistent compilation cache: "" = $TXF_COMPILE_CACHE, else ~/.cache/txf/xla | a folder | off
   c.profile_steps = ""           # "START:END": a jax.profiler trace of steps START..END-1 in workdir/profile/ ("" = off)
   c.dcn_mesh_shape = ()          # mesh: () = one slice; else (data, fsdp, tensor) across slices/processes, mesh_shape within one
 

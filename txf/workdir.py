@@ -34,7 +34,7 @@ RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_
                     # the layout may change on resume: checkpoints restore onto any device count
                     "parallelism", "mesh_shape", "dcn_mesh_shape",
                     # what is profiled, and what the backward pass recomputes, change no state
-                    "profile_steps", "model.remat",
+                    "profile_steps", "model.remat", "compile_cache",
                     # the compute dtype: parameters and optimizer state are float32 either way
                     "model.dtype"}
 RESUMABLE_PREFIXES = ("sharding_rules.",)

@@ -6,7 +6,7 @@ One ``key: value`` line each; useful in bug reports and to check that tcmalloc i
 
 import jax
 
-from txf import kernels
+from txf import compile_cache, kernels
 from txf.errors import TxfError
 from txf.machine import machine_info
 
@@ -21,5 +21,6 @@ def main(argv):
               "allocator", "xla_flags", "load_1min"):
     value = info[key]
     print(f"{key}: {','.join(value) if isinstance(value, list) else value}")
+  print(f"compile_cache: {compile_cache.describe()}")
   chosen = kernels.describe()
   print("kernels: " + ", ".join(f"{k} {v}" for k, v in chosen.items() if k not in ("jax", "backend")))

@@ -28,6 +28,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import jax
 
+from txf import compile_cache
 from txf import config as config_lib
 from txf import workdir as workdir_lib
 from txf.checkpoint import Checkpointer
@@ -144,6 +145,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   at a barrier after each (``distributed.main_first``) and raises process 0's error if it failed.
   A mesh run creates its state born sharded (``runner.init_state``): no device or host holds it all.
   """
+  compile_cache.apply(jax.config, config.get("compile_cache", ""))  # before the first compile
   apply_init_from(config)  # config.init_from: its architecture and tokenizer
   config_lib.validate(config)
   is_main = jax.process_index() == 0
