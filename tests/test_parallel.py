@@ -216,6 +216,7 @@ def test_mesh_layouts_shard_params_and_optimizer_state_by_the_rules():
   assert tp["specs"]["step"] == []
 
 
+@pytest.mark.slow  # reads the 8-device worker's result, which the slow tier computes anyway
 def test_state_is_born_sharded_and_equals_the_one_device_init():
   r = _worker_result()["born_sharded"]
   assert r["same_structure"] and r["equal"]  # gathered, bit for bit
@@ -239,6 +240,7 @@ def test_state_is_born_sharded_and_equals_the_one_device_init():
   assert r["target_specs"] == r["specs"]  # the restore target has the init's shardings
 
 
+@pytest.mark.slow  # the 8-device worker's result, as above
 def test_mesh_step_constrains_activations_and_the_one_device_step_does_not():
   r = _worker_result()["constraints"]
   assert r["single"] == 0 and r["mesh"] >= 5, r

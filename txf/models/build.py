@@ -2,6 +2,7 @@
 a family-agnostic forward, the model config a run builds, and the vocabulary tables' padding."""
 
 import dataclasses
+import functools
 from typing import Callable, Dict, Optional, Tuple
 
 import flax.linen as nn
@@ -51,9 +52,26 @@ def init_boxed_params(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, j
 
 def init_params(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, jnp.ndarray],
                 build: Optional[ModelBuilder] = None):
-  """Initialise parameters (plain arrays) from one example batch (only its shapes matter)."""
-  # one compiled init instead of ~80 op-by-op dispatches
-  return jax.jit(lambda r, x: nn.unbox(init_boxed_params(cfg, r, x, build)))(rng, batch)
+  """Initialise parameters (plain arrays) from one example batch (only its keys and dtypes matter
+  for txf's own models; a custom ``build`` gets the batch as it is).
+
+  One compiled program per config: txf's modules take every parameter's shape from the config,
+  never from the batch, so the init is traced on a probe batch of the same keys and dtypes with
+  every dimension 1 (``_probe``) and reused for any batch shape, in this process and, through the
+  compilation cache, in the next."""
+  return _init_unboxed(cfg, rng, _probe(batch) if build is None else batch, build)
+
+
+def _probe(batch: Dict[str, jnp.ndarray]) -> Dict[str, jnp.ndarray]:
+  """{key: zeros of the same rank and dtype with every dimension 1}."""
+  return {k: jnp.zeros((1,) * len(v.shape), v.dtype) for k, v in batch.items()}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _init_unboxed(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, jnp.ndarray],
+                  build: Optional[ModelBuilder]):
+  """``nn.unbox(init_boxed_params(...))`` compiled once per (config, builder, batch signature)."""
+  return nn.unbox(init_boxed_params(cfg, rng, batch, build))
 
 
 def param_axes(cfg: TransformerConfig, batch: Dict[str, jnp.ndarray],
