@@ -10,7 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from txf import compile_cache  # noqa: E402
+from txf import compile_cache, runtime  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One compilation cache for the whole session: every xdist worker, and every txf command a test
@@ -18,8 +18,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # in the checkout (.cache/ is ignored), so a fresh clone starts cold; TXF_COMPILE_CACHE overrides.
 TEST_CACHE = os.path.join(ROOT, ".cache", "xla-tests")
 os.environ.setdefault(compile_cache.ENV, TEST_CACHE)
-compile_cache.apply(jax.config)
+# The quick tier compiles far more than it runs (tiny models, a few steps): with XLA's backend
+# optimisation off its compiles take about half the time. The end-to-end tier trains longer and
+# keeps XLA's defaults. Either way every process of the session (xdist workers, txf commands)
+# gets the same flags, so results compared across processes come from the same programs.
+QUICK_TIER_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
 EXPERIMENTS = os.path.join(ROOT, "experiments")
+
+
+def pytest_configure(config):
+  """Before any test starts jax's backend: the quick tier's XLA flags, then the shared cache (its
+  folder is keyed by the flags)."""
+  if (config.option.markexpr or "").strip() == "not slow":
+    have = os.environ.get("XLA_FLAGS", "").split()  # xdist workers inherit the controller's
+    runtime.add_xla_flags(*[f for f in QUICK_TIER_XLA_FLAGS if f not in have])
+  compile_cache.apply(jax.config)
 
 
 def run_txf(*args, timeout=300, env=None, cwd=None):

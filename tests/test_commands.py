@@ -20,6 +20,8 @@ from tests.conftest import apply_overrides
 from txf import inference
 from txf.commands import terminal
 from txf.errors import TxfError
+from txf.inference.evaluate import exact_match
+from txf.decode import DecodingSpec
 from txf.decode import decoders as decoding
 from txf import workdir as workdir_lib
 from txf.data.base import EOS_ID
@@ -158,12 +160,13 @@ def test_params_of_another_model_are_refused(copy_run, lm_run):
 def test_translate_ids_cuts_each_row_at_source_length_plus_max_extra(monkeypatch):
   """A decoder that never emits EOS: each row stops at its own source length + max_extra."""
   monkeypatch.setattr(decoding, "_compiled_decoder",
-                      lambda cfg, b, max_len, beam, alpha, *options: lambda p, x: np.full((b, max_len), 7))
+                      lambda cfg, b, max_len, spec, *options: lambda p, x: np.full((b, max_len), 7))
   sources = [np.array([4, 5, EOS_ID]), np.array([4, 5, 6, 7, 8, 9, EOS_ID]), np.array([EOS_ID])]
-  out = decoding.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2,
-                               max_extra=3)
+  out = decoding.translate_ids(None, None, sources, input_len=8, max_len=12,
+                               spec=DecodingSpec(max_extra=3), batch_size=2)
   assert [len(r) for r in out] == [6, 10, 4]
-  full = decoding.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2)
+  full = decoding.translate_ids(None, None, sources, input_len=8, max_len=12, batch_size=2,
+                                cut=False)
   assert [len(r) for r in full] == [12, 12, 12]
 
 
@@ -267,3 +270,56 @@ def test_generate_refuses_other_families(copy_run):
   run = inference.load_run(copy_run)
   with pytest.raises(TxfError, match="needs a model.family=decoder_lm run.*txf translate"):
     inference.sample_texts(run, "s1")
+
+
+# -- one decoding spec from the run's config to the decoder: eval scores what translate outputs ---
+
+@pytest.fixture(scope="module")
+def penalty_run(tmp_path_factory):
+  """A barely trained copy model whose run decodes with Hugging Face's conventions (power length
+  penalty, alpha 1, early stopping, beam 4): outputs of varied lengths, where the settings matter."""
+  config = _config(**{"num_train_steps": 40, "decode_examples": 0, "beam_size": 4, "alpha": 1.0,
+                      "length_penalty": "power", "early_stopping": True})
+  return _train(config, tmp_path_factory.mktemp("runs") / "penalty")
+
+
+def test_eval_scores_what_translate_outputs_with_the_runs_decoding_settings(penalty_run):
+  from txf.inference import bleu as bleu_lib
+  run = inference.load_run(penalty_run)
+  spec = DecodingSpec.from_config(run.config)
+  assert (spec.beam_size, spec.length_penalty, spec.early_stopping, spec.alpha) == (4, "power", True, 1.0)
+  examples = run.task.examples("test", 48)
+  sources = [e.source for e in examples]
+  # both paths with their defaults, as the commands call them without --beam/--alpha
+  translated = inference.translate_lines(run, sources, batch_size=16)
+  report = inference.evaluate_split(run, "test", max_examples=48, batch_size=16)
+  refs = [e.reference for e in examples]
+  assert report["decoding"] == spec.as_dict()
+  lang = run.config.data.tgt_lang
+  assert report["bleu"] == bleu_lib.corpus_bleu(translated, refs, "sacrebleu", lang)["bleu"]
+  assert report["exact_match"] == exact_match(translated, refs)
+  # the settings matter for this model: the paper's GNMT penalty without early stopping decodes
+  # other outputs, so an evaluation that dropped the run's settings would score other text
+  gnmt = inference.translate_lines(run, sources, DecodingSpec(beam_size=4), batch_size=16)
+  assert gnmt != translated
+
+
+@pytest.mark.slow
+def test_txf_eval_and_txf_translate_agree_from_the_command_line(penalty_run, tmp_path):
+  """The commands themselves: `txf eval`'s BLEU equals the BLEU of `txf translate`'s output."""
+  from txf.inference import bleu as bleu_lib
+  run = inference.load_run(penalty_run)
+  examples = run.task.examples("test", 32)
+  source = tmp_path / "src.txt"
+  source.write_text("".join(e.source + "\n" for e in examples))
+  report_path = tmp_path / "report.json"
+  ev = _txf("eval", "--workdir", penalty_run, "--split", "test", "--max_examples", "32",
+            "--batch_size", "16", "--output", str(report_path))
+  assert ev.returncode == 0, ev.stderr
+  tr = _txf("translate", "--workdir", penalty_run, "--input", str(source), "--batch_size", "16")
+  assert tr.returncode == 0, tr.stderr
+  assert "beam 4, power alpha 1, early stopping" in tr.stderr
+  hyps = tr.stdout.splitlines()
+  report = json.loads(report_path.read_text())
+  assert report["bleu"] == bleu_lib.corpus_bleu(hyps, [e.reference for e in examples], "sacrebleu",
+                                                run.config.data.tgt_lang)["bleu"]

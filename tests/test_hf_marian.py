@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers", reason="needs transformers: p
 import sentencepiece as spm  # noqa: E402
 
 from txf.errors import TxfError  # noqa: E402
+from txf.decode import DecodingSpec  # noqa: E402
 from txf.inference import hf, load_run, translate_lines  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
@@ -138,7 +139,8 @@ def test_translations_equal_generate(small, imported, beams):
   expected, ended = generate(model, tokenizer, sentences, beams)
   assert sum(ended) >= len(sentences) * 3 // 4, "the test model should end most outputs with EOS"
   run = load_run(imported)
-  got = translate_lines(run, sentences, beam=beams, alpha=run.config.alpha, max_extra=40)
+  got = translate_lines(run, sentences, DecodingSpec.from_config(run.config, beam_size=beams,
+                                                                 max_extra=40))
   agree = [g == e for g, e, end in zip(got, expected, ended) if end]
   print(f"beam {beams}: {sum(agree)}/{len(agree)} translations ending with EOS agree")
   assert all(agree), [(g, e) for g, e, end in zip(got, expected, ended) if end and g != e]
@@ -339,3 +341,33 @@ def test_txf_run_with_marian_options_exports(tmp_path):
   ours = np.asarray(build_model(cfg, deterministic=True).apply(
       {"params": params}, inputs=np.array([ids]), targets=np.array([target])))
   np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_txf_eval_scores_what_txf_translate_outputs_for_an_imported_run(small, imported, tmp_path):
+  """An imported run decodes as Hugging Face's generate (power penalty, alpha 1, early stopping):
+  `txf eval` keeps those settings, so its BLEU is the BLEU of `txf translate`'s output."""
+  from txf.inference import bleu as bleu_lib
+  _, _, _, sentences = small
+  src, tgt = corpus(24, 5)
+  data = tmp_path / "multi30k"  # the imported run's data fields are multi30k_en_de's
+  data.mkdir()
+  (data / "test_2016_flickr.en").write_text("".join(s + "\n" for s in src))
+  (data / "test_2016_flickr.de").write_text("".join(t + "\n" for t in tgt))
+  (tmp_path / "src.txt").write_text("".join(s + "\n" for s in src))
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  report_path = tmp_path / "report.json"
+  ev = subprocess.run([sys.executable, "-m", "txf.cli", "eval", "--workdir", imported, "--data_path",
+                       str(data), "--output", str(report_path), "--batch_size", "8"],
+                      capture_output=True, text=True, env=env, timeout=600)
+  assert ev.returncode == 0, ev.stderr
+  tr = subprocess.run([sys.executable, "-m", "txf.cli", "translate", "--workdir", imported, "--input",
+                       str(tmp_path / "src.txt"), "--batch_size", "8"],
+                      capture_output=True, text=True, env=env, timeout=600)
+  assert tr.returncode == 0, tr.stderr
+  report = json.loads(report_path.read_text())
+  run = load_run(imported)
+  assert report["decoding"] == DecodingSpec.from_config(run.config).as_dict()
+  assert report["decoding"]["length_penalty"] == "power" and report["decoding"]["early_stopping"]
+  hyps = tr.stdout.splitlines()
+  assert len(hyps) == len(src)
+  assert report["bleu"] == bleu_lib.corpus_bleu(hyps, tgt, "sacrebleu", "de")["bleu"]

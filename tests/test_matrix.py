@@ -132,6 +132,7 @@ def _decode_on_one_device(config, workdir):
   on one device (translations: the ``hyp:`` lines; LM: the continuations)."""
   from txf import workdir as workdir_lib
   from txf.data import make_task
+  from txf.decode import DecodingSpec
   from txf.inference import Evaluator
   from txf.models import model_config_from
   from txf.train.samples import lm_prompts, lm_samples
@@ -143,8 +144,7 @@ def _decode_on_one_device(config, workdir):
                               config.eval_batches * config.batch_size)
   if model_cfg.family == "encoder_decoder":
     examples = task.examples(config.data.eval_split, config.decode_examples)
-    evaluator = Evaluator(model_cfg, task, batches, examples, config.beam_size, config.alpha,
-                          config.decode_max_extra)
+    evaluator = Evaluator(model_cfg, task, batches, examples, DecodingSpec.from_config(config))
     return [f"     hyp: {h}" for h in evaluator.translate(params)[:config.num_samples]]
   if model_cfg.family == "decoder_lm":
     return [f"  {t}" for t in lm_samples(model_cfg, task, params,

@@ -159,8 +159,9 @@ def test_padded_model_decodes_as_the_unpadded_one_even_with_winning_padding_rows
   assert np.all(np.argmax(np.asarray(h @ table.T), -1) >= V)
   sources = [row[row != 0] for row in batch["inputs"]]
   for beam in (1, 3):
-    ref = translate_ids(cfg, params, sources, 7, 12, batch_size=3, beam_size=beam)
-    got = translate_ids(pcfg, poisoned, sources, 7, 12, batch_size=3, beam_size=beam)
+    spec = decode.DecodingSpec(beam_size=beam)
+    ref = translate_ids(cfg, params, sources, 7, 12, spec, batch_size=3, cut=False)
+    got = translate_ids(pcfg, poisoned, sources, 7, 12, spec, batch_size=3, cut=False)
     for a, b in zip(got, ref):
       np.testing.assert_array_equal(a, b)
       assert a.max() < V

@@ -83,7 +83,7 @@ def _train_all(specs, root, runs, expected, queries):
       run = inference.load_run(workdir)
       expected[family] = [task.decode_target(i) for i in decode.translate_ids(
           run.model_cfg, run.params, [task.encode_source(q) for q in queries], task.max_input_len,
-          decode.decode_buffer_len(run.model_cfg, task, 5), 4, 1, 0.6, max_extra=5)]
+          decode.decode_buffer_len(run.model_cfg, task, 5), decode.DecodingSpec(max_extra=5), 4)]
       expected["val"] = [r["source"] for r in task.records("val")]
 
 

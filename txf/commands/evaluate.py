@@ -23,6 +23,7 @@ from txf.commands import terminal
 from txf import storage
 from txf import workdir as workdir_lib
 from txf.data.base import DataError
+from txf.decode import DecodingSpec
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained run", required=True)
@@ -39,7 +40,8 @@ flags.DEFINE_enum("bleu", None, ["sacrebleu", "tok-lc"], "BLEU protocol (default
                   "tokenizer, WMT practice; tok-lc = lowercased, punctuation-normalised, Moses-"
                   "tokenized text scored on its tokens, multi-bleu.perl, the Multi30k papers")
 flags.DEFINE_integer("beam", None, "beam size (1 = greedy; default: the run's config.beam_size)")
-flags.DEFINE_float("alpha", None, "GNMT length penalty exponent (default: the run's config.alpha)")
+flags.DEFINE_float("alpha", None, "the length penalty's exponent, of the run's length_penalty kind "
+                  "(gnmt: ((5 + L) / 6) ** alpha; power: L ** alpha; default: the run's config.alpha)")
 flags.DEFINE_integer("max_extra", None, "each output has at most source length + this many tokens "
                      "(default: the run's config.decode_max_extra)")
 flags.DEFINE_integer("max_examples", 0, "evaluate only the first N examples (0 = the whole split; "
@@ -105,9 +107,7 @@ def main(argv):
   check_writable(path)
   report = inference.evaluate_split(
       run, split,
-      beam=run.config.beam_size if f.beam is None else f.beam,
-      alpha=run.config.alpha if f.alpha is None else f.alpha,
-      max_extra=run.config.decode_max_extra if f.max_extra is None else f.max_extra,
+      DecodingSpec.from_config(run.config, beam_size=f.beam, alpha=f.alpha, max_extra=f.max_extra),
       max_examples=f.max_examples, batch_size=f.batch_size, warn=terminal.warn_stderr,
       progress=terminal.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every),
       bleu_protocol=f.bleu or run.config.get("bleu_protocol", "sacrebleu"))

@@ -15,6 +15,7 @@ from absl import flags
 
 from txf import inference
 from txf.commands import terminal
+from txf.decode import DecodingSpec
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained encoder_decoder run", required=True)
@@ -23,7 +24,8 @@ flags.DEFINE_string("output", None, "where to write the translations (default: s
 flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
                     "params_avg5.msgpack from `txf average-checkpoints`, or a path")
 flags.DEFINE_integer("beam", None, "beam size (1 = greedy; default: the run's config.beam_size)")
-flags.DEFINE_float("alpha", None, "GNMT length penalty exponent (default: the run's config.alpha)")
+flags.DEFINE_float("alpha", None, "the length penalty's exponent, of the run's length_penalty kind "
+                  "(gnmt: ((5 + L) / 6) ** alpha; power: L ** alpha; default: the run's config.alpha)")
 flags.DEFINE_integer("max_extra", None, "each output has at most source length + this many tokens "
                      "(default: the run's config.decode_max_extra, 50)")
 flags.DEFINE_integer("batch_size", 32, "sentences decoded together (a fixed batch shape: one compile)")
@@ -37,24 +39,22 @@ def main(argv):
     raise TxfError(f"--beam={f.beam}: the beam size must be >= 1 (1 = greedy)")
   run = terminal.load_run(f.workdir, f.params)
   inference.require_family(run, "encoder_decoder", "translate")
-  beam = run.config.beam_size if f.beam is None else f.beam
-  alpha = run.config.alpha if f.alpha is None else f.alpha
-  max_extra = run.config.decode_max_extra if f.max_extra is None else f.max_extra
-  inference.check_decoding_flags(beam, max_extra, f.batch_size)
+  spec = DecodingSpec.from_config(run.config, beam_size=f.beam, alpha=f.alpha, max_extra=f.max_extra)
+  inference.check_decoding_flags(spec, f.batch_size)
   if terminal.from_terminal(f.input):
     print("txf translate: type a sentence per line (Ctrl-D ends)", file=sys.stderr, flush=True)
     with terminal.answer_stream(f.output) as out:
       for line in terminal.iter_lines():
-        answer = inference.translate_lines(run, [line], beam, alpha, max_extra, batch_size=1,
+        answer = inference.translate_lines(run, [line], spec, batch_size=1,
                                            warn=terminal.warn_stderr)
         terminal.write_lines(answer, stream=out)
     return
   lines = terminal.read_lines(f.input)
   started = time.time()
-  out = inference.translate_lines(run, lines, beam, alpha, max_extra, f.batch_size,
+  out = inference.translate_lines(run, lines, spec, f.batch_size,
                                   warn=terminal.warn_stderr)
   terminal.write_lines(out, f.output)
   seconds = time.time() - started
   empty = sum(1 for line in lines if not line.strip())
-  print(f"txf translate: {len(lines)} lines ({empty} empty) in {seconds:.1f} s, beam {beam}, "
+  print(f"txf translate: {len(lines)} lines ({empty} empty) in {seconds:.1f} s, {spec.describe()}, "
         f"params {run.params_path}", file=sys.stderr)

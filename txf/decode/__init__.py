@@ -8,6 +8,9 @@
 - ``adapter``: txf's models as such a callback: the KV cache, one step's logits, the beam layout
   (txf.nn.kv_cache) and an uncached reference.
 - ``decoders``: both joined under one jit: translation ids and texts, samplers.
+- ``spec``: ``DecodingSpec``, every setting of a search in one frozen record (beam, length
+  penalty, early stopping, max extra tokens, banned ids, sampling), passed whole from the config
+  or the command line down to the compiled decoders.
 """
 
 from txf.decode.adapter import (OUTPUT_KERNEL, cast_for_decoding, expand_cache, init_cache,
@@ -19,4 +22,5 @@ from txf.decode.decoders import (compiled_ragged_sampler, compiled_sampler, deco
                                  greedy_continuation, text_logits_fn, translate_ids,
                                  translate_texts)
 from txf.decode.greedy import greedy_decode
+from txf.decode.spec import DecodingSpec
 from txf.decode.sampling import filter_logits, sample

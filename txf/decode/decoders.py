@@ -18,30 +18,31 @@ from txf.decode.adapter import expand_cache, init_cache, make_logits_fn, reorder
 from txf.decode.beam import beam_search
 from txf.decode.greedy import greedy_decode
 from txf.decode.sampling import sample
+from txf.decode.spec import DecodingSpec
 from txf.nn import TransformerConfig
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: int, beam_size: int,
-                      alpha: float, wrap: Callable = jax.jit, length_penalty: str = "gnmt",
-                      early_stopping: bool = False):
+def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: int,
+                      spec: DecodingSpec, wrap: Callable = jax.jit):
   """``wrap(run)``, by default jit'd, of run(params, inputs [B, S]) -> ids [B, max_len] (best beam
-  when beam_size > 1); a runner's ``rows_fn`` as ``wrap`` decodes on all its devices. ``run``
-  takes its row count from ``inputs`` (under pmap each device sees batch_size / devices rows).
-  Decoders start from ``model_cfg.decoder_start_id``; beam search scores with ``length_penalty``
-  (see txf.decode.beam) and stops as ``early_stopping`` says."""
+  when ``spec.beam_size`` > 1); a runner's ``rows_fn`` as ``wrap`` decodes on all its devices.
+  ``run`` takes its row count from ``inputs`` (under pmap each device sees batch_size / devices
+  rows). Decoders start from ``model_cfg.decoder_start_id``; beam search scores and stops as
+  ``spec`` says (txf.decode.beam); ``spec.banned_ids`` (and PAD when ``model_cfg.forbid_pad``)
+  are never generated."""
+  never = tuple(sorted(set(spec.banned_ids) | ({PAD_ID} if model_cfg.forbid_pad else set())))
 
   def run(params, inputs):
     rows = inputs.shape[0]
     cache = init_cache(model_cfg, params, rows, max_len, inputs)
     logits_fn = make_logits_fn(model_cfg, params)
-    never = (PAD_ID,) if model_cfg.forbid_pad else ()
-    if beam_size == 1:
+    if spec.greedy:
       return greedy_decode(logits_fn, cache, rows, max_len,
                            bos_id=model_cfg.decoder_start_id, never_ids=never)
-    ids, _ = beam_search(logits_fn, cache, rows, beam_size, max_len, alpha=alpha,
-                         bos_id=model_cfg.decoder_start_id, length_penalty=length_penalty,
-                         early_stopping=early_stopping, never_ids=never,
+    ids, _ = beam_search(logits_fn, cache, rows, spec.beam_size, max_len, alpha=spec.alpha,
+                         bos_id=model_cfg.decoder_start_id, length_penalty=spec.length_penalty,
+                         early_stopping=spec.early_stopping, never_ids=never,
                          expand_cache=expand_cache, reorder_cache=reorder_cache)
     return ids[:, 0]
 
@@ -54,27 +55,25 @@ def decode_buffer_len(model_cfg: TransformerConfig, task: Task, max_extra: int) 
 
 
 def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.ndarray], input_len: int,
-                  max_len: int, batch_size: int = 64, beam_size: int = 1, alpha: float = 0.6,
-                  max_extra: Optional[int] = None, wrap: Callable = jax.jit,
-                  progress: Optional[Callable[[int], None]] = None, length_penalty: str = "gnmt",
-                  early_stopping: bool = False) -> List[np.ndarray]:
+                  max_len: int, spec: DecodingSpec = DecodingSpec(), batch_size: int = 64,
+                  wrap: Callable = jax.jit, progress: Optional[Callable[[int], None]] = None,
+                  cut: bool = True) -> List[np.ndarray]:
   """Decode source id rows (each ending with EOS) -> generated id rows (EOS kept, padding dropped).
 
   Sources are padded to [batch_size, input_len]; output length is at most ``max_len`` (the decode
-  buffer, fixed for every batch: one compile), and with ``max_extra`` at most each row's own source
-  length (EOS counted) + max_extra. ``wrap`` compiles the decoder (see ``_compiled_decoder``);
-  ``progress(rows_done)`` is called after each batch. ``length_penalty`` and ``early_stopping``:
-  the beam search's (txf.decode.beam).
+  buffer, fixed for every batch: one compile), and with ``cut`` at most each row's own source
+  length (EOS counted) + ``spec.max_extra``. The search is ``spec``'s (greedy or beam, its length
+  penalty and stopping). ``wrap`` compiles the decoder (see ``_compiled_decoder``);
+  ``progress(rows_done)`` is called after each batch.
   """
-  fn = _compiled_decoder(model_cfg, batch_size, max_len, beam_size, float(alpha), wrap,
-                         length_penalty, bool(early_stopping))
+  fn = _compiled_decoder(model_cfg, batch_size, max_len, spec, wrap)
   out = []
   for s in range(0, len(sources), batch_size):
     chunk = list(sources[s:s + batch_size])
     ids = np.asarray(fn(params, jnp.asarray(pad_batch(chunk, input_len, batch_size))))
     for row, source in zip(ids[:len(chunk)], chunk):
-      if max_extra is not None:
-        row = row[:len(source) + max_extra]
+      if cut:
+        row = row[:len(source) + spec.max_extra]
       end = np.nonzero(row == EOS_ID)[0]
       out.append(row[: end[0] + 1] if len(end) else row)
     if progress is not None:
@@ -83,16 +82,14 @@ def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.nda
 
 
 def translate_texts(model_cfg: TransformerConfig, params, task: Task, sources: Sequence[np.ndarray],
-                    max_extra: int = 50, batch_size: int = 64, beam_size: int = 1,
-                    alpha: float = 0.6, wrap: Callable = jax.jit,
-                    progress: Optional[Callable[[int], None]] = None, length_penalty: str = "gnmt",
-                    early_stopping: bool = False) -> List[str]:
-  """Detokenized translations of source id rows (each at most its source length + max_extra);
-  ``progress(rows_done)`` is called after each batch."""
+                    spec: DecodingSpec = DecodingSpec(), batch_size: int = 64,
+                    wrap: Callable = jax.jit,
+                    progress: Optional[Callable[[int], None]] = None) -> List[str]:
+  """Detokenized translations of source id rows, searched as ``spec`` says (each at most its
+  source length + ``spec.max_extra`` tokens); ``progress(rows_done)`` is called after each batch."""
   ids = translate_ids(model_cfg, params, sources, task.max_input_len,
-                      decode_buffer_len(model_cfg, task, max_extra), batch_size, beam_size, alpha,
-                      max_extra=max_extra, wrap=wrap, progress=progress,
-                      length_penalty=length_penalty, early_stopping=early_stopping)
+                      decode_buffer_len(model_cfg, task, spec.max_extra), spec, batch_size,
+                      wrap=wrap, progress=progress)
   return [task.decode_target(i) for i in ids]
 
 

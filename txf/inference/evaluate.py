@@ -17,6 +17,7 @@ from txf import storage
 from txf.errors import TxfError
 from txf.inference import bleu as bleu_lib
 from txf.decode.decoders import translate_texts
+from txf.decode.spec import DecodingSpec
 from txf.inference.run import Warn, log_warning
 from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
 from txf.nn import TransformerConfig
@@ -70,20 +71,19 @@ class Evaluator:
 
   ``sums(sums_fn)``: the metric sums of ``sums_fn(batch)`` added over the batches (the loop passes
   its runner's eval step, ``txf eval`` a jitted ``make_eval_step``). ``translate(params)``: the
-  detokenized hypotheses of the examples (greedy, or beam ``beam_size`` with length penalty
-  ``alpha``; each at most source length + ``max_extra`` tokens). ``__call__`` gives both as the
-  metrics the loop logs: loss, accuracy, nll, perplexity, exact_match, bleu.
+  detokenized hypotheses of the examples, searched as ``spec`` says (a
+  ``txf.decode.DecodingSpec``: greedy or beam, its length penalty and stopping, each output at
+  most source length + ``spec.max_extra`` tokens). ``__call__`` gives both as the metrics the
+  loop logs: loss, accuracy, nll, perplexity, exact_match, bleu.
   """
 
   def __init__(self, model_cfg: TransformerConfig, task, batches: Sequence[Batch],
-               examples: Sequence[Example] = (), beam_size: int = 1, alpha: float = 0.6,
-               max_extra: int = 50, decode_batch_size: int = 64, bleu_protocol: str = "sacrebleu",
-               lang: str = "en", length_penalty: str = "gnmt", early_stopping: bool = False):
+               examples: Sequence[Example] = (), spec: DecodingSpec = DecodingSpec(), *,
+               decode_batch_size: int = 64, bleu_protocol: str = "sacrebleu", lang: str = "en"):
     self.model_cfg, self.task = model_cfg, task
     self.bleu_protocol, self.lang = bleu_protocol, lang
-    self.length_penalty, self.early_stopping = length_penalty, early_stopping
     self.batches, self.examples = list(batches), list(examples)
-    self.beam_size, self.alpha, self.max_extra = beam_size, alpha, max_extra
+    self.spec = spec
     self.decode_batch_size = decode_batch_size
 
   @property
@@ -114,10 +114,8 @@ class Evaluator:
     where = placed.local(params)
     sources = [truncate_keep_eos(e.source_ids, self.task.max_input_len) for e in self.examples]
     batch_size = -(-self.decode_batch_size // where.shards) * where.shards
-    return translate_texts(self.model_cfg, where.params, self.task, sources, self.max_extra,
-                           batch_size, self.beam_size, self.alpha, wrap=where.rows_fn,
-                           progress=progress, length_penalty=self.length_penalty,
-                           early_stopping=self.early_stopping)
+    return translate_texts(self.model_cfg, where.params, self.task, sources, self.spec, batch_size,
+                           wrap=where.rows_fn, progress=progress)
 
   def __call__(self, sums_fn: Callable[[Batch], Dict[str, Any]], params: Callable[[], Any]
                ) -> Dict[str, Any]:
@@ -140,12 +138,9 @@ def count_examples(batches: Sequence[Batch]) -> int:
   return int(sum(np.any(np.asarray(b[key]) != PAD_ID, axis=-1).sum() for b in batches))
 
 
-def check_decoding_flags(beam: int, max_extra: int, batch_size: int) -> None:
-  """TxfError for a beam, max_extra or batch size that cannot work."""
-  if beam < 1:
-    raise TxfError(f"--beam={beam}: the beam size must be >= 1 (1 = greedy)")
-  if max_extra < 0:
-    raise TxfError(f"--max_extra={max_extra} must be >= 0")
+def check_decoding_flags(spec: DecodingSpec, batch_size: int) -> None:
+  """TxfError for a decoding spec or batch size that cannot work."""
+  spec.check()
   if batch_size < 1:
     raise TxfError(f"--batch_size={batch_size} must be >= 1")
 
@@ -167,7 +162,7 @@ def default_split(run) -> str:
   return d.test_split
 
 
-def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra: int = 50,
+def evaluate_split(run, split: str, spec: Optional[DecodingSpec] = None,
                    max_examples: int = 0, batch_size: int = 32, warn: Warn = log_warning,
                    progress: Optional[ProgressFn] = None, bleu_protocol: str = "sacrebleu"
                    ) -> Dict[str, Any]:
@@ -180,12 +175,14 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
   or ``tok-lc`` on lowercased Moses tokens) with ``bleu_protocol`` and sacreBLEU's
   ``bleu_signature``, sacreBLEU ``chrf`` on detokenized text with its signature, and
   ``exact_match``, from decoding the split's first ``num_examples`` sources (default: the whole
-  split as the task gives it; synthetic tasks: 1000) with greedy (beam 1) or beam search.
+  split as the task gives it; synthetic tasks: 1000), searched as ``spec`` says (default: the
+  run's own decoding settings, ``DecodingSpec.from_config(run.config)``).
   ``progress(what, done, total, unit)`` hears the batches scored and sentences decoded (default:
   nothing; ``txf eval`` passes txf.commands.terminal.Progress, lines on stderr); ``warn(message)``
   hears problems with the data (default: the ``txf.inference`` logger).
   """
-  check_decoding_flags(beam, max_extra, batch_size)
+  spec = spec or DecodingSpec.from_config(run.config)
+  check_decoding_flags(spec, batch_size)
   if max_examples < 0:
     raise TxfError(f"--max_examples={max_examples} must be >= 0 (0 = the whole split)")
   progress = progress or (lambda what, done, total, unit: None)
@@ -203,9 +200,7 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
   examples = run.task.examples(split, n) if family == "encoder_decoder" else []
   report: Dict[str, Any] = {"workdir": run.workdir, "params": storage.absolute(run.params_path),
                             "split": split, "family": family, "num_examples": n}
-  options = run.config or {}  # a Run built by hand may come without its training config
-  evaluator = Evaluator(run.model_cfg, run.task, batches, examples, beam, alpha, max_extra, batch_size,
-                        options.get("length_penalty", "gnmt"), options.get("early_stopping", False))
+  evaluator = Evaluator(run.model_cfg, run.task, batches, examples, spec, decode_batch_size=batch_size)
   step = jax.jit(make_eval_step(run.model_cfg, 0.0))
   sums = evaluator.sums(lambda b: step(run.params, b),
                         progress=lambda k: progress("scoring", k, len(batches), "batches"))
@@ -230,7 +225,7 @@ def evaluate_split(run, split: str, beam: int = 1, alpha: float = 0.6, max_extra
     report.update({"chrf": float(chrf_score.score),
                    "chrf_signature": str(chrf.get_signature()),
                    "exact_match": exact_match(hyps, refs),
-                   "decoding": {"beam": beam, "alpha": alpha, "max_extra": max_extra}})
+                   "decoding": spec.as_dict()})
   report["seconds"] = round(time.time() - started, 3)
   for k, v in report.items():  # JSON has no inf/nan
     if isinstance(v, float) and not math.isfinite(v):

@@ -16,6 +16,7 @@ from txf.data.tokenizer import Codec
 from txf.errors import TxfError
 from txf.decode.sampling import row_keys
 from txf.decode.decoders import compiled_ragged_sampler, decode_buffer_len, translate_ids
+from txf.decode.spec import DecodingSpec
 from txf.inference.evaluate import check_decoding_flags
 from txf.inference.run import Run, Warn, log_warning, require_family
 from txf.models import build_model
@@ -49,21 +50,21 @@ def encode_lines(task: Task, lines: Sequence[str], warn: Warn = log_warning) -> 
   return out
 
 
-def translate_lines(run: Run, lines: Sequence[str], beam: int = 1, alpha: float = 0.6,
-                    max_extra: int = 50, batch_size: int = 32, warn: Warn = log_warning) -> List[str]:
+def translate_lines(run: Run, lines: Sequence[str], spec: Optional[DecodingSpec] = None,
+                    batch_size: int = 32, warn: Warn = log_warning) -> List[str]:
   """One detokenized translation per line, in order; empty lines give empty outputs.
 
   Non-empty lines are sorted by length and decoded in fixed [batch_size, data.max_input_len]
-  batches (one compile); each output is cut at its own source length (EOS counted) + max_extra.
-  Beam search scores and stops as the run's config says (``length_penalty``, ``early_stopping``).
+  batches (one compile); each output is cut at its own source length (EOS counted) +
+  ``spec.max_extra``. The search is ``spec``'s (default: the run's own decoding settings,
+  ``DecodingSpec.from_config(run.config)``).
   """
-  check_decoding_flags(beam, max_extra, batch_size)
+  spec = spec or DecodingSpec.from_config(run.config)
+  check_decoding_flags(spec, batch_size)
   sources = encode_lines(run.task, lines, warn)
   todo = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: -len(sources[i]))
   ids = translate_ids(run.model_cfg, run.params, [sources[i] for i in todo], run.task.max_input_len,
-                      decode_buffer_len(run.model_cfg, run.task, max_extra), batch_size, beam, alpha,
-                      max_extra=max_extra, length_penalty=run.config.get("length_penalty", "gnmt"),
-                      early_stopping=run.config.get("early_stopping", False))
+                      decode_buffer_len(run.model_cfg, run.task, spec.max_extra), spec, batch_size)
   out = [""] * len(lines)
   for i, row in zip(todo, ids):
     out[i] = " ".join(run.task.decode_target(row).split("\n"))  # one output line per input line

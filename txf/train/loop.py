@@ -34,6 +34,7 @@ from txf import workdir as workdir_lib
 from txf.checkpoint import Checkpointer
 from txf.config import ConfigError
 from txf.data import make_task
+from txf.decode import DecodingSpec
 from txf.inference import Evaluator, make_eval_step
 from txf.metrics import MetricWriter
 from txf.models import (LossFn, ModelBuilder, count_params, init_params, model_config_from,
@@ -193,10 +194,9 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   eval_batches = task.eval_batches(config.data.eval_split, config.batch_size,
                                    config.eval_batches * config.batch_size or None)
   examples = task.examples(config.data.eval_split, config.decode_examples) if decodes else []
-  evaluator = Evaluator(model_cfg, task, eval_batches, examples, config.beam_size, config.alpha,
-                        config.decode_max_extra, bleu_protocol=config.get("bleu_protocol", "sacrebleu"),
-                        lang=config.data.tgt_lang, length_penalty=config.length_penalty,
-                        early_stopping=config.early_stopping)
+  evaluator = Evaluator(model_cfg, task, eval_batches, examples, DecodingSpec.from_config(config),
+                        bleu_protocol=config.get("bleu_protocol", "sacrebleu"),
+                        lang=config.data.tgt_lang)
   return Setup(config, workdir, task, model_cfg, runner, train_it,
                Checkpointer(workdir, config, agreed_steps=True), MetricWriter(workdir, enabled=is_main),
                evaluator,

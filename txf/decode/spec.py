@@ -1,0 +1,103 @@
+"""The decoding spec: every setting of a search in one frozen record, built once and passed whole.
+
+A run's config holds its decoding settings (``beam_size``, ``alpha``, ``length_penalty``,
+``early_stopping``, ``decode_max_extra``); ``txf eval`` and ``txf translate`` may override some
+from the command line. ``DecodingSpec.from_config(config, beam_size=..., ...)`` makes the record
+once; the evaluator, ``translate``, the in-loop evaluation and the compiled decoders take it as it
+is, so no setting is dropped or bound to the wrong parameter on the way down. The record is
+hashable: the compiled decoders are cached by it.
+
+Beam scores: log p(y) / lp(|y|), with lp the ``length_penalty`` kind (txf.decode.beam):
+gnmt ``((5 + L) / 6) ** alpha``, power ``L ** alpha`` (Hugging Face's), average ``L``, none ``1``.
+"""
+
+import dataclasses
+from typing import Any, Mapping, Optional, Tuple
+
+from txf.decode.beam import PENALTIES
+from txf.errors import TxfError
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingSpec:
+  """How to search.
+
+  beam_size: 1 = greedy, K > 1 = beam search with K beams.
+  alpha: the length penalty's exponent (gnmt and power).
+  length_penalty: gnmt | power | average | none (see the module doc).
+  early_stopping: beam search ends when K hypotheses are finished (Hugging Face's
+    ``early_stopping=True``); False: when no live beam can still beat the K finished.
+  max_extra: each output has at most its source length (EOS counted) + this many tokens.
+  banned_ids: ids never generated (beside PAD for a model with ``forbid_pad``).
+  temperature, top_k, top_p: sampling (language models): 0 temperature = greedy; top_k 0 and
+    top_p 1 = no filtering.
+  """
+  beam_size: int = 1
+  alpha: float = 0.6
+  length_penalty: str = "gnmt"
+  early_stopping: bool = False
+  max_extra: int = 50
+  banned_ids: Tuple[int, ...] = ()
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    # normalise types so equal settings hash equal (0.6 from a flag, 0.6 from a config)
+    object.__setattr__(self, "beam_size", int(self.beam_size))
+    object.__setattr__(self, "alpha", float(self.alpha))
+    object.__setattr__(self, "early_stopping", bool(self.early_stopping))
+    object.__setattr__(self, "max_extra", int(self.max_extra))
+    object.__setattr__(self, "banned_ids", tuple(int(i) for i in self.banned_ids))
+    object.__setattr__(self, "temperature", float(self.temperature))
+    object.__setattr__(self, "top_k", int(self.top_k))
+    object.__setattr__(self, "top_p", float(self.top_p))
+
+  @property
+  def greedy(self) -> bool:
+    return self.beam_size == 1
+
+  def check(self) -> "DecodingSpec":
+    """TxfError naming the setting that cannot work (and the flag that sets it); returns self."""
+    if self.beam_size < 1:
+      raise TxfError(f"--beam={self.beam_size}: the beam size must be >= 1 (1 = greedy)")
+    if self.max_extra < 0:
+      raise TxfError(f"--max_extra={self.max_extra} must be >= 0")
+    if self.length_penalty not in PENALTIES:
+      raise TxfError(f"length_penalty={self.length_penalty!r}: use one of {', '.join(PENALTIES)}")
+    if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+      raise TxfError(f"sampling settings temperature={self.temperature}, top_k={self.top_k}, "
+                     f"top_p={self.top_p}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1")
+    return self
+
+  def replace(self, **changes: Any) -> "DecodingSpec":
+    """A copy with ``changes``; a None value keeps the field (a flag that was not given)."""
+    return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+  def describe(self) -> str:
+    """One phrase for logs: ``greedy`` or ``beam 4, gnmt alpha 0.6, early stopping``."""
+    if self.greedy:
+      return "greedy"
+    stop = ", early stopping" if self.early_stopping else ""
+    penalty = self.length_penalty if self.length_penalty in ("average", "none") else \
+        f"{self.length_penalty} alpha {self.alpha:g}"
+    return f"beam {self.beam_size}, {penalty}{stop}"
+
+  def as_dict(self) -> dict:
+    """The fields as plain JSON values (reports, exports)."""
+    out = dataclasses.asdict(self)
+    out["banned_ids"] = list(self.banned_ids)
+    return out
+
+  @classmethod
+  def from_config(cls, config: Optional[Mapping[str, Any]], **overrides: Any) -> "DecodingSpec":
+    """The spec of a run's config (its top-level decoding fields; a config without them, such as a
+    hand-made run's, gets the defaults), then ``overrides`` whose value is not None: ``beam_size``,
+    ``alpha``, ``max_extra``, ... (a command line's flags)."""
+    config = config or {}
+    get = config.get if hasattr(config, "get") else (lambda k, d=None: getattr(config, k, d))
+    base = cls(beam_size=get("beam_size", 1), alpha=get("alpha", 0.6),
+               length_penalty=get("length_penalty", "gnmt"),
+               early_stopping=get("early_stopping", False),
+               max_extra=get("decode_max_extra", 50))
+    return base.replace(**overrides)
