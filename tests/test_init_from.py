@@ -53,7 +53,8 @@ def test_init_from_reads_the_source_tokenizer_and_saves_it_once(tmp_path, monkey
 
   monkeypatch.setattr(workdir_lib, "save_task", counted)
   c = small_run_config(tmp_path)
-  c.init_from = source
+  monkeypatch.chdir(tmp_path)
+  c.init_from = "source"  # relative, as the README's commands give it
   c.optimizer.schedule, c.optimizer.learning_rate, c.optimizer.warmup_steps = "constant", 1e-30, 1
   target = str(tmp_path / "target")
   train(c, target)

@@ -31,8 +31,9 @@ def apply_init_from(config) -> None:
   if not storage.wpath(storage.join(source, workdir_lib.CONFIG_FILE)).is_file():
     raise TxfError(f"init_from={source!r} holds no txf run (no config.json): give a trained run's "
                    f"workdir, or one written by `txf import-hf`")
-  if not storage.wpath(storage.join(source, workdir_lib.PARAMS_FILE)).is_file():
-    raise TxfError(f"init_from={source!r} has no params.msgpack: train it to the end first")
+  if not storage.wpath(workdir_lib.params_location(source)).exists():
+    raise TxfError(f"init_from={source!r} has no trained parameters (params.msgpack): train it to "
+                   f"the end first, or give a workdir written by `txf import-hf`")
   theirs = workdir_lib.load_config(source)
   for key, value in theirs.model.items():
     if key not in KEPT_MODEL_FIELDS:
@@ -57,7 +58,6 @@ def initial_params(config, model_cfg, task) -> Optional[Any]:
   source = config.get("init_from", "")
   if not source:
     return None
-  path = storage.join(source, workdir_lib.PARAMS_FILE)
-  params = workdir_lib.load_params(source, path)
-  check_params(model_cfg, task, params, path)
+  params = workdir_lib.load_params(source)  # the run's own params.msgpack (or params/ shards)
+  check_params(model_cfg, task, params, workdir_lib.params_location(source))
   return params
