@@ -92,6 +92,7 @@ def test_trace_events_nested_and_concurrent_ops(tmp_path):
   assert r["top"][0][:2] == ("reduce.1", "reduction")
 
 
+@pytest.mark.slow  # a profiled train step (9 s): the benchmarks' own code, end-to-end tier
 def test_profile_tiny_train_step(tmp_path):
   r = profile.profile_step("tiny", "float32", steps=2, trace_dir=str(tmp_path))
   assert r["steps"] == 2, "the trace has no per-op events of the train step"

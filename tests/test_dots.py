@@ -150,6 +150,7 @@ def _rel(a, b):
              for x, y in zip(a, b))
 
 
+@pytest.mark.slow  # a whole model three ways (16 s of compiles): the end-to-end tier
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the bf16 dots are used on CPU only")
 def test_bf16_model_with_the_dots_equals_the_reference_bf16_path_and_float32(monkeypatch):
   rs = np.random.RandomState(0)

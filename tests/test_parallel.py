@@ -433,7 +433,8 @@ def test_runners_refuse_uneven_batches_with_the_fix_in_the_message():
       assert words in str(e)
 
 
-def test_gradient_accumulation_equals_the_large_batch_step():
+@pytest.mark.slow  # two train steps of three shapes (30 s of compiles); the 8-device worker checks
+def test_gradient_accumulation_equals_the_large_batch_step():  # accumulation on a mesh as well
   result = _worker_result()
   np.testing.assert_allclose(result["accum"]["losses"], result["reference"], rtol=2e-6, atol=2e-6)
   assert result["accum"]["param_diff"] < 1e-6
