@@ -351,8 +351,9 @@ def test_txf_eval_scores_what_txf_translate_outputs_for_an_imported_run(small, i
   src, tgt = corpus(24, 5)
   data = tmp_path / "multi30k"  # the imported run's data fields are multi30k_en_de's
   data.mkdir()
-  (data / "test_2016_flickr.en").write_text("".join(s + "\n" for s in src))
-  (data / "test_2016_flickr.de").write_text("".join(t + "\n" for t in tgt))
+  for split in ("train", "val", "test_2016_flickr"):  # a text source lists all its splits
+    (data / f"{split}.en").write_text("".join(s + "\n" for s in src))
+    (data / f"{split}.de").write_text("".join(t + "\n" for t in tgt))
   (tmp_path / "src.txt").write_text("".join(s + "\n" for s in src))
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   report_path = tmp_path / "report.json"
