@@ -283,6 +283,7 @@ def penalty_run(tmp_path_factory):
   return _train(config, tmp_path_factory.mktemp("runs") / "penalty")
 
 
+@pytest.mark.slow  # a third trained run for the module (15 s): the end-to-end tier
 def test_eval_scores_what_translate_outputs_with_the_runs_decoding_settings(penalty_run):
   from txf.inference import bleu as bleu_lib
   run = inference.load_run(penalty_run)

@@ -156,6 +156,7 @@ def test_encoder_classifier_forward_matches_numpy(pre_ln, pooling):
   np.testing.assert_allclose(logits, np.stack(out), atol=1e-4)
 
 
+@pytest.mark.slow  # dropout's own tests (tests/test_dropout.py) stay in the quick tier
 def test_dropout_active_in_training_only():
   cfg = dataclasses.replace(_tiny("encoder_decoder"), dropout_rate=0.3)
   batch = {"inputs": jnp.full((2, 6), 5, jnp.int32), "targets": jnp.full((2, 5), 6, jnp.int32)}

@@ -126,6 +126,7 @@ def test_ragged_batch_samples_each_row_as_alone(lm):
   assert not np.array_equal(other, batch)
 
 
+@pytest.mark.slow  # a decode and a forward pass per row (10 s): the end-to-end tier
 def test_ragged_greedy_matches_the_teacher_forced_forward(lm):
   cfg, params = lm
   got = lm_sample(cfg, params, LM_PROMPTS, jax.random.key(0), temperature=0.0)
