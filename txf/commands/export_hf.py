@@ -8,6 +8,8 @@ SentencePiece tokenizer and Marian's options (model.positional_layout=sin_cos,
 model.layer_norm_eps=1e-5, post-LN); anything else is refused with what stands in the way.
 """
 
+import sys
+
 from absl import flags
 
 from txf.errors import TxfError
@@ -23,5 +25,6 @@ def main(argv):
   if len(argv) > 1:
     raise TxfError(f"unexpected arguments {argv[1:]}")
   f = flags.FLAGS
-  out = hf.export_hf(f.workdir, f.output, f.params)
+  out = hf.export_hf(f.workdir, f.output, f.params,
+                     say=lambda line: print(f"txf: note: {line}", file=sys.stderr))
   print(f"exported {f.workdir} -> {out} (MarianMTModel.from_pretrained / MarianTokenizer.from_pretrained)")

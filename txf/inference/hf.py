@@ -22,7 +22,7 @@ import re
 import shutil
 import socket
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from txf import storage
 from txf import workdir as workdir_lib
 from txf.data import tokenizer as tok
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from txf.decode.spec import DecodingSpec
 from txf.errors import TxfError
 from txf.models import marian
 
@@ -247,7 +248,29 @@ def _vocab_and_specials(codec: tok.Codec):
   return vocab, order, {"pad": PAD_ID, "eos": EOS_ID, "start": BOS_ID}, (sp.model_proto,) * 2
 
 
-def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> str:
+def generation_settings(spec: DecodingSpec, say: Callable[[str], None] = lambda line: None
+                        ) -> Dict[str, Any]:
+  """The fields of generation_config.json that carry a run's decoding ``spec`` as far as Hugging
+  Face's ``generate`` can express it: ``num_beams``; ``length_penalty`` = alpha for the power
+  penalty L ** alpha (``average`` is alpha 1, ``none`` alpha 0); ``early_stopping`` True (stop at K
+  finished) or ``"never"`` (stop when no live beam can beat them, txf's False). The GNMT penalty
+  ((5 + L) / 6) ** alpha has no counterpart: ``say`` hears one line naming what was written instead."""
+  out = {"num_beams": spec.beam_size}
+  if spec.beam_size == 1:
+    return out
+  power = {"power": spec.alpha, "average": 1.0, "none": 0.0}.get(spec.length_penalty)
+  if power is None:
+    power = 1.0
+    say(f"generate() has no GNMT length penalty ((5 + L) / 6) ** {spec.alpha:g}: "
+        f"generation_config.json has length_penalty=1.0 (L ** 1), so beam outputs may differ "
+        f"from txf translate's")
+  out["length_penalty"] = float(power)
+  out["early_stopping"] = True if spec.early_stopping else "never"
+  return out
+
+
+def export_hf(workdir: str, output: str, params_name: Optional[str] = None,
+              say: Callable[[str], None] = lambda line: None) -> str:
   """Write ``output``: config.json, generation_config.json, model.safetensors and the Marian
   tokenizer files of the run in ``workdir``. Raises TxfError naming what cannot be exported."""
   config = workdir_lib.load_config(workdir)
@@ -278,13 +301,14 @@ def export_hf(workdir: str, output: str, params_name: Optional[str] = None) -> s
         "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "use_cache": True}
   generation = {"decoder_start_token_id": ids["start"], "eos_token_id": ids["eos"],
                 "pad_token_id": ids["pad"], "forced_eos_token_id": ids["eos"],
-                "num_beams": int(config.beam_size), "max_length": m.max_len}
+                "max_length": m.max_len, **generation_settings(DecodingSpec.from_config(config), say)}
   if m.forbid_pad:
     generation["bad_words_ids"] = [[ids["pad"]]]
   with _staged_directory(output, ".export-hf-") as tmp:
     workdir_lib.write_json(os.path.join(tmp, "config.json"), hf)
     workdir_lib.write_json(os.path.join(tmp, "generation_config.json"), generation)
-    _safetensors().save_file(sd, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    _safetensors().save_file(marian.stored_once(sd, fields), os.path.join(tmp, "model.safetensors"),
+                             metadata={"format": "pt"})
     for name, proto in zip(("source.spm", "target.spm"), protos):
       with open(os.path.join(tmp, name), "wb") as f:
         f.write(proto)

@@ -176,6 +176,20 @@ def params_from_state_dict(sd: Dict[str, np.ndarray], fields: Dict[str, Any],
   return params
 
 
+def stored_once(sd: Dict[str, np.ndarray], fields: Dict[str, Any]) -> Dict[str, np.ndarray]:
+  """The tensors of a Marian state dict as ``save_pretrained`` stores them: each tied table once.
+  Shared embeddings are stored as ``model.shared.weight`` only (the encoder's and decoder's
+  ``embed_tokens`` are tied to it on load); a tied output drops ``lm_head.weight`` (tied to the
+  decoder's embedding on load)."""
+  out = dict(sd)
+  if fields["share_embeddings"]:
+    out.pop("model.encoder.embed_tokens.weight", None)
+    out.pop("model.decoder.embed_tokens.weight", None)
+  if fields["tie_output"]:
+    out.pop("lm_head.weight", None)
+  return out
+
+
 def state_dict_from_params(params: Dict[str, Any], fields: Dict[str, Any], order: np.ndarray,
                            vocab_size: int) -> Dict[str, np.ndarray]:
   """The Marian state dict (float32 numpy, Hugging Face names) of txf parameters: the inverse of
