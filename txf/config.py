@@ -11,6 +11,7 @@ import os
 from typing import Iterable, List, Optional, Tuple
 
 import ml_collections
+from txf import families
 from txf.errors import TxfError
 
 
@@ -39,6 +40,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.length_penalty = "gnmt"      # beam scores log p(y) / lp(|y|), |y| counting EOS: gnmt | power (Hugging Face's L ** alpha)
   c.early_stopping = False       # beam: False = stop when no alive beam can beat the K finished; True = at K finished (Hugging Face's early_stopping=True)
   c.bleu_protocol = "sacrebleu"  # BLEU in the loop and txf eval: sacrebleu (cased, detokenized, 13a) | tok-lc (lowercased Moses tokens, multi-bleu.perl)
+  c.plugins = ""                 # Python files or modules (comma-separated) imported first: each may register a model family (txf.families) or a variant
   c.init_from = ""               # a workdir (a txf run, or one from `txf import-hf`) whose parameters and tokenizer start this run
   c.parallelism = "single"       # "single" (one device), "pmap" (data parallel), "mesh" (jit + shardings)
   c.grad_accum_steps = 1         # micro-batches accumulated per optimizer step
@@ -213,20 +215,14 @@ class ConfigError(TxfError, ValueError):
   """A config that cannot work; the message names the field and the fix."""
 
 
-# What an evaluation during training logs, per model family (the keys best_metric may name);
-# translation's exact_match and bleu need decoded examples (decode_examples > 0).
-EVAL_METRICS = {"encoder_decoder": ("loss", "nll", "accuracy", "perplexity"),
-                "encoder_classifier": ("loss", "nll", "accuracy"),
-                "decoder_lm": ("loss", "nll", "accuracy", "perplexity")}
-DECODED_METRICS = ("exact_match", "bleu")
-
-
 def eval_metrics(cfg: ml_collections.ConfigDict) -> Tuple[str, ...]:
-  """The metric names an evaluation of this config's run logs (see EVAL_METRICS)."""
-  family = cfg.model.family
-  names = EVAL_METRICS[family]
-  if family == "encoder_decoder" and cfg.get("decode_examples", 0) > 0:
-    names = names + DECODED_METRICS
+  """The metric names an evaluation of this config's run logs (the keys best_metric may name):
+  the family's (``txf.families.Family.metrics``), plus exact_match and bleu for a family that
+  decodes a source (``decoding="seq2seq"``) when the run decodes examples (decode_examples > 0)."""
+  family = families.get(cfg.model.family)
+  names = family.metrics
+  if family.decoding == "seq2seq" and cfg.get("decode_examples", 0) > 0:
+    names = names + families.DECODED_METRICS
   return names
 
 
@@ -348,8 +344,15 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
       and not d.get("tokens_per_batch", 0) and batch % accum):
     errors.append(f"batch_size={batch} is not divisible by grad_accum_steps={accum}: each "
                   f"micro-batch must have the same rows; make batch_size a multiple of {accum}")
+  try:
+    families.import_plugins(cfg.get("plugins", ""))
+  except families.FamilyError as e:
+    errors.append(str(e))
+  if m.get("family") not in families.names():
+    errors.append(f"model.family={m.get('family')!r} is not one of {families.names()} (a new "
+                  f"family is registered by a file that config.plugins names: txf.families)")
   best = cfg.get("best_metric", "")
-  if best and m.get("family") in EVAL_METRICS:
+  if best and m.get("family") in families.names():
     logged = eval_metrics(cfg)
     if best not in logged:
       errors.append(f"best_metric={best!r} is never logged by a {m['family']} run with this config "
@@ -372,8 +375,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     ok = [k for k in range(1, dm + 1) if dm % k == 0 and abs(k - h) <= max(h, 4)]
     errors.append(f"model.d_model={dm} is not divisible by model.num_heads={h}: d_k = d_model / h must be "
                   f"an integer; use num_heads in {ok[:6]} or change d_model")
-  choices = {"model.family": ("encoder_decoder", "encoder_classifier", "decoder_lm"),
-             "model.positional": ("sinusoidal", "learned", "none"),
+  choices = {"model.positional": ("sinusoidal", "learned", "none"),
              "model.pooling": ("mean", "max", "first"), "model.attention_impl": ("auto", "reference", "fused"),
              "model.dtype": ("auto", "float32", "bfloat16"),
              "model.residual_dtype": ("float32", "compute"),

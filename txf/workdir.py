@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 from flax import serialization
 
+from txf import families
 from txf.config import _flatten, base_config
 from txf.errors import TxfError, disk_errno_of
 from txf.storage import (absolute, check_filesystem, is_local, join, read_bytes, read_text, staged_dir,
@@ -299,6 +300,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   stored = json.loads(read_text(path))
   config = base_config()
   config.update(stored)
+  families.import_plugins(config.get("plugins", ""))  # the files that register its family
   return config
 
 

@@ -17,7 +17,7 @@ import jax
 
 from txf.checkpoint import average_checkpoints
 from txf import workdir as workdir_lib
-from txf import storage
+from txf import families, storage
 from txf.errors import TxfError
 from txf.parallel import distributed
 
@@ -51,14 +51,10 @@ def main(argv):
   print(f"{done} -> {path}\nuse them with --params={shown} ({users(f.workdir)})")
 
 
-USERS = {"encoder_decoder": "txf eval / txf translate", "encoder_classifier": "txf eval / txf classify",
-         "decoder_lm": "txf eval / txf generate"}
-
-
 def users(workdir: str) -> str:
   """The commands that take a run's --params, for its model family (config.json)."""
   try:
-    family = workdir_lib.load_config(workdir).model.family
+    command = families.get(workdir_lib.load_config(workdir).model.family).command
   except Exception:  # pylint: disable=broad-except  # an unreadable config: name only txf eval
-    family = None
-  return USERS.get(family, "txf eval")
+    return "txf eval"
+  return "txf eval" if command == "txf eval" else f"txf eval / {command}"

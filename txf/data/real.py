@@ -24,10 +24,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from absl import logging
 import numpy as np
 
+from txf import families
 from txf.data import builders, global_batches, pipeline, tokenizer
 from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, Example,
                            RowLayout, Task, data_spec, truncate_keep_eos)
-from txf.data.sources import FAMILY_OF_KIND, build_codec, open_source, read_records
+from txf.data.sources import build_codec, open_source, read_records
 
 __all__ = ["DataError", "make_real_task", "new_task", "TranslationTask", "ClassificationTask",
            "SentenceLMTask", "StreamLMTask"]
@@ -36,8 +37,9 @@ class _RealTask(Task):
   """What every real task shares: splits, codec, text codecs, save."""
 
   def __init__(self, data: DataSpec, sources: Dict[str, Sequence[Any]], adapt: Callable,
-               codec: tokenizer.Codec, fingerprint: str):
+               codec: tokenizer.Codec, fingerprint: str, family: Optional[str] = None):
     self.data, self.sources, self.adapt, self.codec = data, sources, adapt, codec
+    self.family = family or self.family  # a registered family on this data kind, or the class's
     self.fingerprint = fingerprint
     self.vocab_size = codec.source.vocab_size
     self.target_vocab_size = 0 if codec.joint else codec.target.vocab_size
@@ -113,7 +115,7 @@ class ExampleTask(_RealTask):
 
     fp = pipeline.pipeline_fingerprint("global", self.fingerprint, spec.describe(), seed)
     return global_batches.IndexBatchIterator(self._lengths(source, features), spec, seed, layout,
-                                             read, self.family == "encoder_classifier", fp)
+                                             read, families.get(self.family).predicts == "label", fp)
 
   def _lengths(self, source, features: List[str]) -> np.ndarray:
     """The training split's length index int32 [N, F] (computed once, shared by all processes)."""
@@ -291,19 +293,21 @@ class StreamLMTask(_RealTask):
 
 def new_task(family: str, data: DataSpec, sources: Dict[str, Sequence[Any]], adapt: Callable,
              codec: tokenizer.Codec, fingerprint: str, sentences: bool, num_classes: int = 0) -> Task:
-  """The real Task class of ``family``, chosen here and nowhere else: encoder_decoder ->
-  TranslationTask, encoder_classifier -> ClassificationTask (``num_classes``), decoder_lm ->
+  """The real Task class of ``family``'s data kind (its ``txf.families`` record), chosen here and
+  nowhere else: parallel -> TranslationTask, tsv -> ClassificationTask (``num_classes``), plain ->
   SentenceLMTask when a record is one sentence (``sentences``, catalog data), else StreamLMTask.
   The task's lengths are ``data.max_input_len`` / ``data.max_target_len``."""
   args = (data, sources, adapt, codec, fingerprint)
-  if family == "encoder_decoder":
-    return TranslationTask(*args)
-  if family == "encoder_classifier":
-    return ClassificationTask(*args, num_classes=num_classes)
-  if family == "decoder_lm":
-    return SentenceLMTask(*args) if sentences else StreamLMTask(*args)
-  raise DataError(f"model.family={family!r} has no real-data task: use encoder_decoder, "
-                  f"encoder_classifier or decoder_lm")
+  kind = families.get(family).data_kind
+  if kind == "parallel":
+    return TranslationTask(*args, family=family)
+  if kind == "tsv":
+    return ClassificationTask(*args, num_classes=num_classes, family=family)
+  if kind == "plain":
+    return (SentenceLMTask if sentences else StreamLMTask)(*args, family=family)
+  able = [f for f in families.names() if families.get(f).data_kind]
+  raise DataError(f"model.family={family!r} has no real-data task (it trains on synthetic data "
+                  f"only): use one of {able}")
 
 
 def make_real_task(config, workdir: str = "") -> Task:
@@ -321,11 +325,11 @@ def make_real_task(config, workdir: str = "") -> Task:
   kind, sources, adapt, num_classes, fingerprint = open_source(d, data_dir)
   from_catalog = kind.startswith("tfds-")
   kind = kind.replace("tfds-", "")
-  if FAMILY_OF_KIND[kind] != family:
+  if families.get(family).data_kind != kind:
+    users = [f for f in families.names() if families.get(f).data_kind == kind]
     raise DataError(f"data.source={d.source!r} gives {kind} data, which model.family={family!r} "
-                    f"cannot use: set model.family={FAMILY_OF_KIND[kind]!r} (or another "
-                    f"data.format / source)")
-  if d.packing and family == "encoder_classifier":
+                    f"cannot use: set model.family={users[0]!r} (or another data.format / source)")
+  if d.packing and families.get(family).predicts == "label":
     raise DataError("data.packing=True with model.family='encoder_classifier': the classifier "
                     "pools a whole row into one label; set data.packing=False")
   fingerprint = f"{fingerprint}|{d.tokenizer}|{d.max_input_len}|{d.max_target_len}"

@@ -18,9 +18,6 @@ from txf.data import builders, catalog, tokenizer
 from txf.data.base import DataError, DataSpec
 from txf.data.text import resolve_text_dir
 
-FAMILY_OF_KIND = {"parallel": "encoder_decoder", "tsv": "encoder_classifier", "plain": "decoder_lm"}
-
-
 def _str(value: Any) -> str:
   if isinstance(value, np.ndarray):
     value = value.item()

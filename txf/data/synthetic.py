@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from txf import families
 from txf.config import ConfigError
 from txf.data.base import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Batch, CheckpointableIterator, Example,
                            RowLayout,
@@ -126,7 +127,9 @@ class _StepIterator(CheckpointableIterator):
 
 
 class SyntheticTask(Task):
-  """copy | reverse | sort | translate, for the encoder_decoder (or, on the targets, decoder_lm) family."""
+  """copy | reverse | sort | translate, for any family that predicts targets (txf.families): with
+  source and target for one that reads ``inputs`` (encoder_decoder), the target alone for one that
+  does not (decoder_lm)."""
   KINDS = ("copy", "reverse", "sort", "translate")
   _SPLIT_KEYS = {"train": 0, "val": 1, "test": 2}
 
@@ -134,11 +137,15 @@ class SyntheticTask(Task):
                num_symbols: int = 16, max_input_len: int = 32, max_target_len: int = 32):
     if kind not in self.KINDS:
       raise ConfigError(f"unknown synthetic task {kind!r}; choose one of {self.KINDS}")
-    if family not in ("encoder_decoder", "decoder_lm"):
-      raise ConfigError(f"synthetic:{kind} feeds encoder_decoder or decoder_lm models, not {family!r}")
+    record = families.get(family)
+    if record.predicts != "targets":
+      token = [f for f in families.names() if families.get(f).predicts == "targets"]
+      raise ConfigError(f"synthetic:{kind} feeds families that predict tokens ({', '.join(token)}), "
+                        f"not {family!r}")
     if not 1 <= min_len <= max_len:
       raise ConfigError(f"data.synthetic_min_len={min_len} and data.synthetic_max_len={max_len} need 1 <= min <= max")
     self.kind, self.family = kind, family
+    self.with_source = "inputs" in record.inputs   # False: the target sentence alone
     self.min_len, self.max_len = min_len, max_len
     if kind == "translate":
       self.codec = WordCodec(translation_vocabulary())
@@ -146,9 +153,9 @@ class SyntheticTask(Task):
       self.codec = WordCodec(SPECIALS + [f"s{i}" for i in range(num_symbols)])
     self.vocab_size = len(self.codec.vocab)
     longest = 11 if kind == "translate" else max_len + 1  # tokens incl. EOS (translate: 4+1+4+1 words)
-    self.max_input_len = max_input_len if family == "encoder_decoder" else 0
+    self.max_input_len = max_input_len if self.with_source else 0
     self.max_target_len = max_target_len
-    if longest > max_target_len or (family == "encoder_decoder" and longest > max_input_len):
+    if longest > max_target_len or (self.with_source and longest > max_input_len):
       raise ConfigError(f"synthetic:{kind} makes sequences of up to {longest} tokens (with EOS) but "
                        f"data.max_input_len={max_input_len}, data.max_target_len={max_target_len}: raise them")
 
@@ -184,7 +191,7 @@ class SyntheticTask(Task):
       indices = range(start, start + count)
     pairs = [self.pair(split, i) for i in indices]
     tgt = [self.codec.encode(t) for _, t in pairs]
-    if self.family == "decoder_lm":
+    if not self.with_source:
       return {"targets": pad_batch(tgt, self.max_target_len, batch_size)}
     src = [self.codec.encode(s) for s, _ in pairs]
     return {"inputs": pad_batch(src, self.max_input_len, batch_size),
@@ -225,14 +232,14 @@ class SyntheticTask(Task):
     out = []
     for i in range(n):
       src, tgt = self.pair(split, i)
-      if self.family == "decoder_lm":
+      if not self.with_source:
         out.append(Example(source="", reference=tgt, source_ids=np.zeros((0,), np.int32)))
       else:
         out.append(Example(source=src, reference=tgt, source_ids=self.codec.encode(src)))
     return out
 
   def encode_source(self, text: str) -> np.ndarray:
-    return self.codec.encode(text, eos=self.family != "decoder_lm")
+    return self.codec.encode(text, eos=self.with_source)
 
   def decode_target(self, ids: Sequence[int]) -> str:
     return self.codec.decode(ids)

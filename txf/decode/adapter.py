@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf import families
 from txf.models import build_model
 from txf.nn import Embed, TransformerConfig, kv_cache
 from txf.nn.stack import unstack_layers
@@ -38,13 +39,14 @@ def init_cache(cfg: TransformerConfig, params, batch_size: int, max_len: int, in
   cfg, params = _unrolled(cfg, _model_params(params))
   model = build_model(cfg, decode=True)
   dummy = jnp.zeros((batch_size, max_len), jnp.int32)
-  if cfg.family == "encoder_decoder":
+  decoding = families.get(cfg.family).decoding
+  if decoding == "seq2seq":
     if inputs is None:
       raise ValueError("the encoder-decoder cache needs the source ids")
     encoded, valid = model.apply({"params": params}, inputs, method=model.encode)
     _, variables = model.apply({"params": params}, encoded, valid, dummy, method=model.decode,
                                mutable=["cache"])
-  elif cfg.family == "decoder_lm":
+  elif decoding == "lm":
     _, variables = model.apply({"params": params}, dummy, method=model.decode_step, mutable=["cache"])
   else:
     raise ValueError(f"model family {cfg.family!r} does not decode")
@@ -96,7 +98,7 @@ def prepare_for_decoding(cfg: TransformerConfig, params, dtype: Optional[str] = 
     cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
     cfg, params = dataclasses.replace(cfg, dtype=dtype), jax.tree_util.tree_map(cast, params)
   if cfg.tie_output:
-    name = "embed" if cfg.share_embeddings or cfg.family == "decoder_lm" else "target_embed"
+    name = "embed" if cfg.share_embeddings or families.get(cfg.family).decoding == "lm" else "target_embed"
     params = dict(params, **{OUTPUT_KERNEL: jnp.asarray(params[name]["embedding"]).T.copy()})
   return cfg, params
 
@@ -173,7 +175,7 @@ def init_uncached_cache(cfg: TransformerConfig, params, batch_size: int, max_len
   if max_len < 1:
     raise ValueError(f"the uncached decoder needs max_len >= 1, got {max_len}")
   cache = {"prefix": jnp.zeros((batch_size, max_len), jnp.int32), "step": jnp.array(0, jnp.int32)}
-  if cfg.family == "encoder_decoder":
+  if families.get(cfg.family).decoding == "seq2seq":
     if inputs is None:
       raise ValueError("the encoder-decoder needs the source ids")
     model = build_model(cfg, deterministic=True)
@@ -201,12 +203,13 @@ def make_uncached_logits_fn(cfg: TransformerConfig, params) -> Callable:
   tests check the KV cache against, and the benchmark's uncached baseline.
   """
   model = build_model(cfg, deterministic=True)
+  seq2seq = families.get(cfg.family).decoding == "seq2seq"
 
   def logits_fn(ids, cache):
     step, length = cache["step"], ids.shape[1]
     prefix = jax.lax.dynamic_update_slice(cache["prefix"], ids.astype(jnp.int32), (0, step))
     position = step + length - 1
-    if cfg.family == "encoder_decoder":
+    if seq2seq:
       call = lambda: model.apply({"params": params}, cache["encoded"], cache["valid"], prefix,
                                  method=model.decode)
     else:

@@ -13,7 +13,7 @@ import numpy as np
 import sacrebleu
 
 from txf.data.base import PAD_ID, Batch, Example, truncate_keep_eos
-from txf import storage
+from txf import families, storage
 from txf.errors import TxfError
 from txf.inference import bleu as bleu_lib
 from txf.decode.decoders import translate_texts
@@ -48,12 +48,12 @@ def make_eval_step(model_cfg: TransformerConfig, label_smoothing: float = 0.0,
 
 def summarize(sums: Dict[str, float], family: str) -> Dict[str, float]:
   """Metric sums over batches -> loss = loss_sum / count, accuracy = correct / count,
-  nll = nll_sum / count and (not for classification) perplexity = exp(nll)."""
+  nll = nll_sum / count and (for a family that predicts tokens, not labels) perplexity = exp(nll)."""
   count = max(float(sums["count"]), 1.0)
   out = {"loss": float(sums["loss_sum"]) / count, "accuracy": float(sums["correct"]) / count}
   nll = float(sums["nll_sum"]) / count
   out["nll"] = nll
-  if family != "encoder_classifier":
+  if families.get(family).predicts == "targets":
     out["perplexity"] = math.exp(min(nll, 50.0))
   return out
 
@@ -124,7 +124,7 @@ class Evaluator:
     sums = self.sums(sums_fn)
     metrics = summarize(sums, self.model_cfg.family) if sums is not None else {}
     self.hypotheses = []
-    if self.model_cfg.family == "encoder_decoder" and self.examples:
+    if families.get(self.model_cfg.family).decoding == "seq2seq" and self.examples:
       self.hypotheses = self.translate(params())
       metrics["exact_match"] = exact_match(self.hypotheses, self.references)
       metrics["bleu"] = bleu_lib.corpus_bleu(self.hypotheses, self.references, self.bleu_protocol,
@@ -197,7 +197,8 @@ def evaluate_split(run, split: str, spec: Optional[DecodingSpec] = None,
   if n == 0:
     raise TxfError(f"split {split!r} has no examples")
   family = run.family
-  examples = run.task.examples(split, n) if family == "encoder_decoder" else []
+  seq2seq = families.get(family).decoding == "seq2seq"
+  examples = run.task.examples(split, n) if seq2seq else []
   report: Dict[str, Any] = {"workdir": run.workdir, "params": storage.absolute(run.params_path),
                             "split": split, "family": family, "num_examples": n}
   evaluator = Evaluator(run.model_cfg, run.task, batches, examples, spec, decode_batch_size=batch_size)
@@ -208,7 +209,7 @@ def evaluate_split(run, split: str, spec: Optional[DecodingSpec] = None,
   report.update({"loss": m["nll"], "accuracy": m["accuracy"]})
   if "perplexity" in m:
     report["perplexity"] = m["perplexity"]
-  if family != "encoder_classifier":
+  if families.get(family).predicts == "targets":
     report["tokens"] = int(float(sums["count"]))
   if examples:
     limit = run.task.max_input_len

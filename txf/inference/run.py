@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from txf import storage
+from txf import families, storage
 from txf import workdir as workdir_lib
 from txf.data import make_task, saved
 from txf.data.base import Task
@@ -21,9 +21,6 @@ from txf.errors import TxfError
 from txf.models import init_params, model_config_from
 
 DEFAULT_PARAMS = workdir_lib.PARAMS_FILE
-COMMAND_OF_FAMILY = {"encoder_decoder": "txf translate", "decoder_lm": "txf generate",
-                     "encoder_classifier": "txf classify"}
-
 Warn = Callable[[str], None]
 
 
@@ -131,8 +128,9 @@ def load_run(workdir: str, params_name: Optional[str] = None, data_path: Optiona
 
 
 def require_family(run: Run, family: str, command: str) -> None:
-  """TxfError unless the run's model family is ``family`` (pointing at the right command)."""
-  if run.family == family:
+  """TxfError unless the run's model family is ``family`` or another family served by the same
+  command (their ``txf.families`` records' ``command``), pointing at the right command."""
+  if run.family == family or families.get(run.family).command == families.get(family).command:
     return
   raise TxfError(f"txf {command} needs a model.family={family} run, but {run.workdir} holds a "
-                 f"model.family={run.family} run: use `{COMMAND_OF_FAMILY[run.family]}` for it")
+                 f"model.family={run.family} run: use `{families.get(run.family).command}` for it")

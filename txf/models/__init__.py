@@ -1,7 +1,9 @@
 """The three model families, built from one set of txf.nn modules (``build``: modules, parameters,
-forward, the run's model config, vocabulary padding) and the default training objective (``loss``)."""
+forward, the run's model config, vocabulary padding) and the default training objective (``loss``).
+Which module a ``model.family`` names, and what the rest of txf knows of it, is its record in
+``txf.families``."""
 
-from txf.models.build import (FAMILIES, TOKEN_HEAD_FAMILIES, ModelBuilder, build_model,
+from txf.models.build import (TOKEN_HEAD_FAMILIES, ModelBuilder, build_model,
                               count_params, forward, forward_hidden, init_boxed_params, init_params,
                               model_config_from, model_inputs, pad_vocab, param_axes, unpad_vocab)
 from txf.models.decoder_lm import DecoderLM

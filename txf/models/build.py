@@ -9,32 +9,24 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import kernels
+from txf import families, kernels
 from txf.config import resolve_vocab_multiple
 from txf.models.decoder_lm import DecoderLM
-from txf.models.encoder_classifier import EncoderClassifier
 from txf.models.encoder_decoder import EncoderDecoder
 from txf.nn import TransformerConfig
 
-FAMILIES = {"encoder_decoder": EncoderDecoder, "encoder_classifier": EncoderClassifier,
-            "decoder_lm": DecoderLM}
-
 
 def build_model(cfg: TransformerConfig, deterministic: bool = False, decode: bool = False) -> nn.Module:
-  """The module for ``cfg.family`` with the run-mode switches set (train / eval / decode)."""
-  if cfg.family not in FAMILIES:
-    raise ValueError(f"unknown model.family {cfg.family!r}; choose one of {sorted(FAMILIES)}")
-  return FAMILIES[cfg.family](dataclasses.replace(cfg, deterministic=deterministic or decode,
-                                                  decode=decode))
+  """The module of ``cfg.family`` (its record in ``txf.families``) with the run-mode switches set
+  (train / eval / decode)."""
+  module = families.resolve_module(families.get(cfg.family))
+  return module(dataclasses.replace(cfg, deterministic=deterministic or decode, decode=decode))
 
 
 def model_inputs(family: str, batch: Dict[str, jnp.ndarray]) -> Dict[str, jnp.ndarray]:
-  """The keyword arguments of the family's ``__call__`` taken from a batch dict."""
-  keys = {"encoder_decoder": ("inputs", "targets", "inputs_segmentation", "targets_segmentation",
-                              "inputs_position", "targets_position"),
-          "encoder_classifier": ("inputs", "inputs_segmentation", "inputs_position"),
-          "decoder_lm": ("targets", "targets_segmentation", "targets_position")}[family]
-  return {k: batch[k] for k in keys if k in batch}
+  """The keyword arguments of the family's ``__call__`` taken from a batch dict (the record's
+  ``inputs`` that the batch holds)."""
+  return {k: batch[k] for k in families.get(family).inputs if k in batch}
 
 
 # Builds a module for a config: ``build(cfg, deterministic=False, decode=False) -> nn.Module``.
@@ -89,14 +81,15 @@ def forward(model: nn.Module, params, batch: Dict[str, jnp.ndarray], dropout_rng
             ) -> Tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Run any family on a batch: returns (logits [..., V], targets [...], weights [...]).
 
-  Translation and LM: per-token logits against ``targets``, weight 0 on padding.
-  Classification: one logit row per example against ``label``; rows whose inputs are all padding
-  (filler rows of a fixed-size eval batch) get weight 0.
+  A family that predicts targets (translation, LM): per-token logits against ``targets``, weight 0
+  on padding. One that predicts a label (classification): one logit row per example against
+  ``label``; rows whose inputs are all padding (filler rows of a fixed-size eval batch) get
+  weight 0.
   """
   family = model.config.family
   rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
   logits = model.apply({"params": params}, **model_inputs(family, batch), rngs=rngs)
-  if family == "encoder_classifier":
+  if families.get(family).predicts == "label":
     return logits, batch["label"], (batch["inputs"] != 0).any(-1).astype(jnp.float32)
   return logits, batch["targets"], (batch["targets"] != 0).astype(jnp.float32)
 

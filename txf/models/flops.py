@@ -1,5 +1,6 @@
 """Model FLOPs of a training step, counted from the model's shape (``txf plan``, ``txf bench``, MFU)."""
 
+from txf import families
 from txf.nn import TransformerConfig
 
 
@@ -25,11 +26,12 @@ def model_train_flops(cfg: TransformerConfig, batch: int, source_len: int, targe
   """
   d, f, s, t = cfg.d_model, cfg.d_ff, source_len, target_len
   ne, nd, v = cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.tgt_vocab_size
-  if cfg.family == "decoder_lm":
+  encoder = families.get(cfg.family).encoder
+  if not encoder:
     ne, s = 0, 0
     decoder_token = 8 * d * d + 4 * d * f + 4 * t * d
   else:
     decoder_token = 12 * d * d + 4 * d * f + 4 * t * d + 4 * s * d
   forward = (s * ne * (8 * d * d + 4 * d * f + 4 * s * d) + t * nd * decoder_token
-             + s * nd * 4 * d * d * (cfg.family != "decoder_lm") + 2 * t * d * v)
+             + s * nd * 4 * d * d * encoder + 2 * t * d * v)
   return 3.0 * batch * forward

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
+from txf import families
 from txf.models.flops import model_train_flops
 from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
@@ -167,7 +168,7 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
                       f"{dict(mesh.shape)}: make batch_size (or tokens_per_batch / max_target_len) a "
                       f"multiple of {ways}")
   example = {"inputs": np.zeros((rows, s), np.int32), "targets": np.zeros((rows, t), np.int32)}
-  if cfg.family == "encoder_classifier":
+  if families.get(cfg.family).predicts == "label":
     example["label"] = np.zeros((rows,), np.int32)
   tx = make_optimizer(config.optimizer, cfg.d_model, config.num_train_steps)
   schedule = make_schedule(config.optimizer, cfg.d_model, config.num_train_steps)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import jax
 
-from txf import compile_cache
+from txf import compile_cache, families
 from txf import config as config_lib
 from txf import workdir as workdir_lib
 from txf.checkpoint import Checkpointer
@@ -148,6 +148,8 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   """
   compile_cache.apply(jax.config, config.get("compile_cache", ""))  # before the first compile
   apply_init_from(config)  # config.init_from: its architecture and tokenizer
+  if config.get("plugins"):  # config.json keeps absolute paths: later commands import the same files
+    config.plugins = families.absolute_plugins(config.plugins)
   config_lib.validate(config)
   is_main = jax.process_index() == 0
   say = report.line if is_main else Silent().line
@@ -163,7 +165,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   distributed.main_first(make_and_save, "the task's set-up")
   task = made["task"] if is_main else _make_task(config, workdir, model)
   model_cfg = model_config_from(config, task)
-  decodes = config.decode_examples and model_cfg.family == "encoder_decoder"
+  decodes = config.decode_examples and families.get(model_cfg.family).decoding == "seq2seq"
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
   schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
@@ -210,8 +212,8 @@ def _make_task(config, workdir, model):
   task = make_task(config, workdir)
   config_lib.validate(config, {"max_input_len": task.max_input_len,
                                "max_target_len": task.max_target_len})
-  family = model_config_from(config, task).family
-  if model is not None and config.decode_examples and family == "encoder_decoder":
+  family = families.get(model_config_from(config, task).family)
+  if model is not None and config.decode_examples and family.decoding == "seq2seq":
     raise ConfigError("a custom model cannot be decoded in-loop (decoding uses txf's own model): "
                       "set config.decode_examples=0")
   return task
@@ -369,7 +371,7 @@ def _samples(run: Setup, on_devices: Callable[[], Any]) -> List[str]:
       mark = "ok " if " ".join(h.split()) == " ".join(e.reference.split()) else "   "
       out.append(f"  {mark}src: {e.source}\n     ref: {e.reference}\n     hyp: {h}")
     return out
-  if num and run.model_cfg.family == "decoder_lm" and not run.custom_model:
+  if num and families.get(run.model_cfg.family).decoding == "lm" and not run.custom_model:
     prompts = lm_prompts(run.evaluator.batches, num)
     texts = lm_samples(run.model_cfg, run.task, on_devices(), prompts)
     return [f"  {t}" for t in texts]
