@@ -263,7 +263,7 @@ def test_generate_is_deterministic_and_fits_the_context(lm_run):
   assert any(f"max_new_tokens=500 does not fit the model's context (" in w and f"={context} tokens" in w
              for w in warned), warned
   with pytest.raises(TxfError, match="top_p"):
-    inference.sample_texts(run, "s3", top_p=0.0)
+    inference.sample_texts(run, "s3", spec=DecodingSpec(top_p=0.0))
 
 
 def test_generate_refuses_other_families(copy_run):

@@ -270,8 +270,9 @@ def test_generate_samples_prompts_of_different_lengths_together(moved, tmp_path)
   want = []
   for p, prompt in enumerate(prompts, 1):
     # alone, through the same-length sampler (one key, row s drawing with fold_in(key, s))
-    alone = inference.sample_texts(run, prompt, 6, 1.0, 0, 0.95, seed=3, num_samples=2)
-    assert alone == inference.sample_prompts(run, [prompt], 6, 1.0, 0, 0.95, 3, 2)[0]
+    spec = decode.DecodingSpec(temperature=1.0, top_p=0.95)
+    alone = inference.sample_texts(run, prompt, 6, spec, seed=3, num_samples=2)
+    assert alone == inference.sample_prompts(run, [prompt], 6, spec, 3, 2)[0]
     for s, text in enumerate(alone, 1):
       assert text.startswith(prompt)
       want += [f"--- prompt {p}, sample {s}", text]

@@ -17,6 +17,7 @@ from absl import flags
 
 from txf import inference
 from txf.commands import terminal
+from txf.decode import DecodingSpec
 from txf.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run", required=True)
@@ -54,10 +55,11 @@ def main(argv):
     raise TxfError("--prompt and --input both give prompts: use one of them")
   run = terminal.load_run(f.workdir, f.params)
   inference.require_family(run, "decoder_lm", "generate")
+  spec = DecodingSpec(temperature=f.temperature, top_k=f.top_k, top_p=f.top_p)
 
   def sample(prompts):
-    return inference.sample_prompts(run, prompts, f.max_new_tokens, f.temperature, f.top_k,
-                                    f.top_p, f.seed, f.num_samples, warn=terminal.warn_stderr)
+    return inference.sample_prompts(run, prompts, f.max_new_tokens, spec, f.seed, f.num_samples,
+                                    warn=terminal.warn_stderr)
 
   if not f.prompt and terminal.from_terminal(f.input):
     print("txf generate: type a prompt per line (Ctrl-D ends)", file=sys.stderr, flush=True)

@@ -22,5 +22,5 @@ from txf.decode.decoders import (compiled_ragged_sampler, compiled_sampler, deco
                                  greedy_continuation, text_logits_fn, translate_ids,
                                  translate_texts)
 from txf.decode.greedy import greedy_decode
-from txf.decode.spec import DecodingSpec
+from txf.decode.spec import SAMPLING, DecodingSpec
 from txf.decode.sampling import filter_logits, sample

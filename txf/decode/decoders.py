@@ -110,13 +110,14 @@ def text_logits_fn(logits_fn: Callable) -> Callable:
 
 @functools.lru_cache(maxsize=8)
 def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len: int,
-                     max_new_tokens: int, temperature: float, top_k: int, top_p: float):
-  """jit'd (params, prompts int [num_samples, prompt_len], rng) -> int [num_samples, max_new_tokens]."""
+                     max_new_tokens: int, spec: DecodingSpec):
+  """jit'd (params, prompts int [num_samples, prompt_len], rng) -> int [num_samples, max_new_tokens],
+  drawn with ``spec``'s temperature, top_k and top_p."""
 
   def run_sampler(params, prompts, rng):
     cache = init_cache(model_cfg, params, num_samples, prompt_len + max_new_tokens)
     return sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, rng,
-                  max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+                  max_new_tokens, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p)
 
   return jax.jit(run_sampler)
 
@@ -136,16 +137,16 @@ def greedy_continuation(model_cfg: TransformerConfig, prompt_len: int, max_new_t
 
 @functools.lru_cache(maxsize=8)
 def compiled_ragged_sampler(model_cfg: TransformerConfig, rows: int, prompt_len: int,
-                            max_new_tokens: int, temperature: float, top_k: int, top_p: float):
+                            max_new_tokens: int, spec: DecodingSpec):
   """jit'd (params, prompts int [rows, prompt_len] right-padded, lengths int [rows], keys [rows])
   -> int [rows, max_new_tokens]: row b continues ``prompts[b, :lengths[b]]`` drawing with its own
   key ``keys[b]`` (``txf.decode.sample`` with ``prompt_lengths``), so a row's tokens do not depend on
-  the other rows of the batch."""
+  the other rows of the batch. Draws with ``spec``'s temperature, top_k and top_p."""
 
   def run_sampler(params, prompts, lengths, keys):
     cache = init_cache(model_cfg, params, rows, prompt_len + max_new_tokens)
     return sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, keys,
-                  max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                  prompt_lengths=lengths)
+                  max_new_tokens, temperature=spec.temperature, top_k=spec.top_k,
+                  top_p=spec.top_p, prompt_lengths=lengths)
 
   return jax.jit(run_sampler)

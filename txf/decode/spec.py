@@ -101,3 +101,7 @@ class DecodingSpec:
                early_stopping=get("early_stopping", False),
                max_extra=get("decode_max_extra", 50))
     return base.replace(**overrides)
+
+
+# What ``txf generate`` and ``txf.inference.sample_texts`` draw with unless told otherwise.
+SAMPLING = DecodingSpec(temperature=0.8, top_p=0.95)

@@ -16,7 +16,7 @@ from txf.data.tokenizer import Codec
 from txf.errors import TxfError
 from txf.decode.sampling import row_keys
 from txf.decode.decoders import compiled_ragged_sampler, decode_buffer_len, translate_ids
-from txf.decode.spec import DecodingSpec
+from txf.decode.spec import SAMPLING, DecodingSpec
 from txf.inference.evaluate import check_decoding_flags
 from txf.inference.run import Run, Warn, log_warning, require_family
 from txf.models import build_model
@@ -98,16 +98,15 @@ def classify_lines(run: Run, lines: Sequence[str], batch_size: int = 64,
   return out
 
 
-def _check_sampling(max_new_tokens: int, temperature: float, top_k: int, top_p: float,
-                    num_samples: int) -> None:
+def _check_sampling(max_new_tokens: int, spec: DecodingSpec, num_samples: int) -> None:
   if max_new_tokens < 1 or num_samples < 1:
     raise TxfError(f"--max_new_tokens={max_new_tokens} and --num_samples={num_samples} must be >= 1")
-  if temperature < 0:
-    raise TxfError(f"--temperature={temperature} must be >= 0 (0 = greedy)")
-  if top_k < 0:
-    raise TxfError(f"--top_k={top_k} must be >= 0 (0 = off)")
-  if not 0.0 < top_p <= 1.0:
-    raise TxfError(f"--top_p={top_p} must be in (0, 1] (1 = off)")
+  if spec.temperature < 0:
+    raise TxfError(f"--temperature={spec.temperature} must be >= 0 (0 = greedy)")
+  if spec.top_k < 0:
+    raise TxfError(f"--top_k={spec.top_k} must be >= 0 (0 = off)")
+  if not 0.0 < spec.top_p <= 1.0:
+    raise TxfError(f"--top_p={spec.top_p} must be in (0, 1] (1 = off)")
 
 
 def _context(run: Run):
@@ -128,10 +127,11 @@ def _prompt_ids(run: Run, prompt: str, what: str, warn: Warn) -> np.ndarray:
 
 
 def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
-                   temperature: float = 0.8, top_k: int = 0, top_p: float = 0.95, seed: int = 0,
-                   num_samples: int = 1, warn: Warn = log_warning) -> List[List[str]]:
+                   spec: Optional[DecodingSpec] = None, seed: int = 0, num_samples: int = 1,
+                   warn: Warn = log_warning) -> List[List[str]]:
   """``num_samples`` continuations of each prompt (prompts of any lengths, one batch of
-  len(prompts) * num_samples rows): per prompt, its samples as prompt + continuation.
+  len(prompts) * num_samples rows): per prompt, its samples as prompt + continuation, drawn with
+  ``spec``'s temperature, top_k and top_p (default ``SAMPLING``: temperature 0.8, top_p 0.95).
 
   Sample s of every prompt draws with the key ``fold_in(key(seed), s)``, so a prompt gets the same
   continuations in any batch as alone (``decode.sample`` with ``prompt_lengths``). The context is
@@ -139,7 +139,8 @@ def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
   prompt leaves.
   """
   require_family(run, "decoder_lm", "generate")
-  _check_sampling(max_new_tokens, temperature, top_k, top_p, num_samples)
+  spec = SAMPLING if spec is None else spec
+  _check_sampling(max_new_tokens, spec, num_samples)
   if not prompts:
     return []
   many = len(prompts) > 1
@@ -161,15 +162,14 @@ def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
   batch = pad_batch(rows, width)
   lengths = np.asarray([len(r) for r in rows], np.int32)
   keys = row_keys(jax.random.key(seed), num_samples)[np.tile(np.arange(num_samples), len(ids))]
-  sampler = compiled_ragged_sampler(run.model_cfg, len(rows), width, max_new_tokens,
-                                    float(temperature), int(top_k), float(top_p))
+  sampler = compiled_ragged_sampler(run.model_cfg, len(rows), width, max_new_tokens, spec)
   new = np.asarray(sampler(run.params, jnp.asarray(batch), jnp.asarray(lengths), keys))
   texts = [run.task.decode_target(np.concatenate([row, out])) for row, out in zip(rows, new)]
   return [texts[p * num_samples:(p + 1) * num_samples] for p in range(len(ids))]
 
 
-def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
-                 top_k: int = 0, top_p: float = 0.95, seed: int = 0, num_samples: int = 1,
+def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200,
+                 spec: Optional[DecodingSpec] = None, seed: int = 0, num_samples: int = 1,
                  warn: Warn = log_warning) -> List[str]:
   """``num_samples`` continuations of ``prompt`` from a decoder_lm run, each as prompt + continuation.
 
@@ -178,5 +178,4 @@ def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200, temperature: 
   training window were never seen (samples turn to noise there), so ``max_new_tokens`` is
   lowered, with a warning, to fit. This is ``sample_prompts`` with the one prompt.
   """
-  return sample_prompts(run, [prompt], max_new_tokens, temperature, top_k, top_p, seed, num_samples,
-                        warn)[0]
+  return sample_prompts(run, [prompt], max_new_tokens, spec, seed, num_samples, warn)[0]
