@@ -36,7 +36,6 @@ the last n checkpoints to ``<workdir>/params_avg<n>.msgpack``, averaging one arr
 import json
 import os
 import time
-import types
 import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -48,7 +47,7 @@ from jax.experimental import multihost_utils
 from txf import storage
 from txf import workdir as workdir_lib
 from txf.errors import TxfError
-from txf.models import model_config_from, unpad_vocab
+from txf.models import model_config_for, unpad_vocab
 
 FORMAT_VERSION = 1
 STATE, META = "state", "meta"
@@ -381,10 +380,9 @@ def exported_params(workdir: str, params):
   sizes = workdir_lib.read_task_json(workdir)
   if sizes is None:  # a run older than task.json: older than vocabulary padding too
     return params
-  task = types.SimpleNamespace(vocab_size=sizes["vocab_size"],
-                               target_vocab_size=sizes.get("target_vocab_size", 0),
-                               num_classes=sizes.get("num_classes", 0))
-  cfg = model_config_from(workdir_lib.load_config(workdir), task, vocab_multiple=1)
+  cfg = model_config_for(workdir_lib.load_config(workdir), sizes["vocab_size"],
+                         sizes.get("target_vocab_size", 0), sizes.get("num_classes", 0),
+                         vocab_multiple=1)
   return unpad_vocab(params, cfg)
 
 

@@ -248,41 +248,76 @@ def fit_cooldown(cfg: ml_collections.ConfigDict, original_steps: int) -> Optiona
 ACCELERATOR_VOCAB_MULTIPLE = 128
 
 
+# The mesh's axes, in the order of ``mesh_shape`` and ``dcn_mesh_shape``.
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def fill_mesh_shape(shape, total: int, field: str = "mesh_shape", strict: bool = True
+                    ) -> Tuple[int, ...]:
+  """(data, fsdp, tensor) of ``shape`` with its one -1 set to what the product ``total`` leaves.
+
+  ``strict``: ConfigError (naming ``field``) unless ``shape`` has 3 entries, all positive but at
+  most one -1, and they multiply to ``total``. Lenient (``strict=False``, for sizes read before
+  any mesh is built): a shape without 3 entries is (1, 1, 1), a -1 that ``total`` does not leave
+  room for (or a second -1) is 1, and any other entry below 1 counts as 1; the product is not
+  checked (the mesh's own strict fill names the problem when it is built).
+  """
+  sizes = [int(x) for x in tuple(shape or ())]
+  if len(sizes) != len(MESH_AXES):
+    if not strict:
+      return (1,) * len(MESH_AXES)
+    raise ConfigError(f"{field}={tuple(shape)} needs {len(MESH_AXES)} entries {MESH_AXES}")
+  if strict and (sizes.count(-1) > 1 or any(x == 0 or x < -1 for x in sizes)):
+    raise ConfigError(f"{field}={tuple(shape)}: entries must be positive, with at most one -1")
+  known = math.prod(x if x > 0 else 1 for x in sizes)
+  if sizes.count(-1) == 1:
+    if total % known == 0:
+      sizes[sizes.index(-1)] = total // known
+    elif strict:
+      raise ConfigError(f"{field}={tuple(shape)}: {total} devices are not divisible by {known}; "
+                        f"change {field}")
+  if not strict:
+    return tuple(max(x, 1) for x in sizes)
+  if math.prod(sizes) != total:
+    raise ConfigError(f"{field}={tuple(shape)} has {math.prod(sizes)} devices but there are "
+                      f"{total}; use -1 for one axis to take the rest")
+  return tuple(sizes)
+
+
+def rule_axes(rule) -> Tuple[str, ...]:
+  """The mesh axes one ``sharding_rules`` entry names: ``"data,fsdp"`` -> ("data", "fsdp"),
+  ``""`` or None -> () (replicated); a sequence of names is taken as it is. Names are not checked
+  here (``validate`` and ``txf.parallel.sharding.parse_rules`` do)."""
+  if rule is None:
+    return ()
+  if isinstance(rule, str):
+    return tuple(a.strip() for a in rule.split(",") if a.strip())
+  return tuple(rule)
+
+
 def mesh_axis_sizes(cfg: ml_collections.ConfigDict, num_devices: int,
                     num_granules: int = 1) -> dict:
   """{"data": n, "fsdp": n, "tensor": n} of the mesh ``cfg`` asks for on ``num_devices`` devices
   (``mesh_shape`` times ``dcn_mesh_shape`` over ``num_granules`` slices or processes), all 1 unless
-  ``parallelism == "mesh"``. Lenient: a -1 that cannot be filled counts as 1 (the mesh's own checks
-  name that problem when it is built)."""
-  names = ("data", "fsdp", "tensor")
+  ``parallelism == "mesh"``. Lenient (``fill_mesh_shape(strict=False)``): a -1 that cannot be
+  filled counts as 1 (the mesh's own checks name that problem when it is built)."""
   if cfg.get("parallelism") != "mesh":
-    return dict.fromkeys(names, 1)
-
-  def fill(shape, total):
-    shape = [int(x) for x in tuple(shape or ())]
-    if len(shape) != 3:
-      return [1, 1, 1]
-    known = 1
-    for x in shape:
-      known *= x if x > 0 else 1
-    if shape.count(-1) == 1:
-      shape[shape.index(-1)] = total // known if total % known == 0 else 1
-    return [max(x, 1) for x in shape]
-
+    return dict.fromkeys(MESH_AXES, 1)
   dcn = tuple(cfg.get("dcn_mesh_shape", ()) or ())
-  dcn_sizes = fill(dcn, num_granules) if dcn else [1, 1, 1]
-  slices = dcn_sizes[0] * dcn_sizes[1] * dcn_sizes[2]
-  ici = fill(cfg.get("mesh_shape", (-1, 1, 1)), max(num_devices // slices, 1))
-  return {n: a * b for n, a, b in zip(names, ici, dcn_sizes)}
+  dcn_sizes = fill_mesh_shape(dcn, num_granules, strict=False) if dcn else (1, 1, 1)
+  slices = math.prod(dcn_sizes)
+  ici = fill_mesh_shape(cfg.get("mesh_shape", (-1, 1, 1)), max(num_devices // slices, 1),
+                        strict=False)
+  return {n: a * b for n, a, b in zip(MESH_AXES, ici, dcn_sizes)}
 
 
 def vocab_splits(cfg: ml_collections.ConfigDict, num_devices: int, num_granules: int = 1) -> int:
   """Into how many shards the mesh of ``cfg`` splits the vocabulary tables: the product of the
   sizes of the mesh axes that ``sharding_rules.vocab`` names (1 without a mesh)."""
   sizes = mesh_axis_sizes(cfg, num_devices, num_granules)
-  rule = str(dict(cfg.get("sharding_rules", {}) or {}).get("vocab", "tensor") or "")
+  rule = dict(cfg.get("sharding_rules", {}) or {}).get("vocab", "tensor")
   ways = 1
-  for axis in [a.strip() for a in rule.split(",") if a.strip()]:
+  for axis in rule_axes(str(rule or "")):
     ways *= sizes.get(axis, 1)
   return ways
 
@@ -416,12 +451,11 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
                   f"{given.get('model.position_offset')} must be >= 0")
   if given.get("beam_size", 1) < 1:
     errors.append("beam_size must be >= 1")
-  mesh_axes = ("data", "fsdp", "tensor")
   for logical, value in dict(cfg.get("sharding_rules", {}) or {}).items():
-    for axis in [a.strip() for a in str(value or "").split(",") if a.strip()]:
-      if axis not in mesh_axes:
+    for axis in rule_axes(str(value or "")):
+      if axis not in MESH_AXES:
         errors.append(f"sharding_rules.{logical}={value!r} names mesh axis {axis!r}, which does not "
-                      f"exist: use some of {mesh_axes} ('' = replicated)")
+                      f"exist: use some of {MESH_AXES} ('' = replicated)")
   dcn = tuple(cfg.get("dcn_mesh_shape", ()) or ())
   if dcn and (len(dcn) != 3 or any(s == 0 or s < -1 for s in dcn) or list(dcn).count(-1) > 1):
     errors.append(f"dcn_mesh_shape={dcn} must be () or 3 positive sizes (data, fsdp, tensor) across "

@@ -72,11 +72,18 @@ def round_rows(rows: int, multiple: int) -> int:
   return max(rows // multiple * multiple, multiple)
 
 
+def rows_for_tokens(rows: int, tokens_per_batch: int, rows_multiple: int, length: int) -> int:
+  """Rows of a batch whose longest feature is ``length`` tokens: ``rows`` (a fixed row count), or
+  with ``tokens_per_batch`` > 0 ``tokens_per_batch // length`` rounded down to ``rows_multiple``
+  (``round_rows``). Every batch row count of the data, and ``txf plan``'s, comes from here."""
+  if tokens_per_batch <= 0:
+    return rows
+  return round_rows(tokens_per_batch // max(length, 1), rows_multiple)
+
+
 def rows_for_length(spec: BatchSpec, length: int) -> int:
   """Rows of a batch whose longest feature is ``length``: from tokens_per_batch, or ``spec.rows``."""
-  if spec.tokens_per_batch <= 0:
-    return spec.rows
-  return round_rows(spec.tokens_per_batch // max(length, 1), spec.rows_multiple)
+  return rows_for_tokens(spec.rows, spec.tokens_per_batch, spec.rows_multiple, length)
 
 
 def bucket_lengths(spec: BatchSpec) -> List[Dict[str, int]]:

@@ -257,11 +257,9 @@ class StreamLMTask(_RealTask):
     batch b is window b * rows + r of the shuffled window stream, whatever the process count."""
     d, length = self.data, self.max_target_len
     layout = layout or RowLayout.block(process_index, process_count)
-    rows = batch_size
-    if d.tokens_per_batch > 0:
-      rows = pipeline.round_rows(d.tokens_per_batch // length,
-                                 math.lcm(max(d.rows_multiple, 1), layout.multiple))
-    elif rows % layout.multiple:
+    rows = pipeline.rows_for_tokens(batch_size, d.tokens_per_batch,
+                                    math.lcm(max(d.rows_multiple, 1), layout.multiple), length)
+    if d.tokens_per_batch <= 0 and rows % layout.multiple:
       raise DataError(f"batch_size={rows} does not split over the {layout.multiple} batch shards: "
                       f"make it a multiple of {layout.multiple}")
     ds = pipeline.lm_windows(self.stream("train"), length, seed, 0, 1)

@@ -5,7 +5,8 @@ Which module a ``model.family`` names, and what the rest of txf knows of it, is 
 
 from txf.models.build import (TOKEN_HEAD_FAMILIES, ModelBuilder, build_model,
                               count_params, forward, forward_hidden, init_boxed_params, init_params,
-                              model_config_from, model_inputs, pad_vocab, param_axes, unpad_vocab)
+                              model_config_for, model_config_from, model_inputs, pad_vocab,
+                              param_axes, unpad_vocab)
 from txf.models.decoder_lm import DecoderLM
 from txf.models.encoder_classifier import EncoderClassifier
 from txf.models.encoder_decoder import EncoderDecoder, shift_right

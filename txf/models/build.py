@@ -114,9 +114,11 @@ def count_params(params) -> int:
   return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))
 
 
-def model_config_from(config, task, vocab_multiple: Optional[int] = None) -> TransformerConfig:
+def model_config_for(config, vocab_size: int, target_vocab_size: int = 0, num_classes: int = 0,
+                     vocab_multiple: Optional[int] = None) -> TransformerConfig:
   """The model's frozen config: ``config.model`` fields plus the sizes the data decides
-  (``task.vocab_size``, ``task.target_vocab_size``, ``task.num_classes``).
+  (``vocab_size``; ``target_vocab_size``, 0 = the source vocabulary; ``num_classes``, 0 = 2).
+  The one place a run (``model_config_from``), ``txf plan`` and the checkpoint tools get theirs.
 
   ``vocab_size`` stays the real vocabulary; the tables' padded row count follows
   ``vocab_multiple`` (default: ``config.model.vocab_multiple`` resolved for this run's backend and
@@ -127,9 +129,16 @@ def model_config_from(config, task, vocab_multiple: Optional[int] = None) -> Tra
   if vocab_multiple is None:
     vocab_multiple = resolve_vocab_multiple(config, jax.device_count(), kernels.backend(),
                                             jax.process_count())
-  kwargs.update(vocab_size=task.vocab_size, target_vocab_size=task.target_vocab_size,
-                num_classes=task.num_classes or 2, vocab_multiple=vocab_multiple)
+  kwargs.update(vocab_size=vocab_size, target_vocab_size=target_vocab_size,
+                num_classes=num_classes or 2, vocab_multiple=vocab_multiple)
   return TransformerConfig(**kwargs)
+
+
+def model_config_from(config, task, vocab_multiple: Optional[int] = None) -> TransformerConfig:
+  """``model_config_for`` with the sizes of a data task (``task.vocab_size``,
+  ``task.target_vocab_size``, ``task.num_classes``)."""
+  return model_config_for(config, task.vocab_size, task.target_vocab_size, task.num_classes,
+                          vocab_multiple)
 
 
 def _vocab_tables(params, cfg: TransformerConfig):

@@ -29,7 +29,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from txf import config as config_lib
 from txf.config import ConfigError, base_config
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = config_lib.MESH_AXES
 
 
 def path_parts(path) -> Tuple[str, ...]:
@@ -54,11 +54,8 @@ def parse_rules(rules: Optional[Mapping[str, Any]] = None) -> Dict[str, Tuple[st
   merged = dict(base_config().sharding_rules.items())
   merged.update(dict(rules or {}))
   out = {}
-  for logical, mesh_axes in merged.items():
-    if mesh_axes is None:
-      mesh_axes = ()
-    if isinstance(mesh_axes, str):
-      mesh_axes = [a.strip() for a in mesh_axes.split(",") if a.strip()]
+  for logical, rule in merged.items():
+    mesh_axes = config_lib.rule_axes(rule)
     for a in mesh_axes:
       if a not in MESH_AXES:
         raise ConfigError(f"sharding_rules.{logical}={merged[logical]!r} names mesh axis {a!r}, which "
@@ -279,22 +276,9 @@ def batch_spec(rules, axis_sizes: Mapping[str, int]) -> PartitionSpec:
 
 def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int,
                        field: str = "mesh_shape") -> Tuple[int, ...]:
-  """(data, fsdp, tensor) with at most one -1 filled so that the product is ``num_devices``."""
-  shape = [int(s) for s in mesh_shape]
-  if len(shape) != len(MESH_AXES):
-    raise ConfigError(f"{field}={tuple(mesh_shape)} needs {len(MESH_AXES)} entries {MESH_AXES}")
-  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-    raise ConfigError(f"{field}={tuple(mesh_shape)}: entries must be positive, with at most one -1")
-  known = int(np.prod([s for s in shape if s != -1]))
-  if -1 in shape:
-    if num_devices % known:
-      raise ConfigError(f"{field}={tuple(mesh_shape)}: {num_devices} devices are not divisible by "
-                        f"{known}; change {field}")
-    shape[shape.index(-1)] = num_devices // known
-  if int(np.prod(shape)) != num_devices:
-    raise ConfigError(f"{field}={tuple(mesh_shape)} has {int(np.prod(shape))} devices but there are "
-                      f"{num_devices}; use -1 for one axis to take the rest")
-  return tuple(shape)
+  """(data, fsdp, tensor) with at most one -1 filled so that the product is ``num_devices``;
+  anything else is a ConfigError naming ``field`` (``txf.config.fill_mesh_shape``, strict)."""
+  return config_lib.fill_mesh_shape(mesh_shape, num_devices, field, strict=True)
 
 
 def _granules(devices) -> Tuple[str, int]:

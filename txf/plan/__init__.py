@@ -2,4 +2,4 @@
 never run them, and read memory and FLOPs (``sizing``); TPU slices from a CPU host (``topology``)."""
 
 from txf.plan import topology
-from txf.plan.sizing import batch_shape, format_plan, model_config, plan
+from txf.plan.sizing import batch_shape, format_plan, plan

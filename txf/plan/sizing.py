@@ -22,9 +22,9 @@ import jax
 import numpy as np
 
 from txf import families
+from txf.data.pipeline import rows_for_tokens
 from txf.models.flops import model_train_flops
-from txf.models import init_params, param_axes
-from txf.nn import TransformerConfig
+from txf.models import init_params, model_config_for, param_axes
 from txf.kernels import resolve_impl
 from txf.nn.config import resolve_dtype
 from txf.parallel import sharding as sharding_lib
@@ -34,21 +34,12 @@ from txf.train.steps import create_train_state, make_eval_step, make_train_step
 from txf.config import ConfigError, resolve_vocab_multiple
 
 
-def model_config(config, vocab_size: int, target_vocab_size: int = 0) -> TransformerConfig:
-  """The model of ``config`` with the vocabulary sizes the data would decide (given here)."""
-  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-  kwargs = {k: v for k, v in config.model.items() if k in fields}
-  kwargs.update(vocab_size=vocab_size, target_vocab_size=target_vocab_size)
-  return TransformerConfig(**kwargs)
-
-
 def batch_shape(config) -> Dict[str, int]:
-  """{"rows", "source_len", "target_len"} of the largest batch the data gives one step."""
+  """{"rows", "source_len", "target_len"} of the largest batch the data gives one step: its rows
+  from the data's own count (``txf.data.pipeline.rows_for_tokens``) for ``max_target_len``."""
   d = config.data
   source, target = d.max_input_len, d.max_target_len
-  rows = config.batch_size
-  if d.tokens_per_batch > 0:
-    rows = max(d.rows_multiple, d.tokens_per_batch // target // d.rows_multiple * d.rows_multiple)
+  rows = rows_for_tokens(config.batch_size, d.tokens_per_batch, d.rows_multiple, target)
   return {"rows": rows, "source_len": source, "target_len": target}
 
 
@@ -152,13 +143,11 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   mesh = sharding_lib.make_mesh(mesh_shape, devices, config.get("dcn_mesh_shape", ()))
   rules = dict(config.sharding_rules.items())
   platform = devices[0].platform
-  cfg = model_config(config, vocab_size)
   # "auto" choices as on the devices planned for (a TPU topology compiled from a CPU host)
+  cfg = model_config_for(config, vocab_size, vocab_multiple=resolve_vocab_multiple(
+      config, len(devices), platform, len({d.process_index for d in devices})))
   cfg = dataclasses.replace(cfg, dtype=resolve_dtype(cfg.dtype, platform),
-                            attention_impl=resolve_impl(cfg.attention_impl, platform),
-                            vocab_multiple=resolve_vocab_multiple(
-                                config, len(devices), platform,
-                                len({d.process_index for d in devices})))
+                            attention_impl=resolve_impl(cfg.attention_impl, platform))
   shape = batch_shape(config)
   rows, s, t = shape["rows"], shape["source_len"], shape["target_len"]
   ways = int(np.prod([mesh.shape[a] for a in sharding_lib.MESH_AXES
