@@ -63,6 +63,47 @@ def test_the_registry_derives_the_toy_familys_keys_metrics_and_checks():
     config_lib.validate(cfg)
 
 
+def plain_nll(label_smoothing):
+  """A family's own loss factory: the unsmoothed NLL sum whatever ``label_smoothing`` says."""
+  from txf.models import forward
+
+  def loss_fn(model, params, batch, rng):
+    logits, targets, weights = forward(model, params, batch, rng)
+    logp = jax.nn.log_softmax(logits)
+    nll = -jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    correct = (logits.argmax(-1) == targets) * weights
+    return (nll * weights).sum(), {"count": weights.sum(), "nll_sum": (nll * weights).sum(),
+                                   "correct": correct.sum()}
+  return loss_fn
+
+
+def test_a_familys_own_loss_is_what_its_steps_minimise():
+  from txf.data import make_task
+  from txf.inference import make_eval_step
+  from txf.models import init_params, model_config_from
+  families.register(families.Family(name="toy_bigram_nll", module=BigramLM, inputs=("targets",),
+                                    loss=plain_nll))
+  try:
+    cfg = config_lib.load_experiment("default")
+    cfg.model.family, cfg.model.d_model = "toy_bigram_nll", 8
+    task = make_task(cfg)
+    batch = next(task.train_iterator(4, 0))
+    model_cfg = model_config_from(cfg, task, vocab_multiple=1)
+    params = init_params(model_cfg, jax.random.key(1), batch)
+    sums = make_eval_step(model_cfg, label_smoothing=0.3)(params, batch)   # smoothing unused
+    y = np.asarray(batch["targets"])
+    previous = np.concatenate([np.full((y.shape[0], 1), model_cfg.decoder_start_id), y[:, :-1]], 1)
+    logits = (np.asarray(params["embed"]["embedding"], np.float64)[previous]
+              @ np.asarray(params["out"]["kernel"], np.float64) + np.asarray(params["out"]["bias"]))
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll = logz - np.take_along_axis(logits, y[..., None], -1)[..., 0]
+    want = (nll * (y != 0)).sum()
+    np.testing.assert_allclose(float(sums["loss_sum"]), want, rtol=1e-5)
+    np.testing.assert_allclose(float(sums["nll_sum"]), want, rtol=1e-5)
+  finally:
+    families.unregister("toy_bigram_nll")
+
+
 def test_the_toy_family_builds_and_its_forward_is_the_bigram_formula():
   from txf.models import build_model, forward, init_params, model_config_from
   from txf.data import make_task

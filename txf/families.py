@@ -57,6 +57,10 @@ class Family:
              None (never decoded).
   command:   the command that serves a trained run (``txf eval`` serves every family).
   encoder:   whether the model has an encoder stack over ``inputs`` (sizing and FLOPs).
+  loss:      the family's training and evaluation objective, ``make(label_smoothing) -> LossFn``
+             (``txf.models.LossFn``), or ``"package.module:attribute"`` naming it; None: the
+             label-smoothed cross-entropy over ``forward`` (``txf.models.cross_entropy_loss``).
+             A loss given to ``txf.train(..., loss_fn=...)`` still takes precedence.
   """
   name: str
   module: Any
@@ -66,6 +70,7 @@ class Family:
   decoding: Optional[str] = None
   command: str = "txf eval"
   encoder: bool = False
+  loss: Any = None
 
   @property
   def metrics(self) -> Tuple[str, ...]:
@@ -134,13 +139,18 @@ def get(name: str) -> Family:
   return _REGISTRY[name]
 
 
-def resolve_module(family: Family) -> Any:
-  """The family's module class (or builder): ``family.module`` itself, or the attribute a
-  ``"package.module:Attribute"`` string names, imported now."""
-  if not isinstance(family.module, str):
-    return family.module
-  path, _, attr = family.module.partition(":")
+def resolve(target: Any) -> Any:
+  """``target`` itself, or the attribute a ``"package.module:Attribute"`` string names, imported
+  now (how a record names its module or loss without importing it)."""
+  if not isinstance(target, str):
+    return target
+  path, _, attr = target.partition(":")
   return getattr(importlib.import_module(path), attr)
+
+
+def resolve_module(family: Family) -> Any:
+  """The family's module class (or builder), resolved (:func:`resolve`)."""
+  return resolve(family.module)
 
 
 # ----------------------------------------------------------------------------- plugins

@@ -19,7 +19,7 @@ from txf.inference import bleu as bleu_lib
 from txf.decode.decoders import translate_texts
 from txf.decode.spec import DecodingSpec
 from txf.inference.run import Warn, log_warning
-from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
+from txf.models import LossFn, ModelBuilder, build_model, default_loss
 from txf.nn import TransformerConfig
 from txf.parallel import placed
 
@@ -33,7 +33,7 @@ def make_eval_step(model_cfg: TransformerConfig, label_smoothing: float = 0.0,
   """``eval_step(params, batch) -> metric sums`` {loss_sum, nll_sum, correct, count} of the
   deterministic model (sums, so batches add up; psum'd over ``axis_name`` if set)."""
   model = (build or build_model)(model_cfg, deterministic=True)
-  loss = loss_fn or cross_entropy_loss(label_smoothing)
+  loss = loss_fn or default_loss(model_cfg, label_smoothing)
 
   def eval_step(params, batch):
     loss_sum, terms = loss(model, params, batch, None)

@@ -10,4 +10,4 @@ from txf.models.build import (TOKEN_HEAD_FAMILIES, ModelBuilder, build_model,
 from txf.models.decoder_lm import DecoderLM
 from txf.models.encoder_classifier import EncoderClassifier
 from txf.models.encoder_decoder import EncoderDecoder, shift_right
-from txf.models.loss import FUSED_HEAD_MIN_VOCAB, LossFn, cross_entropy_loss
+from txf.models.loss import FUSED_HEAD_MIN_VOCAB, LossFn, cross_entropy_loss, default_loss

@@ -7,7 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import kernels, ops
+from txf import families, kernels, ops
 from txf.models.build import TOKEN_HEAD_FAMILIES, forward, forward_hidden
 
 
@@ -55,3 +55,10 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
     return loss_sum, {"count": count, "nll_sum": nll_sum, "correct": correct}
 
   return loss_fn
+
+
+def default_loss(cfg, label_smoothing: float = 0.0) -> LossFn:
+  """The objective of ``cfg.family``: its ``txf.families`` record's ``loss`` factory called with
+  ``label_smoothing``, or (None) ``cross_entropy_loss(label_smoothing)``."""
+  make = families.get(cfg.family).loss
+  return cross_entropy_loss(label_smoothing) if make is None else families.resolve(make)(label_smoothing)

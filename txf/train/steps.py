@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from txf.inference.evaluate import make_eval_step  # noqa: F401  (the eval step, for callers of both)
-from txf.models import LossFn, ModelBuilder, build_model, cross_entropy_loss
+from txf.models import LossFn, ModelBuilder, build_model, default_loss
 from txf.nn import TransformerConfig
 
 
@@ -70,7 +70,7 @@ def make_train_step(model_cfg: TransformerConfig, tx: optax.GradientTransformati
   stop or carry on (``nan_policy``).
   """
   model = (build or build_model)(model_cfg)
-  loss = loss_fn or cross_entropy_loss(label_smoothing)
+  loss = loss_fn or default_loss(model_cfg, label_smoothing)
 
   def grads_and_terms(params, batch, rng):
     grad_fn = jax.value_and_grad(lambda p, b, r: loss(model, p, b, r), has_aux=True)
