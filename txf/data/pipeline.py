@@ -1,6 +1,9 @@
-"""grain pipelines for real data: shuffle, length limits, batching, bucketing, packing, prefetch.
+"""Batching for real data: the batch spec, row counts, bucket lengths, length limits and padding
+that every training batch shares, and the grain pipeline of packed batches.
 
-Training pipeline of one process (every stage is a grain dataset, so the whole chain is
+Plain and bucketed batches, and the windows of a plain-text LM stream, are decided from the length
+index on every process alike (txf/data/global_batches.py). Packed batches come from each process's
+own shard through this pipeline (every stage is a grain dataset, so the whole chain is
 checkpointable through grain's ``DatasetIterator.get_state`` / ``set_state``)::
 
   MapDataset.source(records)       random-access array_record source (tfds.data_source)
@@ -9,10 +12,7 @@ checkpointable through grain's ``DatasetIterator.get_state`` / ``set_state``)::
     .map(encode)                   text -> int32 ids (in grain's read threads)
   .to_iter_dataset(ReadOptions)
     .filter / .map                 drop (or truncate) over-long examples, counted and logged
-    one of:
-      batch + pad                  rows x fixed lengths                       (plain)
-      BucketBatchIterDataset       one fixed shape per length bucket          (bucketing)
-      FirstFitPackIterDataset      several examples per row, + segmentation/position (packing)
+    FirstFitPackIterDataset        several examples per row, + segmentation/position
     ThreadPrefetchIterDataset      batches prepared ahead in a thread
 
 Batches are dicts of int32 numpy arrays with fixed shapes (txf.data.base): ``[rows, S]`` /
@@ -29,40 +29,37 @@ from absl import logging
 import grain
 import numpy as np
 
-from txf.data.base import EOS_ID, Batch, CheckpointableIterator, DataError, pad_batch
+from txf.data.base import EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, pad_batch
 
 LABEL = "label"
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchSpec:
-  """How one process forms training batches (sizes are this process's share)."""
-  lengths: Dict[str, int]        # sequence feature -> max length, e.g. {"inputs": S, "targets": T}
-  rows: int                      # rows per batch (plain and packed; bucketing without tokens)
-  tokens_per_batch: int = 0      # > 0: rows of a bucket = tokens_per_batch // bucket length
-  packing: bool = False
-  bucketing: bool = False
-  num_buckets: int = 4
-  bucket_window: int = 64        # bucketing groups this many batches' worth of examples at a time
-  rows_multiple: int = 8         # token-derived row counts are rounded down to a multiple of this
-  packing_bins: int = 0          # rows packed at once (0 = rows per batch)
-  truncate: bool = False         # truncate over-long examples (keeping EOS last) instead of dropping
-  eos_last: bool = True          # truncation keeps EOS as the last token
-  prefetch: int = 2              # batches prepared ahead (0 = none)
-  read_threads: int = 2          # grain threads reading + encoding examples
+# The fields of ``config.data`` that decide batching; BatchSpec takes their types and defaults from
+# DataSpec (declared once, in txf/config.py's base_config).
+BATCHING_FIELDS = ("tokens_per_batch", "packing", "bucketing", "num_buckets", "bucket_window",
+                   "rows_multiple", "packing_bins", "truncate", "prefetch", "read_threads")
 
-  @classmethod
-  def of(cls, data, lengths: Dict[str, int], rows: int) -> "BatchSpec":
-    """The batching of a DataSpec (``data``): every field but ``lengths``, ``rows`` and
-    ``eos_last`` is the DataSpec field of the same name."""
-    given = {"lengths": lengths, "rows": rows}
-    return cls(**given, **{f.name: getattr(data, f.name) for f in dataclasses.fields(cls)
-                           if f.name not in given and hasattr(data, f.name)})
 
-  def describe(self) -> str:
-    """A short fingerprint of the batching, stored in iterator states."""
-    blob = json.dumps(dataclasses.asdict(self), sort_keys=True)
-    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+def _of(cls, data, lengths: Dict[str, int], rows: int) -> "BatchSpec":
+  """The batching of a DataSpec (``data``): its ``BATCHING_FIELDS`` with ``lengths`` and ``rows``."""
+  return cls(lengths=lengths, rows=rows, **{n: getattr(data, n) for n in BATCHING_FIELDS})
+
+
+def _describe(self) -> str:
+  """A short fingerprint of the batching, stored in iterator states."""
+  blob = json.dumps(dataclasses.asdict(self), sort_keys=True)
+  return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+BatchSpec = dataclasses.make_dataclass(
+    "BatchSpec",
+    [("lengths", Dict[str, int]), ("rows", int)]   # feature -> max length ({"inputs": S, ...}); rows per batch
+    + [(f.name, f.type, dataclasses.field(default=f.default))
+       for f in dataclasses.fields(DataSpec) if f.name in BATCHING_FIELDS]
+    + [("eos_last", bool, dataclasses.field(default=True))],  # truncation keeps EOS last
+    namespace={"of": classmethod(_of), "describe": _describe}, frozen=True)
+BatchSpec.__doc__ = ("How one process forms training batches (sizes are this process's share): "
+                     "the sequence lengths, the rows per batch, and config.data's BATCHING_FIELDS.")
 
 
 def round_rows(rows: int, multiple: int) -> int:
@@ -173,28 +170,20 @@ def encoded_source(records: Sequence[Any], encode: Callable[[Any], Dict[str, np.
   return ds.shuffle(seed=seed).repeat(None).map(encode)
 
 
-def batched(ds: grain.MapDataset, spec: BatchSpec, seed: int, what: str = "train"
-            ) -> grain.IterDataset:
-  """Length limits, then plain / bucketed / packed batching, then prefetch (see module doc)."""
+def packed_batches(ds: grain.MapDataset, spec: BatchSpec, seed: int, what: str = "train"
+                   ) -> grain.IterDataset:
+  """Length limits, then packed batches (several examples per row, with segmentation and
+  positions: grain's first-fit packer), then prefetch. Plain and bucketed batches are decided
+  from the length index instead (txf/data/global_batches.py)."""
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=spec.read_threads,
                                             prefetch_buffer_size=max(64, 4 * spec.rows)))
   limiter = LengthLimiter(spec.lengths, spec.truncate, spec.eos_last, what)
   it = it.map(limiter.cut) if spec.truncate else it.filter(limiter.keep)
-  if spec.packing and spec.bucketing:
-    raise DataError("data.packing and data.bucketing both set: packing already removes padding; "
-                    "set one of them")
-  if spec.packing:
-    rows = rows_for_length(spec, max(spec.lengths.values()))
-    it = grain.experimental.FirstFitPackIterDataset(
-        it, length_struct=dict(spec.lengths), num_packing_bins=spec.packing_bins or rows,
-        seed=seed, shuffle_bins=True)
-    it = it.map(_rename_packed).batch(rows, drop_remainder=True)
-  elif spec.bucketing:
-    it = BucketBatchIterDataset(it, spec, seed)
-  else:
-    rows = rows_for_length(spec, max(spec.lengths.values()))
-    lengths = dict(spec.lengths)
-    it = it.batch(rows, drop_remainder=True, batch_fn=lambda xs: pad_rows(xs, lengths, rows))
+  rows = rows_for_length(spec, max(spec.lengths.values()))
+  it = grain.experimental.FirstFitPackIterDataset(
+      it, length_struct=dict(spec.lengths), num_packing_bins=spec.packing_bins or rows,
+      seed=seed, shuffle_bins=True)
+  it = it.map(_rename_packed).batch(rows, drop_remainder=True)
   if spec.prefetch > 0:
     it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=spec.prefetch)
   return it
@@ -207,84 +196,6 @@ def _rename_packed(ex: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
     k = k.replace("_segment_ids", "_segmentation").replace("_positions", "_position")
     out[k] = np.asarray(v, np.int32)
   return out
-
-
-class BucketBatchIterDataset(grain.IterDataset):
-  """Batches of similar-length examples, one fixed shape per bucket (a small fixed set of shapes).
-
-  Reads a window of ``bucket_window`` batches' worth of examples, puts each into the smallest
-  bucket that holds all its features, cuts each bucket into batches (rows from ``rows`` or from
-  ``tokens_per_batch``; a bucket's last, partial batch is completed with all-PAD filler rows) and
-  emits the window's batches in a seeded random order. State = the parent's state at the start of
-  the window + the number of batches already emitted from it, so a restore is exact.
-  """
-
-  def __init__(self, parent: grain.IterDataset, spec: BatchSpec, seed: int):
-    super().__init__(parent)
-    self._spec, self._seed = spec, seed
-
-  def __iter__(self) -> grain.DatasetIterator:
-    return _BucketBatchIterator(self._parent.__iter__(), self._spec, self._seed)
-
-  def __str__(self) -> str:
-    return f"BucketBatchIterDataset(buckets={len(bucket_lengths(self._spec))})"
-
-
-class _BucketBatchIterator(grain.DatasetIterator):
-  """The iterator of ``BucketBatchIterDataset`` (state: window start, window number, emitted)."""
-
-  def __init__(self, parent: grain.DatasetIterator, spec: BatchSpec, seed: int):
-    super().__init__(parent)
-    self._spec, self._seed = spec, seed
-    self._buckets = bucket_lengths(spec)
-    self._rows = [rows_for_length(spec, max(b.values())) for b in self._buckets]
-    self._window_size = spec.bucket_window * max(self._rows)
-    self._start_state = parent.get_state()
-    self._window, self._emitted, self._batches = 0, 0, None
-
-  def _bucket_of(self, ex: Dict[str, np.ndarray]) -> int:
-    for k, lengths in enumerate(self._buckets):
-      if all(len(ex[f]) <= m for f, m in lengths.items()):
-        return k
-    raise DataError(f"example longer than the largest bucket {self._buckets[-1]}")
-
-  def _fill(self) -> List[Batch]:
-    groups: List[List[Dict[str, np.ndarray]]] = [[] for _ in self._buckets]
-    for _ in range(self._window_size):
-      try:
-        ex = next(self._parent)
-      except StopIteration:
-        break
-      groups[self._bucket_of(ex)].append(ex)
-    batches = []
-    for k, group in enumerate(groups):
-      rows = self._rows[k]
-      for start in range(0, len(group), rows):
-        batches.append(pad_rows(group[start:start + rows], self._buckets[k], rows))
-    order = np.random.default_rng([self._seed, self._window]).permutation(len(batches))
-    return [batches[i] for i in order]
-
-  def __next__(self) -> Batch:
-    while self._batches is None or self._emitted >= len(self._batches):
-      if self._batches is not None:            # the previous window is used up
-        self._window += 1
-        self._emitted = 0
-        self._start_state = self._parent.get_state()
-      self._batches = self._fill()
-      if not self._batches:
-        raise StopIteration
-    batch = self._batches[self._emitted]
-    self._emitted += 1
-    return batch
-
-  def get_state(self) -> Dict[str, Any]:
-    return {"parent": self._start_state, "window": self._window, "emitted": self._emitted}
-
-  def set_state(self, state: Dict[str, Any]) -> None:
-    self._parent.set_state(state["parent"])
-    self._start_state = state["parent"]
-    self._window, self._emitted = int(state["window"]), int(state["emitted"])
-    self._batches = None        # refilled from the window start; ``emitted`` batches are skipped
 
 
 def lm_windows(stream: np.ndarray, length: int, seed: int, process_index: int,

@@ -145,7 +145,7 @@ class ExampleTask(_RealTask):
                                  process_index, process_count)
     fp = pipeline.pipeline_fingerprint(self.fingerprint, local.describe(), spec.rows, seed,
                                        process_index, process_count)
-    return pipeline.GrainIterator(pipeline.batched(ds, local, seed), fp, process_count,
+    return pipeline.GrainIterator(pipeline.packed_batches(ds, local, seed), fp, process_count,
                                   process_index)
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
