@@ -1,18 +1,18 @@
 """Global batches (txf/data/global_batches.py) as P processes see them, without starting processes:
 each "process" is an iterator with its own RowLayout. Every process forms the same batch shapes;
 the rows they fill add up to the one-process batch; a data position saved by one count resumes on
-another; packed data refuses another count with a clear error."""
+another, packed data included."""
 
 import numpy as np
 import pytest
 
-from txf.data.base import RowLayout
-from txf.data.base import DataError
+from txf.data import global_batches
+from txf.data.base import CheckpointableIterator, DataError, RowLayout
 
 from test_data_fixtures import parallel_dir, plain_dir, tsv_dir
 from test_data_pipeline import MODES, _task
 
-GLOBAL_MODES = [m for m in sorted(MODES) if m != "packing"]
+GLOBAL_MODES = sorted(MODES)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,8 @@ def test_processes_form_the_same_batches_and_their_rows_add_up_to_one_process(di
     assert len(shapes) > 1, shapes  # several bucket shapes, agreed by every process
 
 
-@pytest.mark.parametrize("mode", ["bucketing_tokens", "classification", "lm_stream", "plain"])
+@pytest.mark.parametrize("mode", ["bucketing_tokens", "classification", "lm_stream", "plain",
+                                  "packing"])
 @pytest.mark.parametrize("before,after", [(2, 1), (1, 2), (2, 4)])
 def test_a_data_position_saved_by_one_process_count_resumes_on_another(dirs, mode, before, after):
   kind, data = MODES[mode]
@@ -85,14 +86,77 @@ def test_a_data_position_saved_by_one_process_count_resumes_on_another(dirs, mod
       np.testing.assert_array_equal(combined, v, err_msg=k)
 
 
-def test_packed_data_saved_by_two_processes_names_the_count_it_resumes_on(dirs):
+def test_packed_rows_hold_whole_examples_numbered_by_segment_and_position(dirs):
   kind, data = MODES["packing"]
   task = _task(dirs, kind, **data)
-  two = task.train_iterator(8, 0, 1, 2)
-  next(two)
-  one = task.train_iterator(8, 0)
-  with pytest.raises(DataError, match=r"saved by 2 process\(es\).*resumes only on that count, "
-                                       r"not on 1: run it on 2 process"):
-    one.set_state(two.get_state())
-  batch = next(task.train_iterator(8, 0, 1, 2))
-  assert batch["inputs"].shape[0] == 8 and not batch["inputs"][:4].any()  # process 1: rows 4..7
+  it = task.train_iterator(8, 0)
+  records = {tuple(task.encode_record(r)["inputs"]): tuple(task.encode_record(r)["targets"])
+             for r in task.records("train")}
+  seen = 0
+  for _ in range(6):
+    batch = next(it)
+    for row in range(batch["inputs"].shape[0]):
+      segs = batch["inputs_segmentation"][row]
+      for s in range(1, int(segs.max()) + 1):
+        at = segs == s
+        src = batch["inputs"][row][at]
+        tgt = batch["targets"][row][batch["targets_segmentation"][row] == s]
+        assert records[tuple(src)] == tuple(tgt)          # the pair, whole, in one row
+        np.testing.assert_array_equal(batch["inputs_position"][row][at], np.arange(at.sum()))
+        seen += 1
+      assert not batch["inputs"][row][segs == 0].any()    # padding only after the segments
+  assert seen > 6 * 8                                       # several examples per row
+
+
+def test_old_packed_positions_are_refused_with_what_to_do(dirs):
+  kind, data = MODES["packing"]
+  it = _task(dirs, kind, **data).train_iterator(8, 0)
+  with pytest.raises(DataError, match="earlier txf's per-process grain packer.*resume this run "
+                                      "with the txf that started it"):
+    it.set_state({"grain": {}, "pipeline": "x", "processes": 2})
+
+
+class _Counting(CheckpointableIterator):
+  """Batches {"n": [n]}; fails at ``fail_at`` (to check errors cross the prefetch thread)."""
+
+  def __init__(self, fail_at=None):
+    self.n, self.fail_at = 0, fail_at
+
+  def __next__(self):
+    if self.n == self.fail_at:
+      raise DataError(f"bad record at {self.n}")
+    self.n += 1
+    return {"n": np.array([self.n - 1])}
+
+  def get_state(self):
+    return {"n": self.n}
+
+  def set_state(self, state):
+    self.n = state["n"]
+
+
+def test_prefetch_keeps_the_batches_and_states_of_the_consumed_steps():
+  ahead = global_batches.Prefetched(_Counting(), 3)
+  assert ahead.get_state() == {"n": 0}
+  assert [int(next(ahead)["n"][0]) for _ in range(5)] == [0, 1, 2, 3, 4]
+  assert ahead.get_state() == {"n": 5}            # the thread is ahead; the state is not
+  ahead.set_state({"n": 2})
+  assert ahead.get_state() == {"n": 2}
+  assert [int(next(ahead)["n"][0]) for _ in range(3)] == [2, 3, 4]
+  failing = global_batches.Prefetched(_Counting(fail_at=2), 4)
+  assert [int(next(failing)["n"][0]) for _ in range(2)] == [0, 1]
+  with pytest.raises(DataError, match="bad record at 2"):
+    next(failing)
+
+
+def test_real_tasks_prefetch_unless_told_not_to(dirs):
+  kind, data = MODES["plain"]
+  task = _task(dirs, kind, **data)
+  assert isinstance(task.train_iterator(8, 0), global_batches.Prefetched)
+  plain = _task(dirs, kind, **data, prefetch=0).train_iterator(8, 0)
+  assert isinstance(plain, global_batches.IndexBatchIterator)
+  ahead = task.train_iterator(8, 0)
+  for _ in range(3):
+    a, b = next(ahead), next(plain)
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])

@@ -1,4 +1,4 @@
-"""grain pipelines: exact restarts, fixed shapes, sharding, reshuffling, length limits, and packing
+"""The batching engine: exact restarts, fixed shapes, reshuffling, length limits, and packing
 checked through the model's output."""
 
 import json
@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from txf.data import pipeline
-from txf.data.base import EOS_ID
+from txf import config as config_lib
+from txf.data import global_batches, pipeline
+from txf.data.base import EOS_ID, RowLayout, data_spec
 from txf.data.real import make_real_task
 from txf.data.base import DataError
 from txf.models import build_model, init_params, model_inputs
@@ -83,23 +84,20 @@ def test_shapes_are_fixed_per_mode(dirs):
     assert b["inputs"].shape == b["targets"].shape and b["inputs"].size <= 256
 
 
-def _ids_of(ds, n):
-  it = iter(ds.to_iter_dataset())
-  return [int(next(it)["id"]) for _ in range(n)]
-
-
-def test_process_shards_are_disjoint_and_cover_an_epoch():
-  records = [{"id": i} for i in range(30)]
-  shards = [_ids_of(pipeline.encoded_source(records, dict, 0, p, 3), 10) for p in range(3)]
-  assert sorted(sum(shards, [])) == list(range(30))
+def _order_of(count, seed, n):
+  """The first ``n`` record indices the global engine walks (plain batches of one row)."""
+  spec = pipeline.BatchSpec.of(data_spec(config_lib.base_config()), {"inputs": 4}, 1)
+  read = lambda indices: [{"inputs": np.array([i + 1], np.int32)} for i in indices]
+  it = global_batches.IndexBatchIterator(np.ones((count, 1), np.int32), spec, seed,
+                                         RowLayout(), read, False, "fp")
+  return [int(next(it)["inputs"][0, 0]) - 1 for _ in range(n)]
 
 
 def test_every_epoch_is_a_new_global_permutation():
-  records = [{"id": i} for i in range(50)]
-  ids = _ids_of(pipeline.encoded_source(records, dict, 7, 0, 1), 100)
+  ids = _order_of(50, 7, 100)
   assert sorted(ids[:50]) == sorted(ids[50:]) == list(range(50)) and ids[:50] != ids[50:]
   assert ids[:50] != list(range(50))
-  assert _ids_of(pipeline.encoded_source(records, dict, 8, 0, 1), 50) != ids[:50]
+  assert _order_of(50, 8, 50) != ids[:50]
 
 
 def test_length_limiter_drops_or_truncates_and_counts():

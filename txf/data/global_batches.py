@@ -11,15 +11,20 @@ leaves the other rows PAD. So:
 - a checkpointed position (``pos``, ``window``, ``emitted``) resumes on any process count;
 - with one process the batches are exactly those of the grain pipeline this replaces.
 
-``IndexBatchIterator``: plain batches (``spec.rows`` or a token budget over the full lengths) and
+``IndexBatchIterator``: plain batches (``spec.rows`` or a token budget over the full lengths),
 bucketed ones (a window of ``bucket_window`` batches' worth of examples is grouped into length
-buckets, cut into batches, and emitted in a seeded random order).
+buckets, cut into batches, and emitted in a seeded random order) and packed ones (examples placed
+first-fit into a window of ``packing_bins`` rows, every feature within its length; the rows, in a
+seeded random order, cut into batches; each row carries ``*_segmentation`` 1, 2, ... per example,
+0 on padding, and ``*_position`` from 0 within each example).
 ``WindowBatchIterator``: fixed-length windows of one token stream (plain-text language models).
 """
 
 import dataclasses
 import math
-from typing import Any, Callable, Dict, List, Sequence
+import queue
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import grain
 import jax
@@ -101,6 +106,33 @@ def _fill(lengths: Dict[str, int], total: int, slots: Sequence[int], layout: Row
   return batch
 
 
+def _fill_packed(lengths: Dict[str, int], total: int, packed: Sequence[Sequence[int]],
+                 layout: RowLayout, read: Callable[[List[int]], List[Dict[str, np.ndarray]]]
+                 ) -> Batch:
+  """A packed global batch of which this process fills its rows: row r holds the examples
+  ``packed[r]`` one after another; per feature f: ``f`` [total, L_f] the ids, ``f_segmentation``
+  1, 2, ... for the row's first, second, ... example (0 on padding) and ``f_position`` 0, 1, ...
+  within each example (0 on padding)."""
+  mine = [int(r) for r in layout.rows(total) if r < len(packed)]
+  flat = [int(i) for r in mine for i in packed[r]]
+  examples = iter(read(flat))
+  batch = {}
+  for f, length in lengths.items():
+    for suffix in ("", "_segmentation", "_position"):
+      batch[f + suffix] = np.zeros((total, length), np.int32)
+  for r in mine:
+    start = dict.fromkeys(lengths, 0)
+    for segment, _ in enumerate(packed[r], 1):
+      ex = next(examples)
+      for f in lengths:
+        ids, at = ex[f], start[f]
+        batch[f][r, at:at + len(ids)] = ids
+        batch[f + "_segmentation"][r, at:at + len(ids)] = segment
+        batch[f + "_position"][r, at:at + len(ids)] = np.arange(len(ids))
+        start[f] = at + len(ids)
+  return batch
+
+
 class IndexBatchIterator(CheckpointableIterator):
   """Plain or bucketed global batches over a shuffled record stream (see the module doc).
 
@@ -118,6 +150,9 @@ class IndexBatchIterator(CheckpointableIterator):
     self._limits = np.asarray([spec.lengths[f] for f in self._features], np.int32)
     self._limiter = LengthLimiter(spec.lengths, spec.truncate, spec.eos_last, what)
     self._order = grain.MapDataset.range(len(lengths)).shuffle(seed=seed).repeat(None)
+    if spec.packing and spec.bucketing:
+      raise DataError("data.packing and data.bucketing both set: packing already removes padding; "
+                      "set one of them")
     if spec.bucketing:
       self._buckets = bucket_lengths(spec)
       self._rows = [rows_for_length(spec, max(b.values())) for b in self._buckets]
@@ -154,8 +189,55 @@ class IndexBatchIterator(CheckpointableIterator):
         return k
     raise DataError(f"example longer than the largest bucket {self._buckets[-1]}")
 
+  def _pack(self) -> List[tuple]:
+    """The current window's packed batches, in emission order: (0, rows), each row a list of
+    record indices. First-fit from ``_pos``: each kept example goes into the first of the window's
+    rows (``packing_bins``, rounded up to whole batches) where every feature still fits; the
+    window ends before the first example that fits in no row (it opens the next window)."""
+    rows = self._rows[0]
+    bins = -(-max(self._spec.packing_bins, rows) // rows) * rows
+    room = np.tile(self._limits, (bins, 1))            # tokens left per row and feature
+    packed: List[List[int]] = [[] for _ in range(bins)]
+    pos = self._pos
+    while True:
+      index, after, dropped = self._peek(pos)
+      need = np.minimum(self._lengths[index], self._limits)
+      if not need.any():       # nothing to place (an empty example): pass over it
+        pos = after
+        continue
+      fits = np.all(room >= need, axis=1)
+      if not fits.any():
+        break
+      for _ in range(dropped):
+        self._limiter.count_over()
+      if np.any(self._lengths[index] > self._limits):
+        self._limiter.count_over()                        # kept truncated
+      else:
+        self._limiter.seen += 1
+      row = int(np.argmax(fits))
+      packed[row].append(index)
+      room[row] -= need
+      pos = after
+    self._next_pos = pos
+    order = np.random.default_rng([self._seed, self._window]).permutation(bins)
+    packed = [packed[i] for i in order]
+    return [(0, packed[start:start + rows]) for start in range(0, bins, rows)]
+
+  def _peek(self, pos: int) -> tuple:
+    """(the next kept record at or after stream position ``pos``, the position after it, how many
+    over-long records were skipped to reach it); nothing is counted."""
+    dropped = 0
+    while True:
+      index = int(self._order[pos])
+      pos += 1
+      if self._spec.truncate or not np.any(self._lengths[index] > self._limits):
+        return index, pos, dropped
+      dropped += 1
+
   def _plan(self) -> List[tuple]:
     """The current window's batches, in emission order: (bucket, record indices)."""
+    if self._spec.packing:
+      return self._pack()
     self._next_pos = self._pos
     taken = self._take(self._window_size)
     if not self._spec.bucketing:
@@ -177,6 +259,8 @@ class IndexBatchIterator(CheckpointableIterator):
       self._batches = self._plan()
     k, slots = self._batches[self._emitted]
     self._emitted += 1
+    if self._spec.packing:
+      return _fill_packed(self._buckets[k], self._rows[k], slots, self._layout, self._read)
     return _fill(self._buckets[k], self._rows[k], slots, self._layout, self._read, self._label)
 
   def get_state(self) -> Dict[str, Any]:
@@ -218,7 +302,76 @@ class WindowBatchIterator(CheckpointableIterator):
 
 
 def _check_fingerprint(state: Dict[str, Any], fingerprint: str) -> None:
+  if "grain" in state:
+    raise DataError("the checkpoint's data position was saved by an earlier txf's per-process "
+                    "grain packer (data.packing=True); packed batches are now decided from the "
+                    "length index on every process: resume this run with the txf that started it, "
+                    "or start it again")
   if state.get("pipeline") != fingerprint:
     raise DataError(f"iterator state is from another data pipeline ({state.get('pipeline')} != "
                     f"{fingerprint}): batch size, seed, data or batching settings changed since the "
                     f"checkpoint; restore with the original config")
+
+
+class Prefetched(CheckpointableIterator):
+  """``iterator``'s batches made ``depth`` ahead in a background thread (``data.prefetch``).
+
+  One thread drives the wrapped iterator, so the batches are the same as without it. Each batch is
+  queued with the wrapped iterator's state right after it, and ``get_state`` returns the state of
+  the last batch handed out, so a checkpoint resumes after exactly the batches the step has
+  consumed. ``set_state`` stops the thread, drops what it had prepared and restarts from there.
+  An error in the thread is raised by the next ``next()``.
+  """
+
+  def __init__(self, iterator: CheckpointableIterator, depth: int):
+    self._inner, self._depth = iterator, max(int(depth), 1)
+    self._state = iterator.get_state()
+    self._queue: Optional[queue.Queue] = None
+    self._stop: Optional[threading.Event] = None
+    self._thread: Optional[threading.Thread] = None
+
+  def _start(self) -> None:
+    self._queue, self._stop = queue.Queue(self._depth), threading.Event()
+    stop, out = self._stop, self._queue
+
+    def work():
+      while not stop.is_set():
+        try:
+          item = (next(self._inner), self._inner.get_state(), None)
+        except BaseException as e:  # pylint: disable=broad-except  # handed to the consumer
+          item = (None, None, e)
+        while not stop.is_set():
+          try:
+            out.put(item, timeout=0.1)
+            break
+          except queue.Full:
+            continue
+        if item[2] is not None:
+          return
+
+    self._thread = threading.Thread(target=work, name="txf-prefetch", daemon=True)
+    self._thread.start()
+
+  def _halt(self) -> None:
+    if self._thread is not None:
+      self._stop.set()
+      self._thread.join()
+      self._thread = self._queue = self._stop = None
+
+  def __next__(self) -> Batch:
+    if self._thread is None:
+      self._start()
+    batch, state, error = self._queue.get()
+    if error is not None:
+      self._halt()
+      raise error
+    self._state = state
+    return batch
+
+  def get_state(self) -> Dict[str, Any]:
+    return self._state
+
+  def set_state(self, state: Dict[str, Any]) -> None:
+    self._halt()
+    self._inner.set_state(state)
+    self._state = self._inner.get_state()

@@ -1,19 +1,9 @@
-"""Batching for real data: the batch spec, row counts, bucket lengths, length limits and padding
-that every training batch shares, and the grain pipeline of packed batches.
+"""Batching for real data: the batch spec, row counts, bucket lengths, length limits, padding and
+the shuffled windows of a token stream, which every kind of training batch shares.
 
-Plain and bucketed batches, and the windows of a plain-text LM stream, are decided from the length
-index on every process alike (txf/data/global_batches.py). Packed batches come from each process's
-own shard through this pipeline (every stage is a grain dataset, so the whole chain is
-checkpointable through grain's ``DatasetIterator.get_state`` / ``set_state``)::
+The batches themselves (plain, bucketed, packed, and windows of a plain-text LM stream) are decided
+from the length index on every process alike: txf/data/global_batches.py, the one engine.
 
-  MapDataset.source(records)       random-access array_record source (tfds.data_source)
-    [process_index::process_count] per-process shard (disjoint)
-    .shuffle(seed).repeat()        global shuffle, a different permutation every epoch
-    .map(encode)                   text -> int32 ids (in grain's read threads)
-  .to_iter_dataset(ReadOptions)
-    .filter / .map                 drop (or truncate) over-long examples, counted and logged
-    FirstFitPackIterDataset        several examples per row, + segmentation/position
-    ThreadPrefetchIterDataset      batches prepared ahead in a thread
 
 Batches are dicts of int32 numpy arrays with fixed shapes (txf.data.base): ``[rows, S]`` /
 ``[rows, T]`` (bucketing: one shape per bucket), ``label`` [rows] for classification.
@@ -22,7 +12,6 @@ Batches are dicts of int32 numpy arrays with fixed shapes (txf.data.base): ``[ro
 import dataclasses
 import hashlib
 import json
-import weakref
 from typing import Any, Callable, Dict, List, Sequence
 
 from absl import logging
@@ -159,45 +148,6 @@ class LengthLimiter:
     return out
 
 
-def encoded_source(records: Sequence[Any], encode: Callable[[Any], Dict[str, np.ndarray]],
-                   seed: int, process_index: int, process_count: int) -> grain.MapDataset:
-  """Endless shuffled encoded examples of this process's shard (a new permutation every epoch)."""
-  ds = grain.MapDataset.source(records)
-  if process_count > 1:
-    ds = ds[process_index::process_count]
-  if len(ds) == 0:
-    raise DataError(f"process {process_index} of {process_count} has no training examples")
-  return ds.shuffle(seed=seed).repeat(None).map(encode)
-
-
-def packed_batches(ds: grain.MapDataset, spec: BatchSpec, seed: int, what: str = "train"
-                   ) -> grain.IterDataset:
-  """Length limits, then packed batches (several examples per row, with segmentation and
-  positions: grain's first-fit packer), then prefetch. Plain and bucketed batches are decided
-  from the length index instead (txf/data/global_batches.py)."""
-  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=spec.read_threads,
-                                            prefetch_buffer_size=max(64, 4 * spec.rows)))
-  limiter = LengthLimiter(spec.lengths, spec.truncate, spec.eos_last, what)
-  it = it.map(limiter.cut) if spec.truncate else it.filter(limiter.keep)
-  rows = rows_for_length(spec, max(spec.lengths.values()))
-  it = grain.experimental.FirstFitPackIterDataset(
-      it, length_struct=dict(spec.lengths), num_packing_bins=spec.packing_bins or rows,
-      seed=seed, shuffle_bins=True)
-  it = it.map(_rename_packed).batch(rows, drop_remainder=True)
-  if spec.prefetch > 0:
-    it = grain.experimental.ThreadPrefetchIterDataset(it, prefetch_buffer_size=spec.prefetch)
-  return it
-
-
-def _rename_packed(ex: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-  """grain's ``*_segment_ids`` / ``*_positions`` -> txf's ``*_segmentation`` / ``*_position``."""
-  out = {}
-  for k, v in ex.items():
-    k = k.replace("_segment_ids", "_segmentation").replace("_positions", "_position")
-    out[k] = np.asarray(v, np.int32)
-  return out
-
-
 def lm_windows(stream: np.ndarray, length: int, seed: int, process_index: int,
                process_count: int) -> grain.MapDataset:
   """Endless shuffled windows ``{"targets": int32 [length]}`` of a token stream [N].
@@ -220,70 +170,6 @@ def lm_windows(stream: np.ndarray, length: int, seed: int, process_index: int,
     return {"targets": np.asarray(stream[start:start + length], np.int32)}
 
   return ds.shuffle(seed=seed).repeat(None).map_with_index(window)
-
-
-class GrainIterator(CheckpointableIterator):
-  """The contract's CheckpointableIterator over a grain ``IterDataset`` of this process's rows.
-
-  With ``processes`` > 1 each batch [r, ...] is placed as rows [i r, (i + 1) r) of a global batch
-  [P r, ...] (the other rows PAD), ``i`` = ``process_index``. ``get_state()`` = {"grain": grain's
-  JSON state, "pipeline": fingerprint, "processes": P}; a state from a different pipeline (other
-  batch size, seed, data) or process count is refused with a DataError.
-  """
-
-  def __init__(self, dataset: grain.IterDataset, fingerprint: str, processes: int = 1,
-               process_index: int = 0):
-    self._dataset, self._fingerprint = dataset, fingerprint
-    self._processes, self._index = processes, process_index
-    self._holder = [iter(dataset)]   # the only reference to grain's iterator, see _release
-    weakref.finalize(self, _release, self._holder)
-
-  @property
-  def _it(self) -> grain.DatasetIterator:
-    return self._holder[0]
-
-  def __next__(self) -> Batch:
-    batch = next(self._it)
-    if self._processes == 1:
-      return batch
-    out = {}
-    for k, v in batch.items():
-      v = np.asarray(v)
-      full = np.zeros((v.shape[0] * self._processes,) + v.shape[1:], v.dtype)
-      full[self._index * v.shape[0]:(self._index + 1) * v.shape[0]] = v
-      out[k] = full
-    return out
-
-  def get_state(self) -> Dict[str, Any]:
-    state = {"grain": self._it.get_state(), "pipeline": self._fingerprint,
-             "processes": self._processes}
-    return json.loads(json.dumps(state, default=_jsonable))
-
-  def set_state(self, state: Dict[str, Any]) -> None:
-    saved = int(state.get("processes", 1))
-    if saved != self._processes:
-      raise DataError(f"the checkpoint's data position was saved by {saved} process(es), and "
-                      f"packed data (data.packing=True) resumes only on that count, not on "
-                      f"{self._processes}: run it on {saved} process(es) (bucketed or plain "
-                      f"batches resume on any count)")
-    if state.get("pipeline") != self._fingerprint:
-      raise DataError(f"iterator state is from another data pipeline ({state.get('pipeline')} != "
-                      f"{self._fingerprint}): batch size, seed, process count, data or batching "
-                      f"settings changed since the checkpoint; restore with the original config")
-    self._it.set_state(state["grain"])
-
-
-def _release(holder: List[Any]) -> None:
-  """Close grain's iterator and drop it while Python is still whole (at exit grain's ``__del__``
-  would otherwise run after module teardown and print ignored exceptions)."""
-  while holder:
-    holder.pop().close()
-
-
-def _jsonable(x: Any) -> Any:
-  if isinstance(x, np.generic):
-    return x.item()
-  raise TypeError(f"iterator state value {x!r} is not JSON-serialisable")
 
 
 def pipeline_fingerprint(*parts: Any) -> str:

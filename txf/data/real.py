@@ -16,7 +16,7 @@ come from txf.data.sources (the run's own tokenizer when ``workdir/tokenizer`` h
 evaluation and translation reuse it exactly); ``task.save(directory)`` writes the tokenizer.
 """
 
-import dataclasses
+import concurrent.futures
 import json
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -68,11 +68,6 @@ class _RealTask(Task):
   def save(self, directory: str) -> None:
     self.codec.save(directory)
 
-  def _local_rows(self, batch_size: int, process_count: int) -> int:
-    if batch_size % process_count:
-      raise DataError(f"batch_size={batch_size} is not divisible by the {process_count} processes")
-    return batch_size // process_count
-
 
 class ExampleTask(_RealTask):
   """One record = one example (translation, classification, sentence LM), through the grain pipeline."""
@@ -88,34 +83,39 @@ class ExampleTask(_RealTask):
   def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
                      process_count: int = 1, layout: Optional[RowLayout] = None
                      ) -> CheckpointableIterator:
-    """Endless global batches (see base.Task): plain and bucketed batches are decided alike on
-    every process from the length index (txf/data/global_batches.py), each process reading only
-    its rows; packed batches come from each process's own 1/P of the records (pipeline.py)."""
+    """Endless global batches (see base.Task): plain, bucketed and packed batches are decided
+    alike on every process from the length index (txf/data/global_batches.py), each process
+    reading only the examples of its rows."""
     d = self.data
     layout = layout or RowLayout.block(process_index, process_count)
-    spec = pipeline.BatchSpec.of(d, dict(self.features), batch_size)
-    if d.packing and d.bucketing:
-      raise DataError("data.packing and data.bucketing both set: packing already removes padding; "
-                      "set one of them")
-    if d.packing:
-      return self._packed_iterator(spec, seed, layout, process_index, process_count)
-    spec = global_batches.layout_spec(spec, layout)
+    spec = global_batches.layout_spec(pipeline.BatchSpec.of(d, dict(self.features), batch_size),
+                                      layout)
     source = self.sources[self.split_name("train")]
     features = list(self.features)
     limits = dict(self.features)
 
+    def encode(record):
+      ex = self.encode_record(record)
+      if spec.truncate:
+        ex = {k: truncate_keep_eos(v, limits[k]) if k in limits else v for k, v in ex.items()}
+      return ex
+
     def read(indices):
-      out = []
-      for record in read_records(source, indices, self.adapt):
-        ex = self.encode_record(record)
-        if spec.truncate:
-          ex = {k: truncate_keep_eos(v, limits[k]) if k in limits else v for k, v in ex.items()}
-        out.append(ex)
-      return out
+      records = read_records(source, indices, self.adapt)
+      if d.read_threads > 1 and len(records) > 1:
+        return list(self._encoder_pool(d.read_threads).map(encode, records))
+      return [encode(r) for r in records]
 
     fp = pipeline.pipeline_fingerprint("global", self.fingerprint, spec.describe(), seed)
-    return global_batches.IndexBatchIterator(self._lengths(source, features), spec, seed, layout,
-                                             read, families.get(self.family).predicts == "label", fp)
+    it = global_batches.IndexBatchIterator(self._lengths(source, features), spec, seed, layout,
+                                           read, families.get(self.family).predicts == "label", fp)
+    return global_batches.Prefetched(it, d.prefetch) if d.prefetch > 0 else it
+
+  def _encoder_pool(self, threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that tokenize a batch's examples (``data.read_threads``), made once."""
+    if "pool" not in self._cache:
+      self._cache["pool"] = concurrent.futures.ThreadPoolExecutor(threads, "txf-encode")
+    return self._cache["pool"]
 
   def _lengths(self, source, features: List[str]) -> np.ndarray:
     """The training split's length index int32 [N, F] (computed once, shared by all processes)."""
@@ -127,26 +127,6 @@ class ExampleTask(_RealTask):
       self._cache[key] = global_batches.example_lengths(len(source), lengths_of, len(features),
                                                         "the training split")
     return self._cache[key]
-
-  def _packed_iterator(self, spec, seed, layout, process_index, process_count):
-    """Packed batches: process i packs records i, i + P, ... into its rows R / P of the batch."""
-    local = dataclasses.replace(spec, rows=self._local_rows(spec.rows, process_count),
-                                tokens_per_batch=spec.tokens_per_batch // process_count)
-    total = pipeline.rows_for_length(local, max(local.lengths.values())) * process_count
-    expected = RowLayout.block(process_index, process_count).rows(total)
-    got = layout.rows(total)
-    if len(got) != len(expected) or np.any(got != expected):
-      raise DataError(f"data.packing=True feeds each of the {process_count} processes one "
-                      f"contiguous 1/{process_count} of the batch, but this mesh gives process "
-                      f"{process_index} other rows (an axis besides data/fsdp spans processes): "
-                      f"use data.bucketing=True instead of packing, or a mesh whose batch axes "
-                      f"split over the processes")
-    ds = pipeline.encoded_source(self.sources[self.split_name("train")], self._encode_raw, seed,
-                                 process_index, process_count)
-    fp = pipeline.pipeline_fingerprint(self.fingerprint, local.describe(), spec.rows, seed,
-                                       process_index, process_count)
-    return pipeline.GrainIterator(pipeline.packed_batches(ds, local, seed), fp, process_count,
-                                  process_index)
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
                    ) -> List[Batch]:
@@ -264,7 +244,8 @@ class StreamLMTask(_RealTask):
                       f"make it a multiple of {layout.multiple}")
     ds = pipeline.lm_windows(self.stream("train"), length, seed, 0, 1)
     fp = pipeline.pipeline_fingerprint("global", self.fingerprint, rows, length, seed)
-    return global_batches.WindowBatchIterator(ds, rows, length, layout, fp)
+    it = global_batches.WindowBatchIterator(ds, rows, length, layout, fp)
+    return global_batches.Prefetched(it, d.prefetch) if d.prefetch > 0 else it
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
                    ) -> List[Batch]:
