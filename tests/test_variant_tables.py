@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_txf
 from txf import config as config_lib
 from txf import kernels
 from txf.kernels import ATTENTION, ATTENTION_IMPLS, Attention, attend
@@ -140,6 +140,15 @@ def test_the_train_commands_imports_declare_the_choices_before_validate():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        timeout=120, check=True).stdout
   assert f"model.activation='nope' is not one of {ACTIVATIONS.names()}" in out
+
+
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_the_cli_rejects_an_unknown_variant_with_the_tables_names(command, tmp_path):
+  run = run_txf(command, "--config", "default", "--config.model.positional=rotary",
+                *(["--workdir", str(tmp_path / "run")] if command == "train" else []), timeout=120)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert f"model.positional='rotary' is not one of {POSITIONAL.names()}" in run.stderr
+  assert not (tmp_path / "run").exists()
 
 
 def test_validate_refuses_to_run_before_the_tables_are_declared():
