@@ -17,15 +17,15 @@ from txf import config as config_lib
 from txf import kernels
 from txf.kernels import ATTENTION, ATTENTION_IMPLS, Attention, attend
 from txf.models import build_model, init_params, model_config_from
-from txf.nn import HEADS, POSITIONAL, FeedForward
+from txf.models.encoder_classifier import POOLINGS
+from txf.nn import HEADS, NORMS, POSITIONAL, FeedForward
 from txf.nn.stack import REMAT
 from txf.ops.feedforward import ACTIVATIONS
-from txf.ops.norm import NORMS
 from txf.ops.positional import LAYOUTS
 from txf.variants import Table, UnknownVariant
 
 # Every table with a config field.
-CONFIG_TABLES = (ACTIVATIONS, LAYOUTS, POSITIONAL, ATTENTION_IMPLS, REMAT)
+CONFIG_TABLES = (ACTIVATIONS, LAYOUTS, POSITIONAL, ATTENTION_IMPLS, REMAT, POOLINGS)
 
 
 def toy_activation(z):

@@ -307,11 +307,11 @@ def resolve_vocab_multiple(cfg: ml_collections.ConfigDict, num_devices: int, bac
 
 
 # The fields whose allowed values are the names of a variant table (txf.variants.Table): the
-# table, beside its formulas in ops/kernels/nn, declares its names here when its module is imported
-# (this module is below those and imports none of them). ``validate`` refuses to run before they are
-# declared: import txf.nn (the model stack) first.
+# table, beside its formulas in ops/kernels/nn/models, declares its names here when its module is
+# imported (this module is below those and imports none of them). ``validate`` refuses to run before
+# they are declared: import txf.models (the model stack) first.
 VARIANT_FIELDS = ("model.positional", "model.positional_layout", "model.activation",
-                  "model.attention_impl", "model.remat")
+                  "model.attention_impl", "model.remat", "model.pooling")
 _declared_choices: Dict[str, Tuple[str, ...]] = {}
 
 
@@ -399,9 +399,8 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "
-                       f"declared by the model's variant tables: import txf.nn before validating")
+                       f"declared by the model's variant tables: import txf.models before validating")
   choices = {"model.family": ("encoder_decoder", "encoder_classifier", "decoder_lm"),
-             "model.pooling": ("mean", "max", "first"),
              "model.dtype": ("auto", "float32", "bfloat16"),
              "model.residual_dtype": ("float32", "compute"),
              "parallelism": ("single", "pmap", "mesh"),

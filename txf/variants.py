@@ -6,12 +6,13 @@ A table lives beside its formulas and is the one list of that kind's choices:
 * feed-forward activations: ``txf.ops.feedforward.ACTIVATIONS`` (``model.activation``);
 * position encodings: ``txf.nn.layers.POSITIONAL`` (``model.positional``) and the sinusoid's
   column layouts ``txf.ops.positional.LAYOUTS`` (``model.positional_layout``);
-* normalisation: ``txf.ops.norm.NORMS`` (one entry, no config field yet);
+* normalisation: ``txf.nn.layers.NORMS`` (one entry, no config field yet);
 * attention: ``txf.kernels.attention.ATTENTION`` (the formula with its kernels; one entry, no config
   field yet) and the ways of running it ``txf.kernels.select.ATTENTION_IMPLS``
   (``model.attention_impl``);
 * the output head: ``txf.nn.layers.HEADS`` (``model.tie_output``: tied or untied);
 * recomputation in the backward pass: ``txf.nn.stack.REMAT`` (``model.remat``).
+* the classifier's pooling: ``txf.models.encoder_classifier.POOLINGS`` (``model.pooling``).
 
 A table with a config field declares its names as that field's allowed values
 (:func:`txf.config.declare_choices`) when it is built and whenever an entry is registered, so

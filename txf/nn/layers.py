@@ -11,7 +11,6 @@ from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
 from txf.nn.stack import apply_layers
-from txf.ops.norm import NORMS
 from txf.variants import Table
 
 
@@ -104,17 +103,30 @@ class AddPositions(nn.Module):
     return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
+def layer_norm(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray) -> jnp.ndarray:
+  """LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm) with the
+  parameters ``scale`` (gamma, 1 at init) and ``bias`` (beta, 0 at init) [d] of ``module`` and
+  eps = ``model.layer_norm_eps``. x [..., d] -> [..., d]."""
+  d = x.shape[-1]
+  return ops.layer_norm(x, module.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,)),
+                        module.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), (d,)),
+                        cfg.layer_norm_eps)
+
+
+# The normalisations of Add & Norm: name -> f(module, cfg, x), which declares its parameters in
+# ``module`` and applies its formula of txf.ops. No config field yet: LayerNorm looks up
+# "layer_norm"; a second entry comes with a ``model.norm`` field.
+NORMS = Table(None, {"layer_norm": layer_norm})
+
+
 class LayerNorm(nn.Module):
-  """LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm, the entry
-  "layer_norm" of txf.ops.norm.NORMS); gamma=1, beta=0 at init."""
+  """The Add & Norm normalisation ``NORMS["layer_norm"]``: LN(v) = gamma * (v - mu) /
+  sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm); gamma=1, beta=0 at init."""
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, x):
-    d = x.shape[-1]
-    return NORMS["layer_norm"](x, self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,)),
-                          self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), (d,)),
-                          self.config.layer_norm_eps)
+    return NORMS["layer_norm"](self, self.config, x)
 
 
 class FeedForward(nn.Module):

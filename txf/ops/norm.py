@@ -2,8 +2,6 @@
 
 import jax.numpy as jnp
 
-from txf.variants import Table
-
 
 def layer_norm(x: jnp.ndarray, gamma: jnp.ndarray, beta: jnp.ndarray, eps: float = 1e-6) -> jnp.ndarray:
   r"""LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta over the last axis.
@@ -23,8 +21,3 @@ def layer_norm(x: jnp.ndarray, gamma: jnp.ndarray, beta: jnp.ndarray, eps: float
   y = (xf - mu) * jnp.reciprocal(jnp.sqrt(var + eps))
   return (y * gamma + beta).astype(x.dtype)
 
-
-
-# The normalisations of Add & Norm, name -> f(x, gamma, beta, eps). No config field yet: the model
-# (txf.nn.LayerNorm) looks up "layer_norm"; a second entry comes with a ``model.norm`` field.
-NORMS = Table(None, {"layer_norm": layer_norm})
