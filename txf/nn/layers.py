@@ -269,10 +269,10 @@ class Decoder(nn.Module):
     if cfg.pre_ln:
       y = LayerNorm(cfg, name="final_norm")(y)
     y = y.astype(cfg.compute_dtype)  # the output projection runs in the compute dtype
-    logits = HEADS["tied" if cfg.tie_output else "untied"](self, cfg, y, project)
+    head = HEADS["tied" if cfg.tie_output else "untied"](self, cfg, y, project)
     if not project:
-      return logits  # (h, W)
-    logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+      return head  # (h, W)
+    logits = constrain(head.astype(jnp.float32), ("batch", "length", "vocab"))
     # the padding columns of a padded vocabulary (model.vocab_multiple) are cut off: never predicted
     if logits.shape[-1] > cfg.tgt_vocab_size:
       logits = logits[..., :cfg.tgt_vocab_size]
