@@ -11,6 +11,8 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from txf import compile_cache, runtime  # noqa: E402
+# The model's variant tables declare the allowed values that txf.config.validate checks.
+import txf.models  # noqa: E402,F401  pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One compilation cache for the whole session: every xdist worker, and every txf command a test

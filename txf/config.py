@@ -8,7 +8,7 @@ import difflib
 import importlib.util
 import math
 import os
-from typing import Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import ml_collections
 from txf import families
@@ -337,6 +337,30 @@ def resolve_vocab_multiple(cfg: ml_collections.ConfigDict, num_devices: int, bac
   return ACCELERATOR_VOCAB_MULTIPLE if backend in ("gpu", "tpu", "cuda", "rocm") else 1
 
 
+# The fields whose allowed values are the names of a variant table (txf.variants.Table): the
+# table, beside its formulas in ops/kernels/nn/models, declares its names here when its module is
+# imported (this module is below those and imports none of them). ``validate`` refuses to run before
+# they are declared: import txf.models (the model stack) first.
+VARIANT_FIELDS = ("model.positional", "model.positional_layout", "model.activation",
+                  "model.attention_impl", "model.remat", "model.pooling")
+_declared_choices: Dict[str, Tuple[str, ...]] = {}
+
+
+def declare_choices(key: str, names: Iterable[str]) -> None:
+  """Make ``names`` the allowed values of the config field ``key`` (a dotted path of
+  ``base_config()``, e.g. "model.activation"), replacing any earlier declaration; called by the
+  variant tables (txf.variants.Table) whenever their names change."""
+  if key not in _flatten(base_config()):
+    raise KeyError(f"declare_choices: {key!r} is not a field of base_config()")
+  _declared_choices[key] = tuple(names)
+
+
+def allowed_values(key: str) -> Optional[Tuple[str, ...]]:
+  """The allowed values of config field ``key`` that its variant table declared
+  (:func:`declare_choices`), or None when none were declared."""
+  return _declared_choices.get(key)
+
+
 def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
   """Check a config before anything compiles; raise ConfigError naming every bad field and its fix.
 
@@ -410,20 +434,18 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     ok = [k for k in range(1, dm + 1) if dm % k == 0 and abs(k - h) <= max(h, 4)]
     errors.append(f"model.d_model={dm} is not divisible by model.num_heads={h}: d_k = d_model / h must be "
                   f"an integer; use num_heads in {ok[:6]} or change d_model")
-  choices = {"model.positional": ("sinusoidal", "learned", "none"),
-             "model.pooling": ("mean", "max", "first"), "model.attention_impl": ("auto", "reference", "fused"),
-             "model.dtype": ("auto", "float32", "bfloat16"),
+  undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
+  if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
+    raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "
+                       f"declared by the model's variant tables: import txf.models before validating")
+  choices = {"model.dtype": ("auto", "float32", "bfloat16"),
              "model.residual_dtype": ("float32", "compute"),
-             "model.remat": ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",
-                             "nothing_saveable", "everything_saveable"),
              "parallelism": ("single", "pmap", "mesh"),
              "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
              "bleu_protocol": ("sacrebleu", "tok-lc"),
              "data.tokenizer": ("word", "sentencepiece", "char"),
              "optimizer.schedule": ("inverse_sqrt", "constant"),
-             "model.activation": ("relu", "gelu", "swish"),
-             "model.positional_layout": ("interleaved", "sin_cos"),
-             "length_penalty": ("gnmt", "power")}
+             "length_penalty": ("gnmt", "power"), **_declared_choices}
   pattern = given.get("data.file_pattern", "")
   if pattern:
     fmt = given.get("data.format", "parallel")

@@ -48,6 +48,7 @@ def main(argv):
     raise TxfError(f"unexpected arguments {argv[1:]}: flags look like --config.mesh_shape=(1,8,1)")
   f = flags.FLAGS
   from txf.config import ConfigError, validate
+  import txf.models  # noqa: F401  the model's variant tables declare the allowed values validate checks
   config = f.config
   validate(config)
   if f.devices < 0 or f.mfu <= 0 or f.mfu > 1 or f.device_peak_tflops < 0:

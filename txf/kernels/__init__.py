@@ -7,10 +7,11 @@ replaces (tests/test_kernels.py and the per-kernel tests). ``txf.nn`` calls the 
 below; they read :func:`select` at trace time.
 """
 
-from txf.kernels.attention import (attend, fused_attention, fused_kernel, multi_head_attention,
-                                   resolve_impl, scaled_dot_product_attention)
+from txf.kernels.attention import (ATTENTION, Attention, attend, fused_attention, fused_kernel,
+                                   multi_head_attention, resolve_impl, scaled_dot_product_attention)
 from txf.kernels.threefry import bernoulli, dropout
 from txf.kernels.head import head_cross_entropy
 from txf.kernels.products import dense, feed_forward, tied_logits
-from txf.kernels.select import Kernels, backend, default_bf16_dots, describe, select, use
+from txf.kernels.select import (ATTENTION_IMPLS, Kernels, backend, default_bf16_dots, describe,
+                               select, use)
 from txf.kernels.topk import blocked_top_k, top_k

@@ -2,14 +2,16 @@
 bf16 CPU restatement (txf.kernels.bf16), or a fused ``jax.nn.dot_product_attention`` (cuDNN flash
 attention on GPU, XLA's own elsewhere)."""
 
-from typing import Optional
+import dataclasses
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 
 from txf import ops
 from txf.kernels import bf16
-from txf.kernels.select import backend, select
+from txf.kernels.select import ATTENTION_IMPLS, backend, select
+from txf.variants import Table
 
 
 def resolve_impl(impl: str, backend_name: Optional[str] = None) -> str:
@@ -58,27 +60,68 @@ def fused_attention(q, k, v, mask, causal: bool = False):
   return out
 
 
-def attend(q, k, v, mask, impl: str, causal: bool = False):
-  """softmax(Q K^T / sqrt(d_k) + M) V on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None).
+@dataclasses.dataclass(frozen=True)
+class Attention:
+  """One attention formula and the kernels that compute it, on heads [B, H, L, d_k].
 
-  ``reference`` is txf.ops.scaled_dot_product_attention (its bf16 CPU restatement where
-  :func:`select` says ``layout`` dots; weights returned for inspection); ``fused`` is
-  :func:`fused_attention` (no weights); ``auto`` picks per backend (:func:`resolve_impl`). Both
-  agree to float32 rounding (tests/test_attention_impl.py).
+  Attributes:
+    formula: txf.ops's ``(q, k, v, mask) -> (out [B, H, L_q, d_v], weights [B, H, L_q, L_k])``.
+    bf16: its restatement with txf.kernels.dots products, run where :func:`select` says
+      ``layout`` dots (bf16 compute on CPU); None: the formula there too.
+    fused: ``(q, k, v, mask, causal) -> out`` on [B, L, H, d_k], a fused kernel computing the
+      formula (no weights); None: ``model.attention_impl="fused"`` runs the formula.
   """
-  impl = resolve_impl(impl)
-  if impl == "fused":
-    t = lambda x: x.transpose(0, 2, 1, 3)
-    return t(fused_attention(t(q), t(k), t(v), mask, causal)), None
-  return scaled_dot_product_attention(q, k, v, mask)
+  formula: Callable
+  bf16: Optional[Callable] = None
+  fused: Optional[Callable] = None
+
+
+# The attention formulas, name -> Attention. No config field yet: the model attends with
+# "scaled_dot_product" (the paper's); a second entry comes with a ``model.attention`` field.
+ATTENTION = Table(None, {
+    "scaled_dot_product": Attention(ops.scaled_dot_product_attention,
+                                    bf16=bf16.scaled_dot_product_attention, fused=fused_attention),
+})
+
+
+def reference_attention(attention: Attention, q, k, v, mask, causal: bool = False):
+  """``model.attention_impl="reference"``: the formula (its bf16 restatement where :func:`select`
+  says ``layout`` dots); returns (out, weights). ``causal`` is unused (the mask says it)."""
+  del causal
+  if attention.bf16 is not None and select(q.dtype).layout_dots:
+    return attention.bf16(q, k, v, mask)
+  return attention.formula(q, k, v, mask)
+
+
+def fused_impl(attention: Attention, q, k, v, mask, causal: bool = False):
+  """``model.attention_impl="fused"``: the formula's fused kernel on [B, L, H, d_k] (the formula
+  where it has none); returns (out, None)."""
+  if attention.fused is None:
+    return reference_attention(attention, q, k, v, mask)
+  t = lambda x: x.transpose(0, 2, 1, 3)
+  return t(attention.fused(t(q), t(k), t(v), mask, causal)), None
+
+
+ATTENTION_IMPLS.register("reference", reference_attention)
+ATTENTION_IMPLS.register("fused", fused_impl)
+
+
+def attend(q, k, v, mask, impl: str, causal: bool = False, formula: str = "scaled_dot_product"):
+  """Attention ``formula`` (a name of ``ATTENTION``; the default softmax(Q K^T / sqrt(d_k) + M) V)
+  on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None).
+
+  ``impl`` (a name of ``ATTENTION_IMPLS``): ``reference`` runs the formula of txf.ops (its bf16
+  CPU restatement where :func:`select` says ``layout`` dots; weights returned for inspection);
+  ``fused`` its fused kernel (:func:`fused_attention` for the default; no weights); ``auto`` picks
+  per backend (:func:`resolve_impl`). Both agree to float32 rounding (tests/test_attention_impl.py).
+  """
+  return ATTENTION_IMPLS[resolve_impl(impl)](ATTENTION[formula], q, k, v, mask, causal)
 
 
 def scaled_dot_product_attention(q, k, v, mask=None):
   """The reference attention formula for q's dtype: txf.ops's, or txf.kernels.bf16's where
   :func:`select` says ``layout`` dots. Shapes as ``txf.ops.scaled_dot_product_attention``."""
-  if select(q.dtype).layout_dots:
-    return bf16.scaled_dot_product_attention(q, k, v, mask)
-  return ops.scaled_dot_product_attention(q, k, v, mask)
+  return reference_attention(ATTENTION["scaled_dot_product"], q, k, v, mask)
 
 
 def multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask=None, **hooks):

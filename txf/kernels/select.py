@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import machine
+from txf.variants import Table
 
 # The kinds of bf16 matrix product on CPU (see txf.kernels.dots and BENCHMARKS.md):
 #   "layout": bf16 operands, float32 accumulation and result, transposed operands as row-major copies;
@@ -26,7 +27,10 @@ BF16_UNITS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 # From this jax version on, XLA:CPU runs a bf16 x bf16 -> bf16 dot as a bf16 kernel; before it,
 # the operands are converted and the dot runs in float32 (BENCHMARKS.md, "Kernel choices").
 XLA_BF16_DOT_VERSION = (0, 12)
-ATTENTION_IMPLS = ("reference", "fused")
+# The ways of running an attention formula, the allowed values of model.attention_impl ("auto":
+# the backend's choice, ``Kernels.attention_auto``): name -> run(attention, q, k, v, mask, causal).
+# Its entries ("reference", "fused") are registered beside their code, in txf.kernels.attention.
+ATTENTION_IMPLS = Table("model.attention_impl", also=("auto",))
 DROPOUT_MASKS = ("threefry-slab", "jax")
 TOP_KS = ("blocked", "lax")
 

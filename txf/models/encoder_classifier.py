@@ -4,12 +4,39 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf.nn import Embed, Encoder, TransformerConfig
+from txf.variants import Table
+
+
+def mean_pool(encoded: jnp.ndarray, valid: jnp.ndarray) -> jnp.ndarray:
+  """sum_t m_t h_t / max(sum_t m_t, 1) over real tokens (m_t = 1, padding 0).
+
+  encoded [B, S, d]; valid bool [B, S] -> [B, d]."""
+  w = valid.astype(encoded.dtype)[..., None]
+  return (encoded * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
+
+
+def max_pool(encoded: jnp.ndarray, valid: jnp.ndarray) -> jnp.ndarray:
+  """max_t h_t per feature over real tokens (max-over-time, as CNN sentence classifiers); an
+  all-padding row pools to 0. encoded [B, S, d]; valid bool [B, S] -> [B, d]."""
+  lowest = jnp.finfo(encoded.dtype).min
+  pooled = jnp.where(valid[..., None], encoded, lowest).max(1)
+  return jnp.where(valid.any(1, keepdims=True), pooled, 0.0)
+
+
+def first_pool(encoded: jnp.ndarray, valid: jnp.ndarray) -> jnp.ndarray:
+  """h_0, the first position's vector. encoded [B, S, d] -> [B, d]."""
+  del valid
+  return encoded[:, 0]
+
+
+# The poolings of the encoder's output, the allowed values of model.pooling.
+POOLINGS = Table("model.pooling", {"mean": mean_pool, "max": max_pool, "first": first_pool})
 
 
 class EncoderClassifier(nn.Module):
   """logits = W_c pool(Encoder(x)) + b_c.
 
-  pool (``model.pooling``): ``mean`` = sum_t m_t h_t / sum_t m_t over real tokens (m_t = 1, padding 0);
+  pool (``model.pooling``, a name of ``POOLINGS``): ``mean`` = sum_t m_t h_t / sum_t m_t over real tokens (m_t = 1, padding 0);
   ``max`` = max_t h_t per feature over real tokens (max-over-time, as CNN sentence classifiers);
   ``first`` = h_0.
   """
@@ -21,15 +48,7 @@ class EncoderClassifier(nn.Module):
     cfg = self.config
     embed = Embed(cfg, cfg.vocab_size, name="embed")
     encoded, valid = Encoder(cfg, embed, name="encoder")(inputs, inputs_segmentation, inputs_position)
-    if cfg.pooling == "first":
-      pooled = encoded[:, 0]
-    elif cfg.pooling == "max":
-      lowest = jnp.finfo(encoded.dtype).min
-      pooled = jnp.where(valid[..., None], encoded, lowest).max(1)
-      pooled = jnp.where(valid.any(1, keepdims=True), pooled, 0.0)  # an all-padding row pools to 0
-    else:
-      w = valid.astype(encoded.dtype)[..., None]
-      pooled = (encoded * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
+    pooled = POOLINGS[cfg.pooling](encoded, valid)
     pooled = nn.Dropout(cfg.dropout_rate)(pooled, deterministic=cfg.deterministic)
     classifier = nn.Dense(
         cfg.num_classes, name="classifier",

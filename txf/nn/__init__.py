@@ -4,5 +4,5 @@ layout (its entries, the per-source ones, the step writes and the beam layout)."
 from txf.nn import kv_cache
 from txf.nn.attention import MultiHeadAttention
 from txf.nn.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TransformerConfig
-from txf.nn.layers import (AddPositions, Decoder, DecoderLayer, Embed, Encoder, EncoderLayer,
-                           FeedForward, LayerNorm, residual)
+from txf.nn.layers import (HEADS, NORMS, POSITIONAL, AddPositions, Decoder, DecoderLayer, Embed,
+                           Encoder, EncoderLayer, FeedForward, LayerNorm, residual)

@@ -101,7 +101,8 @@ class MultiHeadAttention(nn.Module):
         return per_source_attention(lambda *a: attend(*a, cfg.attention_impl), q, k, v, mask), None
       q, k, v = (constrain(t, HEADS_AXES) for t in (q, k, v))
       if cfg.attention_dropout_rate and not cfg.deterministic:
-        # dropout on the attention weights needs the weights: reference path
+        # dropout on the attention weights needs the weights: the formula's reference path
+        # (txf.kernels.ATTENTION's entry), then Dropout(weights) V
         _, weights = attend(q, k, v, mask, "reference")
         dropped = Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
         return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights

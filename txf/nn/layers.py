@@ -11,6 +11,7 @@ from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
 from txf.nn.stack import apply_layers
+from txf.variants import Table
 
 
 class Embed(nn.Module):
@@ -42,8 +43,42 @@ class Embed(nn.Module):
     return kernels.tied_logits(h, self.table.astype(h.dtype))
 
 
+def sinusoidal_positions(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray,
+                         positions: jnp.ndarray) -> jnp.ndarray:
+  """x + PE(positions): the paper's fixed encoding (txf.ops.positional_encoding_at, in the column
+  layout ``model.positional_layout``, positions shifted by ``model.position_offset``).
+
+  x [B, L, d_model]; positions int [B|1, L] -> [B, L, d_model]."""
+  del module
+  return x + ops.positional_encoding_at(positions, cfg.d_model, layout=cfg.positional_layout,
+                                        offset=cfg.position_offset).astype(x.dtype)
+
+
+def learned_positions(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray,
+                      positions: jnp.ndarray) -> jnp.ndarray:
+  """x + P[positions] for a learned table P [max_len, d_model] (``pos_embedding`` of ``module``,
+  N(0, 0.02^2) at init). x [B, L, d_model]; positions int [B|1, L] -> [B, L, d_model]."""
+  table = module.param("pos_embedding", nn.with_logical_partitioning(
+      nn.initializers.normal(0.02), ("length", "embed")), (cfg.max_len, cfg.d_model))
+  return x + jnp.take(table, positions, axis=0).astype(x.dtype)
+
+
+def no_positions(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray,
+                 positions: jnp.ndarray) -> jnp.ndarray:
+  """x unchanged: no position information (a bag of tokens)."""
+  del module, cfg, positions
+  return x
+
+
+# The position encodings, the allowed values of model.positional: name -> f(module, cfg, x,
+# positions) -> x with positions added, called inside AddPositions (whose parameters f declares).
+POSITIONAL = Table("model.positional", {"sinusoidal": sinusoidal_positions,
+                                        "learned": learned_positions, "none": no_positions})
+
+
 class AddPositions(nn.Module):
-  """x + PE followed by dropout: sinusoidal (the paper), learned, or none.
+  """x + PE followed by dropout; PE is ``POSITIONAL[model.positional]``: sinusoidal (the paper),
+  learned, or none.
 
   With ``decode=True`` and ``causal_cache=True`` (the decoder's) the position is read from, and
   advanced in, a cache counter.
@@ -64,26 +99,34 @@ class AddPositions(nn.Module):
         counter.value = counter.value + length
     if positions is None:
       positions = jnp.arange(length)[None, :]
-    if cfg.positional == "sinusoidal":
-      x = x + ops.positional_encoding_at(positions, cfg.d_model, layout=cfg.positional_layout,
-                                         offset=cfg.position_offset).astype(x.dtype)
-    elif cfg.positional == "learned":
-      table = self.param("pos_embedding", nn.with_logical_partitioning(
-          nn.initializers.normal(0.02), ("length", "embed")), (cfg.max_len, cfg.d_model))
-      x = x + jnp.take(table, positions, axis=0).astype(x.dtype)
+    x = POSITIONAL[cfg.positional](self, cfg, x, positions)
     return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
+def layer_norm(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray) -> jnp.ndarray:
+  """LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm) with the
+  parameters ``scale`` (gamma, 1 at init) and ``bias`` (beta, 0 at init) [d] of ``module`` and
+  eps = ``model.layer_norm_eps``. x [..., d] -> [..., d]."""
+  d = x.shape[-1]
+  return ops.layer_norm(x, module.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,)),
+                        module.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), (d,)),
+                        cfg.layer_norm_eps)
+
+
+# The normalisations of Add & Norm: name -> f(module, cfg, x), which declares its parameters in
+# ``module`` and applies its formula of txf.ops. No config field yet: LayerNorm looks up
+# "layer_norm"; a second entry comes with a ``model.norm`` field.
+NORMS = Table(None, {"layer_norm": layer_norm})
+
+
 class LayerNorm(nn.Module):
-  """LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm); gamma=1, beta=0 at init."""
+  """The Add & Norm normalisation ``NORMS["layer_norm"]``: LN(v) = gamma * (v - mu) /
+  sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm); gamma=1, beta=0 at init."""
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, x):
-    d = x.shape[-1]
-    return ops.layer_norm(x, self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,)),
-                          self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), (d,)),
-                          self.config.layer_norm_eps)
+    return NORMS["layer_norm"](self, self.config, x)
 
 
 class FeedForward(nn.Module):
@@ -166,8 +209,35 @@ class Encoder(nn.Module):
     return x, valid
 
 
+def tied_head(module: nn.Module, cfg: TransformerConfig, y: jnp.ndarray, project: bool):
+  """logits = h E^T with the target embedding table E [V_pad, d_model] (``module.embed``, the
+  paper's sharing; txf.kernels.tied_logits). y [B, T, d_model] -> logits [B, T, V_pad], or with
+  ``project=False`` (y, E)."""
+  del cfg
+  if not project:
+    return y, module.embed.table.astype(y.dtype)
+  return module.embed.attend(y)
+
+
+def untied_head(module: nn.Module, cfg: TransformerConfig, y: jnp.ndarray, project: bool):
+  """logits = h W with the output layer's own kernel W [d_model, V_pad] (``logits_kernel`` of
+  ``module``, Xavier-uniform at init; txf.kernels.dense). y [B, T, d_model] -> logits
+  [B, T, V_pad], or with ``project=False`` (y, W^T)."""
+  w = module.param("logits_kernel", nn.with_logical_partitioning(xavier, ("embed", "vocab")),
+                   (cfg.d_model, cfg.padded_tgt_vocab_size))
+  if not project:
+    return y, w.astype(y.dtype).T
+  return kernels.dense(y, w.astype(y.dtype))
+
+
+# The output heads (the pre-softmax linear layer), name -> f(decoder, cfg, h, project); the
+# config's ``model.tie_output`` (a bool) picks "tied" (True) or "untied" (False).
+HEADS = Table(None, {"tied": tied_head, "untied": untied_head})
+
+
 class Decoder(nn.Module):
-  """Embedding (+PE, dropout), N decoder layers, final linear (tied: h E^T, or its own kernel)."""
+  """Embedding (+PE, dropout), N decoder layers, final linear (``HEADS``: tied h E^T, or its own
+  kernel)."""
   config: TransformerConfig
   embed: nn.Module
   cross: bool = True
@@ -199,17 +269,10 @@ class Decoder(nn.Module):
     if cfg.pre_ln:
       y = LayerNorm(cfg, name="final_norm")(y)
     y = y.astype(cfg.compute_dtype)  # the output projection runs in the compute dtype
-    if cfg.tie_output:
-      if not project:
-        return y, self.embed.table.astype(y.dtype)
-      logits = self.embed.attend(y)
-    else:
-      w = self.param("logits_kernel", nn.with_logical_partitioning(xavier, ("embed", "vocab")),
-                     (cfg.d_model, cfg.padded_tgt_vocab_size))
-      if not project:
-        return y, w.astype(y.dtype).T
-      logits = kernels.dense(y, w.astype(y.dtype))
-    logits = constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+    head = HEADS["tied" if cfg.tie_output else "untied"](self, cfg, y, project)
+    if not project:
+      return head  # (h, W)
+    logits = constrain(head.astype(jnp.float32), ("batch", "length", "vocab"))
     # the padding columns of a padded vocabulary (model.vocab_multiple) are cut off: never predicted
     if logits.shape[-1] > cfg.tgt_vocab_size:
       logits = logits[..., :cfg.tgt_vocab_size]

@@ -21,24 +21,25 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf.variants import Table
+
 # The parameter name of a scanned stack, and its logical axis.
 LAYERS = "layers"
-# Names ``model.remat`` accepts besides "none" and "full": policies of jax.checkpoint_policies.
-REMAT_POLICIES = ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable",
-                  "everything_saveable")
-REMAT_CHOICES = ("none", "full") + REMAT_POLICIES
+# The allowed values of ``model.remat``: "none" (no recomputation), then name -> the
+# ``jax.checkpoint`` policy: "full" None (save nothing but the layer's inputs), the others the
+# jax.checkpoint_policies of that name.
+REMAT = Table("model.remat", {"full": None, **{
+    name: getattr(jax.checkpoint_policies, name)
+    for name in ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable",
+                 "everything_saveable")}}, also=("none",))
 _LAYER_KEY = re.compile(r"^layer_(\d+)$")
 
 
 def remat_policy(name: str) -> Optional[Any]:
   """The ``jax.checkpoint`` policy a ``model.remat`` name means: None for "full" (save nothing but
-  the layer's inputs), ``jax.checkpoint_policies.<name>`` otherwise. Raises ValueError for "none"
-  or an unknown name."""
-  if name == "full":
-    return None
-  if name in REMAT_POLICIES:
-    return getattr(jax.checkpoint_policies, name)
-  raise ValueError(f"model.remat={name!r} is not one of {REMAT_CHOICES[1:]}")
+  the layer's inputs), ``jax.checkpoint_policies.<name>`` otherwise (the entries of ``REMAT``).
+  Raises ValueError for "none" or an unknown name."""
+  return REMAT[name]
 
 
 def apply_layers(layer_cls, cfg, num_layers: int, x: jnp.ndarray, args: Sequence[Any],

@@ -3,11 +3,18 @@
 import jax
 import jax.numpy as jnp
 
+from txf.variants import Table
 
-# The FFN activations f of FFN(x) = f(x W1 + b1) W2 + b2: relu (the paper), gelu (exact, erf),
-# swish = silu (z * sigmoid(z), Marian/OPUS-MT).
-ACTIVATIONS = {"relu": jax.nn.relu, "gelu": lambda z: jax.nn.gelu(z, approximate=False),
-               "swish": jax.nn.silu}
+# The FFN activations f of FFN(x) = f(x W1 + b1) W2 + b2, the allowed values of model.activation:
+# relu (the paper), gelu (exact, erf), swish = silu (z * sigmoid(z), Marian/OPUS-MT). The bf16 CPU
+# kernel (txf.kernels.bf16.feed_forward) applies the same f. jax.nn.relu = max(0, .) with the
+# gradient select(z > 0, g, 0); jnp.maximum's gradient splits ties with compares and a divide, which
+# made the FFN's backward ~25% slower on CPU (BENCHMARKS.md).
+ACTIVATIONS = Table("model.activation", {
+    "relu": jax.nn.relu,
+    "gelu": lambda z: jax.nn.gelu(z, approximate=False),
+    "swish": jax.nn.silu,
+})
 
 
 def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
@@ -24,8 +31,4 @@ def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarr
   Returns:
     [..., d_model].
   """
-  if activation != "relu":
-    return ACTIVATIONS[activation](x @ w1 + b1) @ w2 + b2
-  # jax.nn.relu = max(0, .) with the gradient select(z > 0, g, 0); jnp.maximum's gradient splits
-  # ties with compares and a divide, which made the FFN's backward ~25% slower on CPU (BENCHMARKS.md).
-  return jax.nn.relu(x @ w1 + b1) @ w2 + b2
+  return ACTIVATIONS[activation](x @ w1 + b1) @ w2 + b2

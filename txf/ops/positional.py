@@ -3,6 +3,8 @@
 import jax.numpy as jnp
 import numpy as np
 
+from txf.variants import Table
+
 
 def sinusoidal_positional_encoding(length: int, d_model: int, max_timescale: float = 10000.0) -> jnp.ndarray:
   r"""The paper's fixed positional encoding, interleaved.
@@ -30,7 +32,24 @@ def sinusoidal_positional_encoding(length: int, d_model: int, max_timescale: flo
   return jnp.asarray(pe, dtype=jnp.float32)
 
 
-LAYOUTS = ("interleaved", "sin_cos")
+def interleaved_layout(sin: jnp.ndarray, cos: jnp.ndarray, d_model: int) -> jnp.ndarray:
+  """The paper's layout: columns 2i, 2i+1 hold sin, cos of frequency i.
+
+  sin, cos [..., ceil(d/2)] -> [..., d_model]."""
+  pe = jnp.stack([sin, cos], axis=-1).reshape(*sin.shape[:-1], -1)  # interleave sin, cos
+  return pe[..., :d_model]
+
+
+def sin_cos_layout(sin: jnp.ndarray, cos: jnp.ndarray, d_model: int) -> jnp.ndarray:
+  """Marian's and fairseq's layout: the ceil(d/2) sines first, then the floor(d/2) cosines.
+
+  sin, cos [..., ceil(d/2)] -> [..., d_model]."""
+  return jnp.concatenate([sin, cos[..., :d_model // 2]], axis=-1)
+
+
+# The column layouts of the sinusoidal encoding, the allowed values of model.positional_layout.
+LAYOUTS = Table("model.positional_layout", {"interleaved": interleaved_layout,
+                                            "sin_cos": sin_cos_layout})
 
 
 def positional_encoding_at(positions: jnp.ndarray, d_model: int, max_timescale: float = 10000.0,
@@ -45,19 +64,14 @@ def positional_encoding_at(positions: jnp.ndarray, d_model: int, max_timescale: 
   Args:
     positions: int array [..., L] of positions.
     d_model: model width d.
-    layout: "interleaved" or "sin_cos"; offset: added to every position.
+    layout: a name of ``LAYOUTS``: "interleaved" or "sin_cos"; offset: added to every position.
   Returns:
     float32 array [..., L, d_model].
   """
-  if layout not in LAYOUTS:
-    raise ValueError(f"positional layout must be one of {LAYOUTS}, got {layout!r}")
+  arrange = LAYOUTS[layout]
   two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
   inv_freq = jnp.power(max_timescale, -two_i / d_model)  # [ceil(d/2)]
   if offset:
     positions = positions + offset
   angles = positions.astype(jnp.float32)[..., None] * inv_freq
-  sin, cos = jnp.sin(angles), jnp.cos(angles)
-  if layout == "sin_cos":
-    return jnp.concatenate([sin, cos[..., :d_model // 2]], axis=-1)
-  pe = jnp.stack([sin, cos], axis=-1).reshape(*angles.shape[:-1], -1)  # interleave sin, cos
-  return pe[..., :d_model]
+  return arrange(jnp.sin(angles), jnp.cos(angles), d_model)
