@@ -25,7 +25,7 @@ from txf.ops.positional import LAYOUTS
 from txf.variants import Table, UnknownVariant
 
 # Every table with a config field.
-CONFIG_TABLES = (ACTIVATIONS, LAYOUTS, POSITIONAL, ATTENTION_IMPLS, REMAT, POOLINGS)
+CONFIG_TABLES = (ACTIVATIONS, LAYOUTS, POSITIONAL, ATTENTION, NORMS, ATTENTION_IMPLS, REMAT, POOLINGS)
 
 
 def toy_activation(z):
@@ -100,6 +100,40 @@ def test_a_toy_attention_formula_runs_through_attend():
     attend(*args, "reference", formula="toy")
 
 
+def test_a_registered_attention_formula_is_what_the_model_attends_with():
+  """``model.attention`` names the formula every attention sublayer runs: each call of the toy
+  formula inside the built model gets the model's q, k, v and mask, and its output is the numpy
+  float64 value of the formula on them."""
+  seen = []
+
+  def toy(q, k, v, mask):
+    logits = jnp.einsum("...qd,...kd->...qk", q, k) / q.shape[-1]
+    w = jax.nn.softmax(jnp.where(mask, logits, -1e30), axis=-1)
+    out = w @ v
+    seen.append((q, k, v, mask, out))
+    return out, w
+
+  cfg = _small_config(attention="toy")
+  with pytest.raises(config_lib.ConfigError, match=r"model.attention='toy' is not one of"):
+    config_lib.validate(cfg)
+  with ATTENTION.registered("toy", Attention(toy)):
+    config_lib.validate(cfg)
+    model_cfg = model_config_from(cfg, _Task(), vocab_multiple=1)
+    rng = np.random.default_rng(2)
+    batch = {"inputs": jnp.asarray(rng.integers(3, 20, (2, 7)), jnp.int32),
+             "targets": jnp.asarray(rng.integers(3, 20, (2, 5)), jnp.int32)}
+    params = init_params(model_cfg, jax.random.PRNGKey(0), batch)
+    seen.clear()   # the init's trace
+    build_model(model_cfg, deterministic=True).apply({"params": params}, **batch)
+  assert len(seen) == 3  # encoder self, decoder causal self, cross
+  for q, k, v, mask, out in seen:
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) / q.shape[-1] + np.where(np.asarray(mask), 0, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(out), (w / w.sum(-1, keepdims=True)) @ v, rtol=1e-5,
+                               atol=1e-6)
+
+
 def test_every_table_names_its_configs_allowed_values():
   assert {t.key for t in CONFIG_TABLES} == set(config_lib.VARIANT_FIELDS)
   defaults = config_lib.base_config()
@@ -110,7 +144,7 @@ def test_every_table_names_its_configs_allowed_values():
   assert ACTIVATIONS.names() == ("relu", "gelu", "swish")
   assert POSITIONAL.names() == ("sinusoidal", "learned", "none")
   assert ATTENTION_IMPLS.names() == ("auto", "reference", "fused")
-  # the tables without a config field hold the names the model looks up
+  # the head has no config field of its own (model.tie_output picks it)
   assert tuple(NORMS) == ("layer_norm",) and tuple(HEADS) == ("tied", "untied")
   assert tuple(ATTENTION) == ("scaled_dot_product",)
   assert ATTENTION["scaled_dot_product"].fused is kernels.fused_attention

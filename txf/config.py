@@ -77,6 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.max_len = 256                # longest sequence the model accepts (learned PE size, decode cache)
   m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | max over real tokens (per feature) | first token
+  m.attention = "scaled_dot_product"  # the attention formula, a name of txf.kernels.attention.ATTENTION: scaled_dot_product (the paper's)
+  m.norm = "layer_norm"          # Add & Norm's normalisation, a name of txf.nn.layers.NORMS: layer_norm (the paper's)
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
   m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
   m.residual_dtype = "float32"   # the residual stream x + Sublayer(x) and LayerNorm's input/output: float32 | compute (the compute dtype)
@@ -342,7 +344,8 @@ def resolve_vocab_multiple(cfg: ml_collections.ConfigDict, num_devices: int, bac
 # imported (this module is below those and imports none of them). ``validate`` refuses to run before
 # they are declared: import txf.models (the model stack) first.
 VARIANT_FIELDS = ("model.positional", "model.positional_layout", "model.activation",
-                  "model.attention_impl", "model.remat", "model.pooling")
+                  "model.attention", "model.norm", "model.attention_impl", "model.remat",
+                  "model.pooling")
 _declared_choices: Dict[str, Tuple[str, ...]] = {}
 
 

@@ -76,9 +76,9 @@ class Attention:
   fused: Optional[Callable] = None
 
 
-# The attention formulas, name -> Attention. No config field yet: the model attends with
-# "scaled_dot_product" (the paper's); a second entry comes with a ``model.attention`` field.
-ATTENTION = Table(None, {
+# The attention formulas (``model.attention``), name -> Attention: the formula of txf.ops and, where
+# one exists, its bf16 restatement and fused kernel.
+ATTENTION = Table("model.attention", {
     "scaled_dot_product": Attention(ops.scaled_dot_product_attention,
                                     bf16=bf16.scaled_dot_product_attention, fused=fused_attention),
 })

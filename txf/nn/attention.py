@@ -98,15 +98,17 @@ class MultiHeadAttention(nn.Module):
 
     def attention_fn(q, k, v, mask):
       if k.shape[0] != q.shape[0]:  # beam search: a source's keys serve the queries of its beams
-        return per_source_attention(lambda *a: attend(*a, cfg.attention_impl), q, k, v, mask), None
+        return per_source_attention(lambda *a: attend(*a, cfg.attention_impl, formula=cfg.attention),
+                                    q, k, v, mask), None
       q, k, v = (constrain(t, HEADS_AXES) for t in (q, k, v))
       if cfg.attention_dropout_rate and not cfg.deterministic:
         # dropout on the attention weights needs the weights: the formula's reference path
         # (txf.kernels.ATTENTION's entry), then Dropout(weights) V
-        _, weights = attend(q, k, v, mask, "reference")
+        _, weights = attend(q, k, v, mask, "reference", formula=cfg.attention)
         dropped = Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
         return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
-      return attend(q, k, v, mask, cfg.attention_impl, causal=self.kind == "causal")
+      return attend(q, k, v, mask, cfg.attention_impl, causal=self.kind == "causal",
+                    formula=cfg.attention)
 
     out, weights = multi_head_attention(
         x, x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,

@@ -113,20 +113,19 @@ def layer_norm(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray) -> jnp
                         cfg.layer_norm_eps)
 
 
-# The normalisations of Add & Norm: name -> f(module, cfg, x), which declares its parameters in
-# ``module`` and applies its formula of txf.ops. No config field yet: LayerNorm looks up
-# "layer_norm"; a second entry comes with a ``model.norm`` field.
-NORMS = Table(None, {"layer_norm": layer_norm})
+# The normalisations of Add & Norm (``model.norm``): name -> f(module, cfg, x), which declares its
+# parameters in ``module`` and applies its formula of txf.ops.
+NORMS = Table("model.norm", {"layer_norm": layer_norm})
 
 
 class LayerNorm(nn.Module):
-  """The Add & Norm normalisation ``NORMS["layer_norm"]``: LN(v) = gamma * (v - mu) /
-  sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm); gamma=1, beta=0 at init."""
+  """The Add & Norm normalisation ``NORMS[model.norm]``; the paper's ``layer_norm``: LN(v) =
+  gamma * (v - mu) / sqrt(sigma^2 + eps) + beta (txf.ops.layer_norm); gamma=1, beta=0 at init."""
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, x):
-    return NORMS["layer_norm"](self, self.config, x)
+    return NORMS[self.config.norm](self, self.config, x)
 
 
 class FeedForward(nn.Module):
