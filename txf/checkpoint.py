@@ -33,7 +33,6 @@ the last n checkpoints to ``<workdir>/params_avg<n>.msgpack``, averaging one arr
 (``Checkpointer.average_params``): no whole checkpoint is ever read onto the host.
 """
 
-import json
 import os
 import time
 import warnings
@@ -42,9 +41,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 
-from txf import storage
+from txf import agree, storage
 from txf import workdir as workdir_lib
 from txf.errors import TxfError
 from txf.models import model_config_for, unpad_vocab
@@ -79,18 +77,6 @@ def _abstract(leaf):
   if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
     return np.empty(leaf.shape, leaf.dtype)
   return leaf
-
-
-def _gather_json(obj: Any) -> List[Any]:
-  """``[obj of process 0, obj of process 1, ...]`` (every process calls this)."""
-  if jax.process_count() == 1:
-    return [obj]
-  data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-  sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
-  buf = np.zeros(int(sizes.max()), np.uint8)
-  buf[:data.size] = data
-  every = np.asarray(multihost_utils.process_allgather(buf))
-  return [json.loads(bytes(every[i, :int(n)]).decode()) for i, n in enumerate(sizes)]
 
 
 class Checkpointer:
@@ -172,7 +158,7 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return False
     meta = {"format": FORMAT_VERSION, "step": int(step), "seed": self.seed,
-            "process_count": jax.process_count(), "data_iterator": _gather_json(data_state),
+            "process_count": jax.process_count(), "data_iterator": agree.gather_json(data_state),
             "eval": {k: float(v) for k, v in (eval_metrics or {}).items()},
             "loop": loop_state or {}}
     metrics = {} if self.best_metric else None  # {}: not evaluated here, never the best
@@ -332,8 +318,7 @@ class Checkpointer:
         os.replace(self.step_dir(step), aside)
       else:  # a bucket renames by copying the objects
         storage.wpath(self.step_dir(step)).rename(aside)
-    if jax.process_count() > 1:
-      multihost_utils.sync_global_devices(f"txf_checkpoint_move_aside_{step}")
+    agree.barrier(f"txf_checkpoint_move_aside_{step}")
     self._manager.reload()
     return aside
 

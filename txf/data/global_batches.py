@@ -29,13 +29,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import grain
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
+from txf import agree
 from txf.data.base import Batch, CheckpointableIterator, DataError, RowLayout
 from txf.data.pipeline import LABEL, BatchSpec, LengthLimiter, bucket_lengths, rows_for_length
 from txf.errors import TxfError
-
-_MESSAGE_BYTES = 2048
 
 
 def layout_spec(spec: BatchSpec, layout: RowLayout) -> BatchSpec:
@@ -55,35 +53,31 @@ def example_lengths(count: int, lengths_of: Callable[[Sequence[int]], np.ndarray
                     features: int, what: str) -> np.ndarray:
   """The length index int32 [count, features] of a split: each process measures the records
   i = p, p + P, ... (``lengths_of(indices) -> [len(indices), features]``), then one all-gather
-  gives every process all of them. A ``TxfError`` (a bad record) on any process is raised on
-  every process with that process's message, so none waits for the others."""
+  gives every process all of them (``agree.gather_arrays``). A ``TxfError`` (a bad record) on any
+  process is raised on every process with that process's message (the first failed process's,
+  whole: ``agree.gather_json``), so none waits for the others."""
   p, n = jax.process_index(), jax.process_count()
   mine = np.arange(p, count, n)
-  status, message = 0, b""
+  failure = ""
   try:
     local = np.asarray(lengths_of(mine), np.int32).reshape(len(mine), features)
   except TxfError as e:
-    local, status = np.zeros((len(mine), features), np.int32), 1
-    message = f"{e} (process {p}, {what})".encode()[:_MESSAGE_BYTES]
+    local, failure = np.zeros((len(mine), features), np.int32), f"{e} (process {p}, {what})"
   if n == 1:
-    if status:
-      raise DataError(message.decode(errors="replace"))
+    if failure:
+      raise DataError(failure)
     return local
+  failures = [f for f in agree.gather_json(failure) if f]
+  if failures:
+    raise DataError(failures[0])
   per = -(-count // n)
   padded = np.zeros((per, features), np.int32)
   padded[:len(local)] = local
-  text = np.zeros(_MESSAGE_BYTES, np.uint8)
-  text[:len(message)] = np.frombuffer(message, np.uint8)
-  out = multihost_utils.process_allgather({"lengths": padded, "status": np.int32(status),
-                                           "message": text})
-  failed = np.nonzero(np.asarray(out["status"]))[0]
-  if len(failed):
-    raise DataError(bytes(np.asarray(out["message"][failed[0]], np.uint8)).rstrip(b"\0")
-                    .decode(errors="replace"))
+  every = agree.gather_arrays(padded)
   full = np.zeros((count, features), np.int32)
   for q in range(n):
     rows = np.arange(q, count, n)
-    full[rows] = np.asarray(out["lengths"][q])[:len(rows)]
+    full[rows] = every[q][:len(rows)]
   return full
 
 

@@ -43,15 +43,12 @@ import traceback
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 
-from txf import storage
+from txf import agree, storage
 from txf import workdir as workdir_lib
 from txf.config import ConfigError
 from txf.errors import EXIT_RESUMABLE, TxfError
 
-_MESSAGE_BYTES = 4096
 HEARTBEAT_TIMEOUT = 30               # default TXF_HEARTBEAT_TIMEOUT, seconds
 ACK_TIMEOUT = 10.0                   # seconds a failing process waits for the others to see it
 _FAILURE_KEY = "txf/failure"
@@ -335,38 +332,28 @@ def main_first(fn: Callable[[], int], name: str) -> int:
   """Run ``fn() -> int`` on process 0 alone, then meet every process at a barrier; returns
   process 0's result on every process.
 
-  The barrier is a broadcast of process 0's outcome (``multihost_utils.broadcast_one_to_all``),
-  so nobody reads what ``fn`` writes before it is done, and a failure there stops everyone at
-  once instead of leaving the others waiting: a ``TxfError`` raised by ``fn`` is raised on process
-  0 as it is and on the others as a ``TxfError`` with the same message (one ``txf: error:`` line
-  and exit 2 everywhere); any other exception is re-raised on process 0 and the others raise a
-  RuntimeError naming ``name``. With one process, simply ``fn()``.
+  The barrier is a broadcast of process 0's outcome (``agree.broadcast_json``), so nobody reads
+  what ``fn`` writes before it is done, and a failure there stops everyone at once instead of
+  leaving the others waiting: a ``TxfError`` raised by ``fn`` is raised on process 0 as it is and
+  on the others as a ``TxfError`` with the same message, whole (one ``txf: error:`` line and exit 2
+  everywhere); any other exception is re-raised on process 0 and the others raise a RuntimeError
+  naming ``name``. With one process, simply ``fn()``.
   """
   if jax.process_count() == 1:
     return fn()
-  status, message, error = 0, b"", None
+  outcome, error = {"status": 0, "result": 0, "message": ""}, None
   if jax.process_index() == 0:
     try:
-      result = int(fn())
+      outcome["result"] = int(fn())
     except TxfError as e:
-      status, message, error = 1, str(e).encode()[:_MESSAGE_BYTES], e
+      outcome, error = {"status": 1, "result": 0, "message": str(e)}, e
     except BaseException as e:  # a bug on process 0: the others must not wait for it
-      status, error = 2, e
-    else:
-      status = 0
-  else:
-    result = 0
-  buffer = np.zeros(_MESSAGE_BYTES, np.int32)
-  buffer[:len(message)] = np.frombuffer(message, np.uint8)
-  out = multihost_utils.broadcast_one_to_all(
-      {"status": np.int32(status), "result": np.int32(result if status == 0 else 0),
-       "message": buffer})
-  status = int(out["status"])
+      outcome, error = {"status": 2, "result": 0, "message": ""}, e
+  outcome = agree.broadcast_json(outcome)
   if error is not None:
     raise error
-  if status == 1:
-    text = bytes(np.asarray(out["message"], np.uint8)).rstrip(b"\0").decode(errors="replace")
-    raise TxfError(text)
-  if status == 2:
+  if outcome["status"] == 1:
+    raise TxfError(outcome["message"])
+  if outcome["status"] == 2:
     raise RuntimeError(f"process 0 failed during {name}: see its traceback")
-  return int(out["result"])
+  return int(outcome["result"])

@@ -8,10 +8,10 @@ all (compilation and in-loop evaluations included), counted across restarts: eac
 records the training seconds behind it, so a resumed run gets what is left of its budget.
 
 Agreement: with several processes, a stop is decided by all of them at once, so every process
-leaves the loop after the same step. A signal is voted on every step (``StopVote``: one tiny
-all-reduce of one int per process, read one step later so the host never waits on the devices for
-it): a signal to any one process stops all of them within two steps of it, whatever
-``log_every`` is. The time limit is compared at log steps (``any_process``).
+leaves the loop after the same step (txf/agree.py). A signal is voted on every step
+(``agree.LaggedMax``: one tiny all-reduce of one int per process, read one step later so the host
+never waits on the devices for it): a signal to any one process stops all of them within two
+steps of it, whatever ``log_every`` is. The time limit is compared at log steps (``any_process``).
 
 Signals keep being handled until ``train`` returns: a SIGTERM while the final parameters and plots
 are written lets them finish. What the handler has to say goes to ``notify`` (the reporter's
@@ -35,9 +35,8 @@ from typing import Callable, Optional, Tuple
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from txf import agree
 from txf.errors import TxfError
 
 
@@ -51,42 +50,13 @@ class DivergenceError(TxfError, RuntimeError):
 
 def any_process(flag: Callable[[], bool], done: int, log_every: int) -> bool:
   """``flag()`` of this process alone, or with several processes, whether any process's flag is
-  set; they compare only at log steps (one allgather per ``log_every`` steps), so all agree."""
+  set; they compare only at log steps (one ``agree.any_true`` per ``log_every`` steps), so all
+  agree."""
   if jax.process_count() == 1:
     return flag()
   if done % log_every:
     return False
-  return bool(np.max(multihost_utils.process_allgather(np.int32(flag()))))
-
-
-class StopVote:
-  """Whether any process has raised its stop flag, voted every step and agreed by all processes.
-
-  ``vote(flag)`` starts this step's all-reduce (max over processes of ``flag``) without waiting for
-  it and returns the outcome of the previous step's vote, which the devices have long finished: a
-  flag raised before step n's vote stops every process after step n + 1, the same step everywhere
-  (every process votes once per step, in the same order as its other collectives). With one
-  process it returns ``flag`` itself.
-  """
-
-  def __init__(self):
-    self.multi = jax.process_count() > 1
-    self.pending = None
-    if self.multi:
-      mesh = Mesh(np.array(jax.devices()), ("processes",))
-      self.sharding = NamedSharding(mesh, PartitionSpec("processes"))
-      self._max = jax.jit(lambda flags: flags.max(), out_shardings=NamedSharding(mesh, PartitionSpec()))
-
-  def vote(self, flag: int) -> int:
-    """``flag``: 0 (no stop) or a positive code; returns the previous vote's max over processes
-    (0: nobody asked), the same on every process."""
-    if not self.multi:
-      return int(flag)
-    previous = self.pending
-    local = np.full((jax.local_device_count(),), int(flag), np.int32)
-    flags = jax.make_array_from_process_local_data(self.sharding, local, (jax.device_count(),))
-    self.pending = self._max(flags)
-    return 0 if previous is None else int(np.asarray(previous.addressable_data(0)))
+  return agree.any_true(flag())
 
 
 class Preemption:
@@ -105,7 +75,7 @@ class Preemption:
     """``notify(text)`` hears what a signal does (called in the handler; default: nothing)."""
     self.notify = notify or (lambda text: None)
     self.signum, self._previous = None, {}
-    self._vote = StopVote()
+    self._vote = agree.LaggedMax()  # the stop vote: max over processes, one step late
     self.agreed = 0               # the agreed vote: signum + 256 * (1 + the process that got it)
 
   @property
@@ -141,8 +111,9 @@ class Preemption:
     return False
 
   def requested(self) -> bool:
-    """Whether to stop after this step; call once per step on every process (``StopVote``): all
-    processes agree, at most two steps after the signal reached any of them."""
+    """Whether to stop after this step; call once per step on every process: a flag raised
+    before step n's vote (``agree.LaggedMax``) stops every process after step n + 1, the same step
+    everywhere, at most two steps after the signal reached any of them."""
     mine = 0 if self.signum is None else int(self.signum) + 256 * (jax.process_index() + 1)
     agreed = self._vote.vote(mine)
     if agreed:
