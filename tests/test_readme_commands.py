@@ -86,6 +86,9 @@ A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag c
 HUB = "a Hub download: tests/test_hf_marian.py imports, translates, fine-tunes and exports a small local Marian model"
 EIGHT = "8 fake devices: tests/test_matrix.py runs every runner with every family"
 NOT_RUN = {
+    "txf train --config.plugins=my_attention.py --config.model.attention=cosine":
+        "a recipe: my_attention.py is the reader's own file (tests/test_variant_tables.py runs a "
+        "formula registered the same way through a built model)",
     "txf train --config experiments/sst2.py --config.plugins=my_family.py --config.model.family=bag_of_words":
         "a recipe: my_family.py is the reader's own file (tests/test_family_registry.py trains a "
         "family registered the same way through the commands)",

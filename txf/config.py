@@ -142,8 +142,8 @@ def base_config() -> ml_collections.ConfigDict:
   d.num_buckets = 4              # bucketing: length buckets, bucket k holds lengths <= ceil(max_len * k / num_buckets)
   d.bucket_window = 64           # bucketing: examples are grouped this many batches' worth at a time
   d.rows_multiple = 8            # token-based batch row counts are rounded down to a multiple of this (device divisibility)
-  d.packing_bins = 0             # packing: rows filled at once by first-fit (0 = the rows of one batch; more is slower)
-  d.read_threads = 2             # grain threads that read and tokenize examples
+  d.packing_bins = 0             # packing: rows filled at once by first-fit, then cut into batches in a seeded order (0 = the rows of one batch)
+  d.read_threads = 2             # threads that tokenize the examples of a batch
   return c
 
 
