@@ -355,3 +355,13 @@ def load_params(workdir: str, name: Optional[str] = None):
     return _load_sharded(path)
   return serialization.msgpack_restore(read_bytes(path))
 
+
+def last_checkpoint(workdir: str) -> str:
+  """'step N (DIR)' of the newest checkpoint directory in ``workdir``'s checkpoints/, or 'none
+  written' (what a lost-process message names: read from the folder, no orbax)."""
+  directory = join(workdir, CHECKPOINTS_DIR)
+  try:
+    steps = sorted(int(p.name) for p in wpath(directory).iterdir() if p.name.isdigit())
+  except OSError:
+    steps = []
+  return f"step {steps[-1]} ({join(directory, str(steps[-1]))})" if steps else "none written"

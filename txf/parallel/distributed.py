@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import jax
 
-from txf import agree, storage
+from txf import agree
 from txf import workdir as workdir_lib
 from txf.config import ConfigError
 from txf.errors import EXIT_RESUMABLE, TxfError
@@ -139,16 +139,6 @@ def note_workdir(workdir: str) -> None:
   _state["workdir"] = workdir
 
 
-def last_checkpoint(workdir: str) -> str:
-  """'step N (DIR)' of the newest complete checkpoint in ``workdir``, or 'none written'."""
-  directory = storage.join(workdir, workdir_lib.CHECKPOINTS_DIR)
-  try:
-    steps = sorted(int(p.name) for p in storage.wpath(directory).iterdir() if p.name.isdigit())
-  except OSError:
-    steps = []
-  return f"step {steps[-1]} ({storage.join(directory, str(steps[-1]))})" if steps else "none written"
-
-
 def _say_and_exit(line: str, status: int) -> None:
   """Print ``line`` on stderr (once per process) and end the process now with ``status``."""
   if not _state["lock"].acquire(blocking=False):
@@ -168,7 +158,7 @@ def _peer_lost(status=None, *_) -> None:
   who = (f"process {', '.join(map(str, lost))}" if lost else
          "process 0 (the coordinator)" if me != 0 else "a process")
   workdir = _state["workdir"]
-  checkpoint = f"; the run's last checkpoint: {last_checkpoint(workdir)}" if workdir else ""
+  checkpoint = f"; the run's last checkpoint: {workdir_lib.last_checkpoint(workdir)}" if workdir else ""
   _say_and_exit(f"txf: error: lost {who} of {jax.process_count()} (no heartbeat for "
                 f"{_state['heartbeat']} s, TXF_HEARTBEAT_TIMEOUT){checkpoint}: run the same command "
                 f"again to resume", EXIT_RESUMABLE)
