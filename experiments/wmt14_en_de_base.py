@@ -69,5 +69,4 @@ def get_config():
   config.data.bucketing = True               # "batched together by approximate sequence length"
   config.data.num_buckets = 8                # 8 shapes: 32, 64, ..., 256 pieces
   config.data.tokens_per_batch = 25000       # ~25k source and ~25k target token slots per step
-  config.data.read_threads = 8               # tokenizing 4.5M pairs per epoch needs several cores
   return config

@@ -143,7 +143,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.bucket_window = 64           # bucketing: examples are grouped this many batches' worth at a time
   d.rows_multiple = 8            # token-based batch row counts are rounded down to a multiple of this (device divisibility)
   d.packing_bins = 0             # packing: rows filled at once by first-fit, then cut into batches in a seeded order (0 = the rows of one batch)
-  d.read_threads = 2             # threads that tokenize the examples of a batch
+  d.read_threads = 2             # unused (tokenizing in threads was slower under the GIL; batches are made ahead by data.prefetch): kept so older configs load
   return c
 
 

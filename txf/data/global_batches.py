@@ -24,6 +24,7 @@ import dataclasses
 import math
 import queue
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import grain
@@ -326,12 +327,12 @@ class Prefetched(CheckpointableIterator):
 
   def _start(self) -> None:
     self._queue, self._stop = queue.Queue(self._depth), threading.Event()
-    stop, out = self._stop, self._queue
+    stop, out, inner = self._stop, self._queue, self._inner
 
     def work():
       while not stop.is_set():
         try:
-          item = (next(self._inner), self._inner.get_state(), None)
+          item = (next(inner), inner.get_state(), None)
         except BaseException as e:  # pylint: disable=broad-except  # handed to the consumer
           item = (None, None, e)
         while not stop.is_set():
@@ -345,11 +346,13 @@ class Prefetched(CheckpointableIterator):
 
     self._thread = threading.Thread(target=work, name="txf-prefetch", daemon=True)
     self._thread.start()
+    # stopped when this iterator goes away or, at the latest, at exit: a thread still inside the
+    # data source's native code when the interpreter ends would abort the process
+    self._finalizer = weakref.finalize(self, _stop_thread, self._stop, self._thread)
 
   def _halt(self) -> None:
     if self._thread is not None:
-      self._stop.set()
-      self._thread.join()
+      self._finalizer()
       self._thread = self._queue = self._stop = None
 
   def __next__(self) -> Batch:
@@ -369,3 +372,9 @@ class Prefetched(CheckpointableIterator):
     self._halt()
     self._inner.set_state(state)
     self._state = self._inner.get_state()
+
+
+def _stop_thread(stop: threading.Event, thread: threading.Thread) -> None:
+  """Ask a prefetch thread to stop and wait until it has (it finishes the batch it is making)."""
+  stop.set()
+  thread.join()

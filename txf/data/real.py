@@ -16,7 +16,6 @@ come from txf.data.sources (the run's own tokenizer when ``workdir/tokenizer`` h
 evaluation and translation reuse it exactly); ``task.save(directory)`` writes the tokenizer.
 """
 
-import concurrent.futures
 import json
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -101,21 +100,13 @@ class ExampleTask(_RealTask):
       return ex
 
     def read(indices):
-      records = read_records(source, indices, self.adapt)
-      if d.read_threads > 1 and len(records) > 1:
-        return list(self._encoder_pool(d.read_threads).map(encode, records))
-      return [encode(r) for r in records]
+      return [encode(r) for r in read_records(source, indices, self.adapt)]
 
     fp = pipeline.pipeline_fingerprint("global", self.fingerprint, spec.describe(), seed)
     it = global_batches.IndexBatchIterator(self._lengths(source, features), spec, seed, layout,
                                            read, families.get(self.family).predicts == "label", fp)
     return global_batches.Prefetched(it, d.prefetch) if d.prefetch > 0 else it
 
-  def _encoder_pool(self, threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    """The threads that tokenize a batch's examples (``data.read_threads``), made once."""
-    if "pool" not in self._cache:
-      self._cache["pool"] = concurrent.futures.ThreadPoolExecutor(threads, "txf-encode")
-    return self._cache["pool"]
 
   def _lengths(self, source, features: List[str]) -> np.ndarray:
     """The training split's length index int32 [N, F] (computed once, shared by all processes)."""
