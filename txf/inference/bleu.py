@@ -23,7 +23,6 @@ import re
 from typing import Any, Dict, List, Sequence
 
 import sacrebleu
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 PROTOCOLS = ("sacrebleu", "tok-lc")
 PROTOCOL_HELP = ("sacrebleu = cased detokenized text, sacreBLEU 13a tokenizer (WMT); tok-lc = "
@@ -36,6 +35,8 @@ _CLITIC = re.compile(r"(\w) '(\w)")  # English Moses tokens "man 's" -> "man's" 
 
 @functools.lru_cache(maxsize=8)
 def _moses(lang: str):
+  # deferred: sacremoses compiles its rules on import (0.5 s), which only the tok-lc protocol needs
+  from sacremoses import MosesPunctNormalizer, MosesTokenizer  # pylint: disable=import-outside-toplevel
   return MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
 
 
