@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from txf import config as config_lib
+from txf import families
 from txf.config import ConfigError, base_config, validate
 from tests.conftest import EXPERIMENTS, run_txf
 
@@ -65,3 +67,24 @@ def test_cli_reports_bad_config_and_writes_nothing(tmp_path, flag, needle):
   assert "Traceback" not in r.stderr
   if workdir.exists():  # a config that fails before training leaves no half-written run behind
     assert not (workdir / "params.msgpack").exists()
+
+
+def test_the_reference_gives_every_field_its_default_allowed_values_and_meaning():
+  import txf.models  # noqa: F401  (the variant tables declare their fields' values)
+  fields = {f["key"]: f for f in config_lib.reference()}
+  flat = config_lib._flatten(config_lib.base_config())
+  assert set(fields) == set(flat)
+  missing = [k for k, f in fields.items() if not f["meaning"]]
+  assert not missing, missing                 # every field's line in base_config has a comment
+  assert fields["optimizer.label_smoothing"]["default"] == 0.1
+  assert "epsilon_ls" in fields["optimizer.label_smoothing"]["meaning"]
+  assert fields["sharding_rules.heads"]["meaning"].startswith("attention heads")
+  assert fields["model.family"]["allowed"] == families.names()
+  assert fields["model.norm"]["allowed"] == ("layer_norm", "rms_norm")
+  assert fields["num_train_steps"]["allowed"] is None
+  for key in ("data.format", "data.spm_model_type", "parallelism"):   # validate holds them to it
+    cfg = config_lib.base_config()
+    section, _, name = key.rpartition(".")
+    (cfg[section] if section else cfg)[name] = "nope"
+    with pytest.raises(config_lib.ConfigError, match=f"{key}='nope' is not one of"):
+      config_lib.validate(cfg)

@@ -166,3 +166,38 @@ def test_search_finds_beam_search(server, browser):
   assert "beam_search" in results
   links = page.eval_on_selector_all(".md-search-result__item a", "as => as.map(a => a.href)")
   assert any("/api/decode/" in href for href in links), links
+
+
+def test_the_configuration_reference_gives_each_fields_default_values_and_meaning(server, browser):
+  page, errors, _ = _open(browser, server + "/config/")
+  rows = page.evaluate("[...document.querySelectorAll('tr')].map(r => [...r.cells].map(c => c.innerText))")
+  by_field = {r[0]: r[1:] for r in rows if len(r) == 4}
+  assert by_field["optimizer.label_smoothing"][0] == "0.1"
+  assert "epsilon_ls" in by_field["optimizer.label_smoothing"][2]
+  assert by_field["model.activation"][1] == "relu, gelu, swish"
+  assert "decoder_lm" in by_field["model.family"][1]
+  # the right-hand contents panel lists the page's sections
+  toc = page.inner_text(".md-sidebar--secondary")
+  assert all(s in toc for s in ("model", "optimizer", "data")), toc
+  assert not errors
+
+
+@pytest.mark.parametrize("path,heading", [("/huggingface/", "OPUS-MT / Hugging Face"),
+                                          ("/extending/", "Extending txf"),
+                                          ("/changelog/", "Unreleased")])
+def test_the_hugging_face_extending_and_changelog_pages_are_in_the_site(server, browser, path, heading):
+  page, errors, _ = _open(browser, server + path)
+  assert heading in page.inner_text("article"), path
+  nav = page.inner_text(".md-sidebar--primary")
+  assert all(t in nav for t in ("Hugging Face", "Extending txf", "Configuration reference",
+                                "Changelog")), nav
+  assert not errors
+
+
+def test_search_finds_what_a_config_field_means(server, browser):
+  page, _, _ = _open(browser, server + "/")
+  page.click("label.md-search__icon, .md-search__input", timeout=TIMEOUT_MS)
+  page.type(".md-search__input", "label_smoothing", delay=30)
+  page.wait_for_selector(".md-search-result__item", timeout=TIMEOUT_MS)
+  links = page.eval_on_selector_all(".md-search-result__item a", "as => as.map(a => a.href)")
+  assert any("/config/" in href for href in links), links

@@ -62,7 +62,8 @@ def sources():
 # two layers where a per-layer cache mix-up could hide; one elsewhere
 VARIANTS = [("encoder_decoder", dict(layers=2)),
             ("encoder_decoder", dict(positional="learned", pre_ln=True, tie_output=False)),
-            ("decoder_lm", {}), ("decoder_lm", dict(positional="learned", pre_ln=True, layers=2))]
+            ("decoder_lm", {}),
+            ("decoder_lm", dict(positional="learned", pre_ln=True, layers=2, norm="rms_norm"))]
 
 
 def jit_cache(cfg, params, batch, max_len, inputs=None):

@@ -219,3 +219,32 @@ def test_residual_stream_dtype_under_bf16_compute(residual, stream):
   assert logits.dtype == jnp.float32
   err = float(jnp.abs(logits - want).max() / jnp.abs(want).max())
   assert err < 0.05, err   # bf16 rounding of the same model
+
+
+def test_rms_norm_replaces_every_layer_norm_of_the_model():
+  """model.norm=rms_norm: every Add & Norm (and the final norms) holds one gamma and computes
+  gamma * v / sqrt(mean(v^2) + eps), checked in numpy float64 on each norm's captured input."""
+  import flax.linen as fnn
+  from txf.nn import LayerNorm
+  cfg = TransformerConfig(family="encoder_decoder", vocab_size=20, d_model=16, num_heads=2, d_ff=32,
+                          num_encoder_layers=1, num_decoder_layers=1, max_len=12, norm="rms_norm")
+  rng = np.random.default_rng(0)
+  batch = {"inputs": jnp.asarray(rng.integers(3, 20, (2, 7)), jnp.int32),
+           "targets": jnp.asarray(rng.integers(3, 20, (2, 5)), jnp.int32)}
+  params = init_params(cfg, jax.random.key(0), batch)
+  seen = []
+
+  def record(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if isinstance(context.module, LayerNorm) and context.method_name == "__call__":
+      assert set(context.module.variables["params"]) == {"scale"}   # gamma only, no beta
+      seen.append((args[0], out, context.module.variables["params"]["scale"]))
+    return out
+
+  with fnn.intercept_methods(record):
+    build_model(cfg, deterministic=True).apply({"params": params}, **batch)
+  assert len(seen) >= 5   # encoder: 2 sublayers; decoder: 3 sublayers
+  for x, out, g in seen:
+    x, g = np.asarray(x, np.float64), np.asarray(g, np.float64)
+    want = g * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + cfg.layer_norm_eps)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)

@@ -172,3 +172,17 @@ def test_token_accuracy():
   logits = jnp.array([[[0.0, 1.0], [1.0, 0.0], [0.0, 5.0]]])
   correct, n = ops.token_accuracy(logits, jnp.array([[1, 1, 1]]), jnp.array([[1.0, 1.0, 0.0]]))
   assert (float(correct), float(n)) == (1.0, 2.0)
+
+
+def test_rms_norm_matches_numpy_and_a_hand_worked_row():
+  rng = np.random.default_rng(3)
+  x, g = rng.normal(size=(2, 3, 8)) * 3 + 1, rng.normal(size=(8,))
+  want = g * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6)   # float64
+  out = ops.rms_norm(jnp.asarray(x, jnp.float32), jnp.asarray(g, jnp.float32))
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+  # [3, 4]: mean of squares 12.5, so [3, 4] / sqrt(12.5) = [0.8485, 1.1314] (gamma 1, eps 0)
+  row = ops.rms_norm(jnp.array([3.0, 4.0]), jnp.ones(2), eps=0.0)
+  np.testing.assert_allclose(np.asarray(row), [3 / 12.5 ** 0.5, 4 / 12.5 ** 0.5], rtol=1e-6)
+  # unlike LayerNorm, the mean is kept: a constant row is not sent to zero
+  np.testing.assert_allclose(np.asarray(ops.rms_norm(jnp.full((4,), 2.0), jnp.ones(4), eps=0.0)),
+                             np.ones(4), rtol=1e-6)

@@ -145,7 +145,7 @@ def test_every_table_names_its_configs_allowed_values():
   assert POSITIONAL.names() == ("sinusoidal", "learned", "none")
   assert ATTENTION_IMPLS.names() == ("auto", "reference", "fused")
   # the head has no config field of its own (model.tie_output picks it)
-  assert tuple(NORMS) == ("layer_norm",) and tuple(HEADS) == ("tied", "untied")
+  assert tuple(NORMS) == ("layer_norm", "rms_norm") and tuple(HEADS) == ("tied", "untied")
   assert tuple(ATTENTION) == ("scaled_dot_product",)
   assert ATTENTION["scaled_dot_product"].fused is kernels.fused_attention
 

@@ -6,9 +6,11 @@ that is not defined here is an error (catches typos such as ``model.num_head``).
 
 import difflib
 import importlib.util
+import inspect
 import math
 import os
-from typing import Dict, Iterable, List, Optional, Tuple
+import re
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import ml_collections
 from txf import families
@@ -78,7 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | max over real tokens (per feature) | first token
   m.attention = "scaled_dot_product"  # the attention formula, a name of txf.kernels.attention.ATTENTION: scaled_dot_product (the paper's)
-  m.norm = "layer_norm"          # Add & Norm's normalisation, a name of txf.nn.layers.NORMS: layer_norm (the paper's)
+  m.norm = "layer_norm"          # Add & Norm's normalisation, a name of txf.nn.layers.NORMS: layer_norm (the paper's) | rms_norm (no mean, no beta)
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
   m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
   m.residual_dtype = "float32"   # the residual stream x + Sublayer(x) and LayerNorm's input/output: float32 | compute (the compute dtype)
@@ -119,8 +121,8 @@ def base_config() -> ml_collections.ConfigDict:
   d.src_lang = "en"              # source language suffix / tfds feature
   d.tgt_lang = "de"              # target language suffix / tfds feature
   d.train_split = "train"        # split names
-  d.eval_split = "val"
-  d.test_split = "test"
+  d.eval_split = "val"           # the held-out split of in-loop evaluations and decoded samples
+  d.test_split = "test"          # the split `txf eval` scores unless told another
   d.max_input_len = 32           # S: longer sources are dropped (or truncated if truncate=True), counted and logged
   d.max_target_len = 32          # T: likewise for targets (LM: the context length)
   d.truncate = False             # truncate over-long examples instead of dropping them
@@ -359,9 +361,50 @@ def declare_choices(key: str, names: Iterable[str]) -> None:
 
 
 def allowed_values(key: str) -> Optional[Tuple[str, ...]]:
-  """The allowed values of config field ``key`` that its variant table declared
-  (:func:`declare_choices`), or None when none were declared."""
-  return _declared_choices.get(key)
+  """The allowed values of config field ``key``: those its variant table declared
+  (:func:`declare_choices`), the registered families for ``model.family``, those of
+  ``FIXED_CHOICES``, or None for a field of free values."""
+  if key == "model.family":
+    return families.names()
+  return _declared_choices.get(key, FIXED_CHOICES.get(key))
+
+
+# The allowed values of the fields that no variant table owns.
+FIXED_CHOICES = {"model.dtype": ("auto", "float32", "bfloat16"),
+                 "model.residual_dtype": ("float32", "compute"),
+                 "parallelism": ("single", "pmap", "mesh"),
+                 "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
+                 "bleu_protocol": ("sacrebleu", "tok-lc"),
+                 "data.tokenizer": ("word", "sentencepiece", "char"),
+                 "data.spm_model_type": ("unigram", "bpe"),
+                 "data.format": ("parallel", "tsv", "plain"),
+                 "optimizer.schedule": ("inverse_sqrt", "constant"),
+                 "length_penalty": ("gnmt", "power")}
+
+_SECTIONS = {"c": "", "m": "model.", "o": "optimizer.", "d": "data."}
+_FIELD_LINE = re.compile(r'^\s+(?:(\w)\.(\w+) = |"(\w+)": )(.*?)\s+# (.*)$')
+
+
+def reference() -> List[Dict[str, Any]]:
+  """Every field of ``base_config()``, sorted by key: {"key" (dotted), "default",
+  "allowed" (tuple, or None for free values), "meaning"} (the comment on its line in this file).
+  What the documentation's configuration reference shows."""
+  defaults = _flatten(base_config())
+  meanings, rules = {}, False
+  for line in inspect.getsource(base_config).splitlines():
+    m = _FIELD_LINE.match(line)
+    if m is None:
+      continue
+    if m.group(1):
+      key = _SECTIONS[m.group(1)] + m.group(2)
+      rules = key == "sharding_rules"
+    else:
+      key = "sharding_rules." + m.group(3) if rules else None
+    if key:
+      meanings[key] = m.group(5).strip()
+  return [{"key": key, "default": value, "allowed": allowed_values(key),
+           "meaning": meanings.get(key, meanings.get(key.rsplit(".", 1)[0], ""))}
+          for key, value in defaults.items()]
 
 
 def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
@@ -441,14 +484,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "
                        f"declared by the model's variant tables: import txf.models before validating")
-  choices = {"model.dtype": ("auto", "float32", "bfloat16"),
-             "model.residual_dtype": ("float32", "compute"),
-             "parallelism": ("single", "pmap", "mesh"),
-             "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),
-             "bleu_protocol": ("sacrebleu", "tok-lc"),
-             "data.tokenizer": ("word", "sentencepiece", "char"),
-             "optimizer.schedule": ("inverse_sqrt", "constant"),
-             "length_penalty": ("gnmt", "power"), **_declared_choices}
+  choices = {**FIXED_CHOICES, **_declared_choices}
   pattern = given.get("data.file_pattern", "")
   if pattern:
     fmt = given.get("data.format", "parallel")

@@ -29,13 +29,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import execute_notebooks  # noqa: E402  (docs/tools/execute_notebooks.py)
 
-DIRECTIVE = re.compile(r"^<!-- (readme|file): (.+?) -->[ \t]*$", re.M)
+DIRECTIVE = re.compile(r"^<!-- (readme|file|config): (.+?) -->[ \t]*$", re.M)
 FENCE = re.compile(r"^(```|~~~)")
 HEADING = re.compile(r"^(#{1,6}) (.*)$")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 # Files of the repository that are pages of the site (a link to one goes to its page).
 PAGES = {"README.md": "index.md", "BENCHMARKS.md": "benchmarks.md", "notebooks/README.md": "notebooks.md",
-         "docs/formulas.md": "formulas.md"}
+         "docs/formulas.md": "formulas.md", "CHANGELOG.md": "changelog.md"}
 SPECIAL = ("intro", "rest")
 
 
@@ -127,7 +127,7 @@ def _rewrite_links(text, page_src, source):
   return "\n".join(out)
 
 
-API_PACKAGES = ("ops", "nn", "models", "decode", "data", "parallel", "train", "inference")
+API_PACKAGES = ("ops", "kernels", "nn", "models", "decode", "data", "parallel", "train", "inference")
 SOURCE_REF = re.compile(r"`txf/(\w+)/(\w+)\.py::([\w.]+)`")
 
 
@@ -155,6 +155,8 @@ def on_page_markdown(markdown, page, config, files):
 
   def expand(m):
     kind, wanted = m.groups()
+    if kind == "config":
+      return config_reference()
     if kind == "file":
       lines = _read(wanted).splitlines()
       if lines and lines[0].startswith("# "):
@@ -171,6 +173,35 @@ def on_page_markdown(markdown, page, config, files):
     return _rewrite_links("\n".join(body), page.file.src_uri, "README.md")
 
   return DIRECTIVE.sub(expand, markdown)
+
+
+CONFIG_SECTIONS = (("", "Run"), ("model.", "model"), ("optimizer.", "optimizer"), ("data.", "data"),
+                   ("sharding_rules.", "sharding_rules"))
+
+
+def _cell(value):
+  """Markdown table cell text: pipes escaped."""
+  return str(value).replace("|", "\\|")
+
+
+def config_reference():
+  """Markdown of every config field (``txf.config.reference``): one table per section with the
+  field, its default, its allowed values and its meaning."""
+  import txf.models  # noqa: F401  (the variant tables declare their fields' allowed values)
+  from txf import config as config_lib
+  fields = config_lib.reference()
+  out = []
+  for prefix, title in CONFIG_SECTIONS:
+    rows = [f for f in fields if f["key"].startswith(prefix) and
+            not any(f["key"].startswith(p) for p, _ in CONFIG_SECTIONS if p and p != prefix and
+                    len(p) > len(prefix))]
+    out += [f"## {title}", "", "| field | default | allowed values | meaning |", "|---|---|---|---|"]
+    for f in rows:
+      allowed = ", ".join(f"`{a}`" for a in f["allowed"]) if f["allowed"] else ""
+      out.append(f"| `{f['key']}` | `{_cell(repr(f['default']))}` | {_cell(allowed)} | "
+                 f"{_cell(f['meaning'])} |")
+    out.append("")
+  return "\n".join(out)
 
 
 MATHJAX_FILES = ("tex-mml-chtml.js", "output/chtml/fonts/woff-v2", "input/tex/extensions")

@@ -103,7 +103,8 @@ def pad_rows(examples: Sequence[Dict[str, np.ndarray]], lengths: Dict[str, int],
 class LengthLimiter:
   """Drops or truncates examples longer than the max lengths; counts them and logs the counts.
 
-  Logged at the first over-long example and then whenever the count doubles.
+  Logged (INFO: shown with ``-v``, not by default) at the first over-long example and then
+  whenever the count doubles.
   """
 
   def __init__(self, lengths: Dict[str, int], truncate: bool, eos_last: bool, what: str):
@@ -126,7 +127,7 @@ class LengthLimiter:
     if self.over >= self._next_log:
       self._next_log *= 2
       limits = ", ".join(f"{f}<={m}" for f, m in self.lengths.items())
-      logging.warning("%s: %s %d of %d examples so far longer than %s tokens (%s)", self.what,
+      logging.info("%s: %s %d of %d examples so far longer than %s tokens (%s)", self.what,
                       "truncated" if self.truncate else "dropped", self.over, self.seen, limits,
                       "data.truncate=True keeps them truncated" if not self.truncate else
                       "raise data.max_input_len / max_target_len to keep them whole")

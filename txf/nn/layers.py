@@ -113,9 +113,17 @@ def layer_norm(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray) -> jnp
                         cfg.layer_norm_eps)
 
 
+def rms_norm(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray) -> jnp.ndarray:
+  """RMSNorm(v) = gamma * v / sqrt(mean(v^2) + eps) (txf.ops.rms_norm) with the parameter
+  ``scale`` (gamma, 1 at init) [d] of ``module`` and eps = ``model.layer_norm_eps``."""
+  d = x.shape[-1]
+  return ops.rms_norm(x, module.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,)),
+                      cfg.layer_norm_eps)
+
+
 # The normalisations of Add & Norm (``model.norm``): name -> f(module, cfg, x), which declares its
 # parameters in ``module`` and applies its formula of txf.ops.
-NORMS = Table("model.norm", {"layer_norm": layer_norm})
+NORMS = Table("model.norm", {"layer_norm": layer_norm, "rms_norm": rms_norm})
 
 
 class LayerNorm(nn.Module):
