@@ -201,3 +201,13 @@ def test_search_finds_what_a_config_field_means(server, browser):
   page.wait_for_selector(".md-search-result__item", timeout=TIMEOUT_MS)
   links = page.eval_on_selector_all(".md-search-result__item a", "as => as.map(a => a.href)")
   assert any("/config/" in href for href in links), links
+
+
+@pytest.mark.parametrize("path,sections", [("/", ["Quick start"]),
+                                           ("/layout/", ["Layout", "Tests"]),
+                                           ("/extending/", ["A model family", "An attention variant"])])
+def test_the_contents_panel_lists_the_pages_sections(server, browser, path, sections):
+  page, _, _ = _open(browser, server + path)
+  toc = page.inner_text(".md-sidebar--secondary")
+  assert all(s in toc for s in sections), (path, toc)
+  assert page.evaluate("document.querySelectorAll('article h1').length") == 1, path

@@ -152,6 +152,9 @@ def on_page_markdown(markdown, page, config, files):
   if not DIRECTIVE.search(markdown):
     return markdown
   sections = readme_sections()
+  # a page with a title of its own keeps the README's ## sections as its h2 (its contents panel
+  # lists them); a page made of one README section takes that section's heading as its title
+  own_title = re.search(r"^# ", DIRECTIVE.sub("", markdown), re.M) is not None
 
   def expand(m):
     kind, wanted = m.groups()
@@ -169,7 +172,7 @@ def on_page_markdown(markdown, page, config, files):
     elif wanted == "intro":
       body = sections["intro"]
     else:
-      body = _shift(sections[_find(sections, wanted, page.file.src_uri)], -1)
+      body = _shift(sections[_find(sections, wanted, page.file.src_uri)], 0 if own_title else -1)
     return _rewrite_links("\n".join(body), page.file.src_uri, "README.md")
 
   return DIRECTIVE.sub(expand, markdown)
