@@ -44,17 +44,22 @@ def _small_config(**model):
   return cfg
 
 
+def _model_batch_params(cfg, seed):
+  """(model config, a random translation batch [2, 7] -> [2, 5], initialised parameters)."""
+  model_cfg = model_config_from(cfg, _Task(), vocab_multiple=1)
+  rng = np.random.default_rng(seed)
+  batch = {"inputs": jnp.asarray(rng.integers(3, 20, (2, 7)), jnp.int32),
+           "targets": jnp.asarray(rng.integers(3, 20, (2, 5)), jnp.int32)}
+  return model_cfg, batch, init_params(model_cfg, jax.random.PRNGKey(0), batch)
+
+
 def test_a_toy_activation_registered_here_is_validated_and_runs_in_the_model():
   cfg = _small_config(activation="toy")
   with pytest.raises(config_lib.ConfigError, match=r"model.activation='toy' is not one of"):
     config_lib.validate(cfg)
   with ACTIVATIONS.registered("toy", toy_activation):  # the one table line
     config_lib.validate(cfg)
-    model_cfg = model_config_from(cfg, _Task(), vocab_multiple=1)
-    rng = np.random.default_rng(0)
-    batch = {"inputs": jnp.asarray(rng.integers(3, 20, (2, 7)), jnp.int32),
-             "targets": jnp.asarray(rng.integers(3, 20, (2, 5)), jnp.int32)}
-    params = init_params(model_cfg, jax.random.PRNGKey(0), batch)
+    model_cfg, batch, params = _model_batch_params(cfg, 0)
     calls = []
 
     def record(next_fun, args, kwargs, context):  # each FFN's input, output and parameters
@@ -118,11 +123,7 @@ def test_a_registered_attention_formula_is_what_the_model_attends_with():
     config_lib.validate(cfg)
   with ATTENTION.registered("toy", Attention(toy)):
     config_lib.validate(cfg)
-    model_cfg = model_config_from(cfg, _Task(), vocab_multiple=1)
-    rng = np.random.default_rng(2)
-    batch = {"inputs": jnp.asarray(rng.integers(3, 20, (2, 7)), jnp.int32),
-             "targets": jnp.asarray(rng.integers(3, 20, (2, 5)), jnp.int32)}
-    params = init_params(model_cfg, jax.random.PRNGKey(0), batch)
+    model_cfg, batch, params = _model_batch_params(cfg, 2)
     seen.clear()   # the init's trace
     build_model(model_cfg, deterministic=True).apply({"params": params}, **batch)
   assert len(seen) == 3  # encoder self, decoder causal self, cross

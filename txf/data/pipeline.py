@@ -12,13 +12,13 @@ Batches are dicts of int32 numpy arrays with fixed shapes (txf.data.base): ``[ro
 import dataclasses
 import hashlib
 import json
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from absl import logging
 import grain
 import numpy as np
 
-from txf.data.base import EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, pad_batch
+from txf.data.base import EOS_ID, Batch, DataError, DataSpec, pad_batch
 
 LABEL = "label"
 

@@ -226,8 +226,8 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
     problems.append(f"model.layer_norm_eps={m.layer_norm_eps} (Marian: 1e-5)")
   if m.pre_ln:
     problems.append("model.pre_ln=True (Marian is post-LN)")
-  if m.get("norm", "layer_norm") != "layer_norm" or m.get("attention", "scaled_dot_product") != "scaled_dot_product":
-    problems.append(f"model.norm={m.get('norm')!r} / model.attention={m.get('attention')!r} (Marian: "
+  if m.norm != "layer_norm" or m.attention != "scaled_dot_product":
+    problems.append(f"model.norm={m.norm!r} / model.attention={m.attention!r} (Marian: "
                     f"layer_norm, scaled_dot_product)")
   if codec is None or not isinstance(codec.target, (tok.SentencePieceTokenizer, tok.MarianTokenizer)):
     kind = "none" if codec is None else codec.target.kind
