@@ -45,7 +45,7 @@ def test_make_schedule_dispatch():
   paper = make_schedule(_opt_cfg(schedule="inverse_sqrt"), 64)
   np.testing.assert_allclose(float(paper(99)), float(inverse_sqrt_schedule(64, 10)(99)), rtol=1e-6)
   with pytest.raises(ValueError, match="schedule"):
-    make_schedule(_opt_cfg(schedule="cosine"), 64)
+    make_schedule(_opt_cfg(schedule="linear_decay"), 64)
 
 
 def test_adam_first_step_with_constant_rate_moves_each_parameter_by_lr():
@@ -61,7 +61,7 @@ def test_adam_first_step_with_constant_rate_moves_each_parameter_by_lr():
 def test_config_validation_names_the_schedule_fields():
   c = config_lib.base_config()
   assert c.optimizer.schedule == "inverse_sqrt"  # the paper's schedule stays the default
-  c.optimizer.schedule = "cosine"
+  c.optimizer.schedule = "linear_decay"
   with pytest.raises(config_lib.ConfigError, match="optimizer.schedule"):
     config_lib.validate(c)
   c = config_lib.base_config()

@@ -99,15 +99,19 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.optimizer = ml_collections.ConfigDict()
   o = c.optimizer
+  o.name = "adam"                # adam (the paper's; AdamW when weight_decay > 0) | adafactor (T5's) | lion | muon: txf.train.optimizer.OPTIMIZERS
   o.warmup_steps = 4000          # linear warmup length of the inverse-sqrt schedule
   o.learning_rate_scale = 1.0    # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-  o.schedule = "inverse_sqrt"    # inverse_sqrt (the paper, above) | constant (learning_rate after a linear warmup)
+  o.schedule = "inverse_sqrt"    # inverse_sqrt (the paper, above) | constant (learning_rate after a linear warmup) | rsqrt (T5: learning_rate_scale / sqrt(max(step, warmup_steps))) | cosine (linear warmup to learning_rate, half cosine to final_lr_fraction of it at num_train_steps)
   o.learning_rate = 1e-3         # schedule="constant": lr = learning_rate * min(1, step / warmup_steps)
+  o.final_lr_fraction = 0.0      # schedule="cosine": the rate it ends at, as a fraction of learning_rate
   o.cooldown_steps = 0           # > 0: the lr falls linearly to 0 over the last this-many of num_train_steps
   o.b1 = 0.9                     # Adam beta1 (paper: 0.9)
   o.b2 = 0.98                    # Adam beta2 (paper: 0.98)
   o.eps = 1e-9                   # Adam epsilon (paper: 1e-9)
-  o.weight_decay = 0.0           # > 0 switches to AdamW (decoupled decay)
+  o.weight_decay = 0.0           # decoupled weight decay lambda (adam: > 0 switches to AdamW; lion, muon: theta -= lr * lambda * theta; adafactor: theta -= lambda * theta)
+  o.momentum = 0.95              # muon: the Nesterov momentum of the orthogonalised updates
+  o.muon_adam_lr_ratio = 0.1     # muon: the AdamW rate of the non-matrix parameters (embeddings, output layer, norms, biases), as a fraction of the schedule's
   o.label_smoothing = 0.1        # epsilon_ls (paper: 0.1); 0 = plain cross-entropy
   o.grad_clip_norm = 0.0         # global-norm clipping (0 = off; the paper does not clip)
 
@@ -378,7 +382,8 @@ FIXED_CHOICES = {"model.dtype": ("auto", "float32", "bfloat16"),
                  "data.tokenizer": ("word", "sentencepiece", "char"),
                  "data.spm_model_type": ("unigram", "bpe"),
                  "data.format": ("parallel", "tsv", "plain"),
-                 "optimizer.schedule": ("inverse_sqrt", "constant"),
+                 "optimizer.schedule": ("inverse_sqrt", "constant", "rsqrt", "cosine"),
+                 "optimizer.name": ("adam", "adafactor", "lion", "muon"),
                  "length_penalty": ("gnmt", "power")}
 
 _SECTIONS = {"c": "", "m": "model.", "o": "optimizer.", "d": "data."}
@@ -444,6 +449,16 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   if o.get("eps", 1.0) <= 0:
     errors.append(f"optimizer.eps={o.get('eps')} must be > 0 (Adam divides by sqrt(v) + eps; "
                   f"the paper's is 1e-9)")
+  if not 0.0 <= o.get("momentum", 0.0) < 1.0:
+    errors.append(f"optimizer.momentum={o.get('momentum')} must be in [0, 1) (muon's momentum; "
+                  f"its paper's is 0.95)")
+  if o.get("muon_adam_lr_ratio", 1.0) <= 0 or not 0.0 <= o.get("final_lr_fraction", 0.0) <= 1.0:
+    errors.append(f"optimizer.muon_adam_lr_ratio={o.get('muon_adam_lr_ratio')} must be > 0 and "
+                  f"optimizer.final_lr_fraction={o.get('final_lr_fraction')} in [0, 1]")
+  if (o.get("schedule") == "cosine" and isinstance(cfg.get("num_train_steps"), int)
+      and o.get("warmup_steps", 0) >= cfg["num_train_steps"]):
+    errors.append(f"optimizer.schedule='cosine' decays after the warmup: warmup_steps="
+                  f"{o.get('warmup_steps')} must be < num_train_steps={cfg['num_train_steps']}")
   accum, batch = cfg.get("grad_accum_steps", 1), cfg.get("batch_size", 1)
   if (isinstance(accum, int) and isinstance(batch, int) and accum > 0 and batch > 0
       and not d.get("tokens_per_batch", 0) and batch % accum):

@@ -13,6 +13,8 @@ A table lives beside its formulas and is the one list of that kind's choices:
 * the output head: ``txf.nn.layers.HEADS`` (``model.tie_output``: tied or untied);
 * recomputation in the backward pass: ``txf.nn.stack.REMAT`` (``model.remat``).
 * the classifier's pooling: ``txf.models.encoder_classifier.POOLINGS`` (``model.pooling``).
+* optimizers and learning-rate schedules: ``txf.train.optimizer.OPTIMIZERS`` (``optimizer.name``)
+  and ``SCHEDULES`` (``optimizer.schedule``).
 
 A table with a config field declares its names as that field's allowed values
 (:func:`txf.config.declare_choices`) when it is built and whenever an entry is registered, so

@@ -198,18 +198,25 @@ def state_axes(tree, param_axes):
 
   ``param_axes``: the parameters' logical PartitionSpecs (``txf.models.param_axes``). A leaf whose
   path ends with a parameter's path and has its rank takes that parameter's axes (the parameters
-  themselves, Adam's mu and nu, ...); a scalar is replicated; any other leaf raises ValueError.
+  themselves, Adam's mu and nu, ...); replicated are a scalar, a leaf of lower rank under a
+  parameter's path (Adafactor's factored row and column statistics) and a vector that follows no
+  parameter (Muon's Newton-Schulz coefficients); any other leaf raises
+  ValueError. A leaf of one entry (a placeholder) is replicated.
   """
   table = {path_parts(p): spec for p, spec in jax.tree_util.tree_leaves_with_path(
       param_axes, is_leaf=lambda x: isinstance(x, PartitionSpec))}
 
   def one(path, leaf):
     parts, ndim = path_parts(path), len(np.shape(leaf))
+    if all(size == 1 for size in np.shape(leaf)):  # a placeholder (Adafactor's unfactored v_row)
+      return PartitionSpec()
+    follows = False
     for k in range(len(parts)):
       spec = table.get(parts[k:])
       if spec is not None and len(spec) == ndim:
         return spec
-    if ndim == 0:
+      follows = follows or (spec is not None and len(spec) > ndim)
+    if ndim <= 1 or follows:
       return PartitionSpec()
     raise ValueError(f"state leaf {'/'.join(parts)} {tuple(np.shape(leaf))} follows no parameter: "
                      f"it has no logical axes to shard it by")
