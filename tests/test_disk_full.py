@@ -148,3 +148,32 @@ def test_orbax_background_failure_of_a_full_disk_is_a_disk_error_and_its_logs_ar
   assert ckpt.all_steps() == [2]
   assert sorted(os.listdir(ckpt.directory))[0] == "2"
   assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A real 3 MiB file system (tmpfs; needs root, as CI has): skipped where it cannot be mounted."""
+  mount = tmp_path / "small"
+  mount.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)],
+                    capture_output=True).returncode != 0:
+    pytest.skip("cannot mount a tmpfs here (not root)")
+  try:
+    yield mount
+  finally:
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_really_full_disk_during_background_saves_is_one_line(small_disk):
+  """Not an injected fault: checkpoints of the default model fill a real 3 MiB disk while orbax
+  writes them in the background; the storage threads' "Event loop is closed" tracebacks are
+  dropped and the run ends on its one line, exit 2, as any full disk."""
+  workdir = small_disk / "run"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TXF_MALLOC": "system"}
+  r = subprocess.run([sys.executable, "-m", "txf.cli", "train", "--workdir", str(workdir),
+                      "--progress=false", "--config.num_train_steps=40", "--config.checkpoint_every=5",
+                      "--config.keep_checkpoints=0", "--config.eval_every=0"],
+                     capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+  one_full_disk_line(r, "saving a checkpoint to", workdir / "checkpoints")
+  assert "Event loop is closed" not in r.stderr

@@ -19,6 +19,7 @@ import txf
 from txf import compile_cache
 from txf import config as config_lib
 from txf import runtime
+from txf import supervise
 from txf.commands import common
 
 COMMANDS = {
@@ -224,6 +225,10 @@ def main(argv=None) -> None:
     try:
       runtime.maybe_reexec_with_tcmalloc(list(sys.argv))
     except ValueError as e:
+      common.fail(str(e))
+    try:  # one process of a multi-process job: the work runs in a supervised child
+      supervise.supervise(list(sys.argv))
+    except config_lib.ConfigError as e:
       common.fail(str(e))
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):

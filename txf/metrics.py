@@ -11,6 +11,7 @@ up to ``tensorboard/`` at ``flush``/``close`` and at most every ``TB_UPLOAD_SECO
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Dict
@@ -21,6 +22,27 @@ from txf.storage import is_local, read_text, upload_tree, write_bytes, wpath
 from txf.workdir import METRICS_FILE, TENSORBOARD_DIR, disk_errors, path_of
 
 TB_UPLOAD_SECONDS = 60.0  # a bucket workdir's event files are copied up at most this often while writing
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without torch (tensorboardX imports torch when it is
+  installed, only to accept torch tensors, which txf never logs: a broken torch install must not
+  stop a run); None, with one ``txf: warning:`` line, when the import fails all the same."""
+  hidden = "torch" not in sys.modules
+  if hidden:
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  except Exception as e:  # pylint: disable=broad-except  # an optional writer: warn, go on
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    print(f"txf: warning: TensorBoard logging is off: importing tensorboardX failed "
+          f"({type(e).__name__}: {first}); metrics.jsonl is written as usual", file=sys.stderr,
+          flush=True)
+    return None
+  finally:
+    if hidden and sys.modules.get("torch", 0) is None:
+      del sys.modules["torch"]
 
 
 class MetricWriter:
@@ -36,13 +58,11 @@ class MetricWriter:
     self._tb_local = None  # a bucket workdir's local event folder
     self._uploaded = time.monotonic()
     if enabled and tensorboard:
-      try:
-        from tensorboardX import SummaryWriter
+      writer = _summary_writer_class()
+      if writer is not None:
         if not self.local:
           self._tb_local = tempfile.mkdtemp(prefix="txf-tensorboard-")
-        self._tb = SummaryWriter(self._tb_local or self._tb_target)
-      except ImportError:  # pragma: no cover - tensorboardX is a dependency
-        self._tb = None
+        self._tb = writer(self._tb_local or self._tb_target)
 
   def _bucket_text(self) -> str:
     """A bucket workdir's metrics.jsonl as it is now (read from the bucket once)."""

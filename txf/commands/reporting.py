@@ -13,7 +13,9 @@ died, e.g. on Ctrl-C) no longer fails the run: txf's further output is dropped
 
 import errno
 import os
+import re
 import sys
+import threading
 from typing import Dict, Optional
 
 from tqdm import tqdm
@@ -115,6 +117,59 @@ class _DropOnBrokenPipe:
 
   def __getattr__(self, name):
     return getattr(self._stream, name)
+
+
+# A traceback printed from a storage thread once orbax has closed a failed save's event loop (a
+# full disk: one per write still in flight, hundreds of lines before txf's one line): only
+# asyncio's frames, then this error.
+_CLOSED_LOOP_NOISE = re.compile(r"Traceback \(most recent call last\):\n"
+                                r"(?:  File \"[^\n]*asyncio[^\n]*\n(?:    [^\n]*\n)?)+"
+                                r"RuntimeError: Event loop is closed\n$")
+
+
+class _WithoutClosedLoopNoise:
+  """A text stream that drops the "Event loop is closed" tracebacks of ``_CLOSED_LOOP_NOISE``.
+
+  A write that starts a traceback is held, per thread (tracebacks of several threads
+  interleave), until its exception line ends it; the block is then dropped if it is that noise and
+  written out otherwise. Everything else is written at once.
+  """
+
+  def __init__(self, stream):
+    self._stream = stream
+    self._held: Dict[int, str] = {}
+
+  def write(self, text):
+    me = threading.get_ident()
+    held = self._held.get(me)
+    if held is None and not text.startswith("Traceback (most recent call last):"):
+      return self._stream.write(text)
+    held = (held or "") + text
+    lines = held.split("\n")
+    # the block ends at its first complete line that is neither the header nor indented (a frame)
+    ended = any(line and not line.startswith((" ", "Traceback (most recent call last):"))
+                for line in lines[:-1])
+    if not ended:
+      self._held[me] = held
+      return len(text)
+    del self._held[me]
+    if not _CLOSED_LOOP_NOISE.fullmatch(held):
+      self._stream.write(held)
+    return len(text)
+
+  def flush(self):
+    self._stream.flush()
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def drop_closed_loop_noise() -> None:
+  """From now on ``sys.stderr`` drops the tracebacks a failed background checkpoint write prints
+  after its event loop closed (``_WithoutClosedLoopNoise``); the failure itself is raised by orbax
+  and reported as one ``txf: error:`` line. For the command line only (replaces ``sys.stderr``)."""
+  if sys.stderr is not None and not isinstance(sys.stderr, _WithoutClosedLoopNoise):
+    sys.stderr = _WithoutClosedLoopNoise(sys.stderr)
 
 
 def drop_output_on_broken_pipe() -> None:

@@ -7,7 +7,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from txf.commands.common import default_config_path
-from txf.commands.reporting import TerminalReporter, drop_output_on_broken_pipe
+from txf.commands.reporting import (TerminalReporter, drop_closed_loop_noise,
+                                    drop_output_on_broken_pipe)
 from txf.errors import EXIT_RESUMABLE, TxfError
 from txf.parallel import distributed
 from txf.train import train
@@ -37,6 +38,7 @@ def main(argv):
   if progress is None:
     progress = sys.stdout.isatty()
   drop_output_on_broken_pipe()  # a `txf train | tee log` whose reader died does not fail the run
+  drop_closed_loop_noise()      # a failed background checkpoint write is one line, not hundreds
   train(config, workdir, fresh=flags.FLAGS.fresh, report=TerminalReporter(progress))
   if Preemption.stopped_a_run and os.environ.get(REQUEUE_ENV, "") not in ("", "0"):
     sys.exit(EXIT_RESUMABLE)

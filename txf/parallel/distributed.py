@@ -29,8 +29,12 @@ Failures are agreed (``stop_all``, ``start_failure_watch``): a process that fail
 a bug, an error in a collective) publishes one line and its exit status in the coordination
 service's key-value store; every other process polls it (a daemon thread, once a second), prints
 the same line and exits with the same status, whatever collective its main thread waits in. A
-process that dies without a word (``kill -9``, a lost host) is found by jax.distributed's heartbeat
-check within ``TXF_HEARTBEAT_TIMEOUT`` seconds: the others say so in one line and exit 75.
+process that dies without a word (``kill -9``, a lost host) or stops answering (``kill -STOP``, a
+hung host) is found by txf's own heartbeat (``txf/alive/<i>`` in the store, read every second, and
+a watchdog for a store that stops answering) within ``TXF_HEARTBEAT_TIMEOUT`` seconds: the others
+say so in one line and exit 75. Losing process 0 takes the coordination service with it, which
+ends every other process from inside jaxlib at once; the ``txf`` command's supervising parent
+(txf.supervise) turns that into the same line and exit 75.
 """
 
 import atexit
@@ -45,45 +49,16 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import jax
 
 from txf import agree
+from txf import supervise
+from txf.supervise import distributed_args  # noqa: F401  (re-exported: txf.parallel.distributed_args)
 from txf import workdir as workdir_lib
-from txf.config import ConfigError
 from txf.errors import EXIT_RESUMABLE, TxfError
 
-HEARTBEAT_TIMEOUT = 30               # default TXF_HEARTBEAT_TIMEOUT, seconds
+HEARTBEAT_TIMEOUT = supervise.HEARTBEAT_TIMEOUT  # default TXF_HEARTBEAT_TIMEOUT, seconds
 ACK_TIMEOUT = 10.0                   # seconds a failing process waits for the others to see it
 _FAILURE_KEY = "txf/failure"
 _state: Dict[str, Any] = {"client": None, "heartbeat": HEARTBEAT_TIMEOUT, "workdir": "",
                           "done": False, "lock": threading.Lock(), "threads": []}
-
-
-def distributed_args(env: Mapping[str, str] = os.environ) -> Optional[Dict[str, Any]]:
-  """The keyword arguments for ``jax.distributed.initialize`` the environment asks for, or None.
-
-  Raises ValueError for an incomplete explicit set-up (names the missing variables).
-  """
-  mode = env.get("TXF_DISTRIBUTED", "").strip().lower()
-  if mode in ("off", "0", "false", "no"):
-    return None
-  args: Dict[str, Any] = {}
-  if env.get("TXF_COORDINATOR"):
-    missing = [k for k in ("TXF_NUM_PROCESSES", "TXF_PROCESS_ID") if not env.get(k)]
-    if missing:
-      raise ConfigError(f"TXF_COORDINATOR={env['TXF_COORDINATOR']} is set but {', '.join(missing)} "
-                       f"is not: set all three (launch/local.py does)")
-    args.update(coordinator_address=env["TXF_COORDINATOR"],
-                num_processes=int(env["TXF_NUM_PROCESSES"]), process_id=int(env["TXF_PROCESS_ID"]))
-  elif mode in ("auto", "1", "true", "yes"):
-    pass  # jax detects the cluster (TPU pod metadata, SLURM variables, ...)
-  elif int(env.get("SLURM_STEP_NUM_TASKS", "1") or 1) > 1:
-    pass
-  else:
-    return None
-  args["heartbeat_timeout_seconds"] = int(env.get("TXF_HEARTBEAT_TIMEOUT", "") or HEARTBEAT_TIMEOUT)
-  args["initialization_timeout"] = int(env.get("TXF_INIT_TIMEOUT", "300"))
-  args["shutdown_timeout_seconds"] = int(env.get("TXF_SHUTDOWN_TIMEOUT", "300"))
-  if env.get("TXF_LOCAL_DEVICE_IDS"):
-    args["local_device_ids"] = [int(i) for i in env["TXF_LOCAL_DEVICE_IDS"].split(",") if i.strip()]
-  return args
 
 
 def maybe_initialize(env: Mapping[str, str] = os.environ) -> bool:
@@ -104,39 +79,20 @@ def maybe_initialize(env: Mapping[str, str] = os.environ) -> bool:
   return jax.process_count() > 1
 
 
-class _WithHeartbeatCallback:
-  """jax's ``_jax`` extension module, but its runtime client reports a lost peer to
-  ``_peer_lost`` (one line, exit 75) instead of aborting the process with a core dump."""
-
-  def __init__(self, lib):
-    self._lib = lib
-
-  def __getattr__(self, name):
-    return getattr(self._lib, name)
-
-  def get_distributed_runtime_client(self, *args, **kwargs):
-    kwargs["missed_heartbeat_callback"] = _peer_lost
-    return self._lib.get_distributed_runtime_client(*args, **kwargs)
-
-
 def _initialize(args: Dict[str, Any]) -> None:
-  """``jax.distributed.initialize(**args)`` with txf's lost-peer callback (see above)."""
-  from jax._src import distributed as jax_distributed
-  lib = getattr(jax_distributed, "_jax", None)
-  if lib is not None:
-    jax_distributed._jax = _WithHeartbeatCallback(lib)
-  try:
-    jax.distributed.initialize(**args)
-  finally:
-    if lib is not None:
-      jax_distributed._jax = lib
+  """``jax.distributed.initialize(**args)``; keeps its runtime client for the failure watch."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=import-outside-toplevel
+  jax.distributed.initialize(**args)
   _state["client"] = jax_distributed.global_state.client
+  supervise.write_note("processes", str(jax.process_count()))
   atexit.register(_finished_normally)  # runs before jax's own shutdown (LIFO)
 
 
 def note_workdir(workdir: str) -> None:
-  """The run directory whose last checkpoint a lost-process message names."""
+  """The run directory whose last checkpoint a lost-process message names (here, and in the
+  supervising parent's, txf.supervise)."""
   _state["workdir"] = workdir
+  supervise.write_note("workdir", workdir)
 
 
 def _say_and_exit(line: str, status: int) -> None:
@@ -148,7 +104,7 @@ def _say_and_exit(line: str, status: int) -> None:
 
 
 def _peer_lost(status=None, *_) -> None:
-  """The runtime client's heartbeat verdict: a peer (or the coordinator) is gone."""
+  """txf's heartbeat verdict (the failure watch): a peer (or the coordinator) is gone."""
   if _state["done"]:
     return
   text = str(status or "")
@@ -219,8 +175,11 @@ def start_failure_watch() -> None:
         lost.append(p)
     return lost
 
+  _state["round"] = time.time()
+
   def watch():
     while not _state["done"]:
+      _state["round"] = time.time()
       lost = silent()
       if lost and not _state["done"]:
         _peer_lost(" ".join(f"task:{p}" for p in lost) if (me == 0 or len(lost) < len(others))
@@ -241,8 +200,19 @@ def start_failure_watch() -> None:
         time.sleep(3.0)
       _say_and_exit(line, int(status))
 
+  def watchdog():  # the store does not answer (a stopped coordinator): the watch is stuck in it
+    stale = 0
+    while not _state["done"]:
+      time.sleep(1.0)
+      # twice in a row: after this process itself was stopped and continued, the watch names
+      # the silent peer first
+      stale = stale + 1 if time.time() - _state["round"] > bound + 2 else 0
+      if stale >= 2 and not _state["done"]:
+        _peer_lost("the coordinator" if me != 0 else "")
+
   _state["threads"] = [threading.Thread(target=beat, name="txf-heartbeat", daemon=True),
-                       threading.Thread(target=watch, name="txf-failure-watch", daemon=True)]
+                       threading.Thread(target=watch, name="txf-failure-watch", daemon=True),
+                       threading.Thread(target=watchdog, name="txf-watchdog", daemon=True)]
   for thread in _state["threads"]:
     thread.start()
 
