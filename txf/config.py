@@ -483,9 +483,6 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     ok = [k for k in range(1, dm + 1) if dm % k == 0 and abs(k - h) <= max(h, 4)]
     errors.append(f"model.d_model={dm} is not divisible by model.num_heads={h}: d_k = d_model / h must be "
                   f"an integer; use num_heads in {ok[:6]} or change d_model")
-  for n in ["ffn_match_params", "use_bias", "parallel_block"]:
-    if n in m and not isinstance(m[n], bool):
-      errors.append(f"model.{n}={m[n]!r} must be True or False")
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "
