@@ -352,7 +352,8 @@ def test_parallel_block_composes_its_own_sublayers(layer, pre_ln):
   memory = jnp.asarray(RNG.normal(size=(2, 4, 8)), jnp.float32)
   cross = layer == "decoder_cross"
   if layer == "encoder":
-    module, kind, mask = EncoderLayer(cfg), "self", ops.padding_mask(jnp.ones((2, 5), bool), jnp.ones((2, 5), bool))
+    valid = jnp.asarray([[True] * 3 + [False] * 2, [True] * 5])   # row 0: 2 padding positions
+    module, kind, mask = EncoderLayer(cfg), "self", ops.padding_mask(valid, valid)
     args = (mask,)
   else:
     module, kind, mask = DecoderLayer(cfg, cross=cross), "causal", ops.causal_mask(5)
