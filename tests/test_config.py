@@ -88,3 +88,14 @@ def test_the_reference_gives_every_field_its_default_allowed_values_and_meaning(
     (cfg[section] if section else cfg)[name] = "nope"
     with pytest.raises(config_lib.ConfigError, match=f"{key}='nope' is not one of"):
       config_lib.validate(cfg)
+
+
+def test_ffn_and_block_variants_validate():
+  c = base_config()
+  c.model.activation, c.model.ffn_match_params = "swiglu", True
+  c.model.use_bias, c.model.parallel_block = False, True
+  validate(c)
+  c.model.activation = "glu"
+  with pytest.raises(ConfigError) as e:
+    validate(c)
+  assert "model.activation='glu' is not one of" in str(e.value) and "'swiglu'" in str(e.value)

@@ -93,6 +93,20 @@ def test_bf16_feed_forward_matches_the_formula(activation):
   _close(got, ops.feed_forward(x32, w132, b132, w232, b232, activation=activation))
 
 
+@pytest.mark.parametrize("activation, use_bias", [("reglu", True), ("geglu", True),
+                                                  ("swiglu", True), ("swiglu", False)])
+def test_bf16_gated_feed_forward_matches_the_formula(activation, use_bias):
+  # (f(x W1 + b1) * (x V + c)) W2 + b2 with bf16 products against the float32 formula on the same
+  # (bf16-representable) values: only the kernel's bf16 rounding differs
+  (x, x32), (w1, w132), (v, v32), (w2, w232) = (_bf16(2, 4, 16), _bf16(16, 24), _bf16(16, 24),
+                                                _bf16(24, 16))
+  (b1, b132), (c, c32), (b2, b232) = (_bf16(24), _bf16(24), _bf16(16)) if use_bias else ((None,) * 2,) * 3
+  got = jax.jit(bf16.feed_forward, static_argnums=5)(x, w1, b1, w2, b2, activation, v, c)
+  assert got.dtype == jnp.bfloat16
+  _close(got, ops.feed_forward(x32, w132, b132, w232, b232, activation=activation, w_gate=v32,
+                               b_gate=c32))
+
+
 def test_bf16_multi_head_attention_matches_the_formula_with_biases_and_a_kv_hook():
   (x, x32), (m, m32) = _bf16(2, 5, 16), _bf16(2, 6, 16)
   ws = [_bf16(16, 4, 4) for _ in range(3)] + [_bf16(4, 4, 16)]

@@ -248,3 +248,140 @@ def test_rms_norm_replaces_every_layer_norm_of_the_model():
     x, g = np.asarray(x, np.float64), np.asarray(g, np.float64)
     want = g * x / np.sqrt((x ** 2).mean(-1, keepdims=True) + cfg.layer_norm_eps)
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+
+
+# --- gated FFNs, model.use_bias, model.ffn_match_params, model.parallel_block -------------------
+
+def _init(module, *args):
+  """The module's parameters (plain arrays, the logical-axis boxes removed)."""
+  import flax.linen as fnn
+  return fnn.unbox(module.init(jax.random.key(0), *args)["params"])
+
+
+NP_F = {"reglu": lambda v: np.maximum(v, 0),
+        "geglu": lambda v: v * 0.5 * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
+        "swiglu": lambda v: v / (1 + np.exp(-v))}
+
+
+@pytest.mark.parametrize("activation", ["reglu", "geglu", "swiglu"])
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_gated_feed_forward_against_numpy(activation, use_bias):
+  # (f(x W1 + b1) * (x V + c)) W2 + b2 in float64; without biases (f(x W1) * x V) W2
+  x, w1, v, w2 = (RNG.normal(size=s) for s in ((3, 4), (4, 6), (4, 6), (6, 4)))
+  b1, c, b2 = (RNG.normal(size=n) if use_bias else np.zeros(n) for n in (6, 6, 4))
+  expected = (NP_F[activation](x @ w1 + b1) * (x @ v + c)) @ w2 + b2
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  maybe = lambda a: f32(a) if use_bias else None
+  got = ops.feed_forward(f32(x), f32(w1), maybe(b1), f32(w2), maybe(b2), activation=activation,
+                         w_gate=f32(v), b_gate=maybe(c))
+  np.testing.assert_allclose(got, expected, atol=1e-4)
+  with pytest.raises(ValueError, match="needs w_gate"):
+    ops.feed_forward(f32(x), f32(w1), None, f32(w2), None, activation=activation)
+
+
+@pytest.mark.parametrize("activation, use_bias, names", [
+    ("relu", False, {"wi", "wo"}),
+    ("swiglu", True, {"wi", "bi", "wi_gate", "bi_gate", "wo", "bo"}),
+    ("geglu", False, {"wi", "wi_gate", "wo"})])
+def test_feed_forward_module_parameters_and_output(activation, use_bias, names):
+  from txf.nn import FeedForward
+  cfg = small_config(activation=activation, use_bias=use_bias)
+  x = RNG.normal(size=(2, 3, 8))
+  params = _init(FeedForward(cfg), jnp.asarray(x, jnp.float32))
+  assert set(params) == names
+  p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  p.update({k: 0.0 for k in ("bi", "bi_gate", "bo") if k not in p})
+  if activation == "relu":
+    hidden = np.maximum(x @ p["wi"] + p["bi"], 0)
+  else:
+    hidden = NP_F[activation](x @ p["wi"] + p["bi"]) * (x @ p["wi_gate"] + p["bi_gate"])
+  got = FeedForward(cfg).apply({"params": params}, jnp.asarray(x, jnp.float32))
+  np.testing.assert_allclose(got, hidden @ p["wo"] + p["bo"], atol=1e-5)
+
+
+@pytest.mark.parametrize("d_ff, hidden", [
+    (2048, 1368),  # t = 4096/3 = 1365.33; nearest multiple of 8: 1368 (171*8), 2.67 off <= 13.65 (1%)
+    (3072, 2048),  # t = 2048, a multiple of 8
+    (400, 264),    # t = 266.67; 264 is 2.67 off = exactly 1% of t: kept (the bound is inclusive)
+    (100, 67),     # t = 66.67; 64 is 2.67 off > 0.67 (1%): round(t) = 67
+    (16, 11)])     # t = 10.67; 8 is 2.67 off > 0.11: round(t) = 11
+def test_ffn_match_params_hidden_size_rule(d_ff, hidden):
+  from txf.nn import FeedForward
+  assert ops.matched_hidden_size(d_ff) == hidden
+  gated = TransformerConfig(d_model=512, d_ff=d_ff, activation="swiglu", ffn_match_params=True)
+  assert gated.ffn_hidden == hidden
+  assert TransformerConfig(d_ff=d_ff, ffn_match_params=True).ffn_hidden == d_ff  # dense: no effect
+  assert TransformerConfig(d_ff=d_ff, activation="swiglu").ffn_hidden == d_ff    # not asked
+  count = lambda cfg: sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(jax.eval_shape(
+      lambda: FeedForward(cfg).init(jax.random.key(0), jnp.zeros((1, 1, 512))))))
+  assert count(gated) == 3 * 512 * hidden + 2 * hidden + 512        # W1, V, W2; b1, c, b2
+  dense = 2 * 512 * d_ff + d_ff + 512
+  assert count(TransformerConfig(d_model=512, d_ff=d_ff)) == dense
+  if d_ff >= 400:  # the multiple-of-8 branch: weights within the rule's 1%
+    assert abs(3 * hidden - 2 * d_ff) <= 0.01 * 2 * d_ff
+    assert abs(count(gated) / dense - 1) < 0.011
+
+
+def test_train_flops_count_three_ffn_matmuls_when_gated():
+  from txf.models.flops import model_train_flops
+  # decoder_lm, N_d = 2, d = 8, h = 11 (d_ff 16 matched), B = 3, T = 5: the gate V adds one
+  # [d, h] matmul per token and layer, 2 d h FLOPs forward, x 3 for training
+  kw = dict(family="decoder_lm", d_model=8, num_heads=2, num_decoder_layers=2, vocab_size=11)
+  gated = TransformerConfig(d_ff=16, activation="swiglu", ffn_match_params=True, **kw)
+  dense = TransformerConfig(d_ff=11, **kw)
+  extra = 3 * 3 * 5 * 2 * (2 * 8 * 11)
+  assert model_train_flops(gated, 3, 0, 5) - model_train_flops(dense, 3, 0, 5) == extra == 15840
+
+
+def _np_norm(x, p, eps=1e-6):
+  mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  return (np.asarray(p["scale"], np.float64) * (x - mu) / np.sqrt(var + eps)
+          + np.asarray(p["bias"], np.float64))
+
+
+@pytest.mark.parametrize("layer, pre_ln", [("encoder", False), ("encoder", True),
+                                           ("decoder_cross", False), ("decoder_cross", True),
+                                           ("decoder", True)])
+def test_parallel_block_composes_its_own_sublayers(layer, pre_ln):
+  """parallel_block: pre-LN x + Attn(N(x)) + FFN(N(x)), post-LN N(x + Attn(x) + FFN(x)) with one
+  norm (norm_1); a decoder layer with cross-attention first adds it sequentially (its own norm_2).
+  Reference: the layer's sublayer modules applied separately to its parameters, composed in numpy."""
+  from txf.nn import DecoderLayer, EncoderLayer, FeedForward, MultiHeadAttention
+  cfg = small_config(parallel_block=True, pre_ln=pre_ln, deterministic=True)
+  x = RNG.normal(size=(2, 5, 8))
+  memory = jnp.asarray(RNG.normal(size=(2, 4, 8)), jnp.float32)
+  cross = layer == "decoder_cross"
+  if layer == "encoder":
+    valid = jnp.asarray([[True] * 3 + [False] * 2, [True] * 5])   # row 0: 2 padding positions
+    module, kind, mask = EncoderLayer(cfg), "self", ops.padding_mask(valid, valid)
+    args = (mask,)
+  else:
+    module, kind, mask = DecoderLayer(cfg, cross=cross), "causal", ops.causal_mask(5)
+    args = (mask, memory) if cross else (mask,)
+  params = _init(module, jnp.asarray(x, jnp.float32), *args)
+  assert set(params) == {"self_attention", "ffn", "norm_1"} | (
+      {"cross_attention", "norm_2"} if cross else set())
+  got = module.apply({"params": params}, jnp.asarray(x, jnp.float32), *args)
+  run = lambda m, name, h, **kw: np.asarray(m.apply({"params": params[name]}, jnp.asarray(h, jnp.float32),
+                                                    **kw), np.float64)
+  if cross:  # the sequential cross-attention sublayer, pre- or post-LN
+    attend = lambda h: run(MultiHeadAttention(cfg, "cross"), "cross_attention", h, memory=memory)
+    n2 = lambda v: _np_norm(v, params["norm_2"])
+    x = x + attend(n2(x)) if pre_ln else n2(x + attend(x))
+  attn = lambda h: run(MultiHeadAttention(cfg, kind), "self_attention", h, mask=mask)
+  ffn = lambda h: run(FeedForward(cfg), "ffn", h)
+  n1 = lambda v: _np_norm(v, params["norm_1"])
+  want = x + attn(n1(x)) + ffn(n1(x)) if pre_ln else n1(x + attn(x) + ffn(x))
+  np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("activation", "swiglu", "model.activation='swiglu'"), ("use_bias", False, "model.use_bias=False"),
+    ("parallel_block", True, "model.parallel_block=True")])
+def test_marian_export_names_the_ffn_and_block_variants(field, value, words):
+  from txf.config import base_config
+  from txf.inference import hf
+  config = base_config()
+  assert not [p for p in hf.export_problems(config, None) if "model." in p and "FFN" in p]
+  setattr(config.model, field, value)
+  assert any(words in p for p in hf.export_problems(config, None))

@@ -83,3 +83,29 @@ def test_plan_refuses_a_mesh_that_cannot_work_in_one_line(args, words):
   # one error (a config's list of problems under one "invalid config:" line), no traceback
   assert proc.stderr.startswith("txf: error:") and words in proc.stderr, proc.stderr
   assert "Traceback" not in proc.stderr and proc.stderr.count("txf: error:") == 1, proc.stderr
+
+
+@pytest.mark.slow
+def test_plan_counts_a_gated_ffn_with_matched_parameters(tmp_path):
+  # the default experiment (encoder_decoder, d 128, 2+2 layers, post-LN, one shared tied table)
+  # with a SwiGLU FFN matched to d_ff 2048: hidden h = 1368 (2 * 2048 / 3 = 1365.33, the nearest
+  # multiple of 8 within 1%); V = 1000
+  out = tmp_path / "plan.json"
+  proc = _plan("--config", "experiments/default.py", "--vocab_size=1000", *SMALL_BATCH,
+               "--config.model.d_ff=2048", "--config.model.activation=swiglu",
+               "--config.model.ffn_match_params=True", "--json", str(out))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  plan = json.loads(out.read_text())
+  d, h, v, n = 128, 1368, 1000, 2
+  ffn = 3 * d * h + 2 * h + d                    # W1, V [d, h], W2 [h, d]; b1, c [h], b2 [d]
+  encoder_layer = 4 * d * d + ffn + 2 * 2 * d    # Q, K, V, O; FFN; two LayerNorms (gamma, beta)
+  decoder_layer = 8 * d * d + ffn + 3 * 2 * d    # self and cross attention; FFN; three LayerNorms
+  assert plan["params"] == v * d + n * (encoder_layer + decoder_layer)
+  assert plan["model"]["ffn_hidden"] == h and plan["model"]["d_ff"] == 2048
+  assert "d_ff 1368 (swiglu, matched to d_ff 2048)" in proc.stdout, proc.stdout
+  # FLOPs: 6 x weights x tokens with the FFN's three matmuls (3 d h weights), + attention
+  b, s, t = 16, 32, 32
+  weights = (s * n * (4 * d * d + 3 * d * h) + t * n * (6 * d * d + 3 * d * h) + s * n * 2 * d * d
+             + t * d * v)
+  attention = n * 2 * s * s * d + n * (2 * t * t * d + 2 * t * s * d)
+  assert plan["flops_per_step"] == pytest.approx(6.0 * b * (weights + attention), rel=1e-9)

@@ -79,7 +79,8 @@ def test_a_toy_activation_registered_here_is_validated_and_runs_in_the_model():
     np.testing.assert_allclose(np.asarray(out, np.float64), expected, rtol=1e-5, atol=1e-5)
     relu = np.maximum(z, 0) @ p["wo"] + p["bo"]
     assert np.abs(expected - relu).max() > 1e-2  # the check tells the toy from the paper's relu
-  with pytest.raises(config_lib.ConfigError, match=r"is not one of \('relu', 'gelu', 'swish'\)"):
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"is not one of \('relu', 'gelu', 'swish', 'reglu', 'geglu', 'swiglu'\)"):
     config_lib.validate(cfg)  # gone again with its table line
 
 
@@ -142,7 +143,7 @@ def test_every_table_names_its_configs_allowed_values():
     assert config_lib.allowed_values(table.key) == table.names(), table.key
     section, field = table.key.split(".")
     assert defaults[section][field] in table.names(), table.key
-  assert ACTIVATIONS.names() == ("relu", "gelu", "swish")
+  assert ACTIVATIONS.names() == ("relu", "gelu", "swish", "reglu", "geglu", "swiglu")
   assert POSITIONAL.names() == ("sinusoidal", "learned", "none")
   assert ATTENTION_IMPLS.names() == ("auto", "reference", "fused")
   # the head has no config field of its own (model.tie_output picks it)

@@ -85,8 +85,11 @@ def base_config() -> ml_collections.ConfigDict:
   m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
   m.residual_dtype = "float32"   # the residual stream x + Sublayer(x) and LayerNorm's input/output: float32 | compute (the compute dtype)
   m.vocab_multiple = 0           # embedding/output tables get ceil(V/m)*m rows, the padding never predicted nor exported; 0 = auto: 1 on CPU, 128 on GPU/TPU, lcm(128, split) when the mesh splits the vocabulary (tensor axis > 1)
+  m.ffn_match_params = False     # gated FFN (model.activation reglu | geglu | swiglu) only: hidden size t = 2 d_ff / 3, rounded to the nearest multiple of 8 if that is within 1% of t, else to the nearest integer (d_ff 2048 -> 1368), so that 3 d h ~= 2 d d_ff, the dense FFN's parameter count; no effect on a dense FFN
+  m.use_bias = True              # biases b1, b2 of the FFN (and a gated FFN's gate bias c); False: none. Attention biases are model.attention_bias; the norms keep theirs
+  m.parallel_block = False       # GPT-J/PaLM block: self-attention and FFN read one shared norm, pre-LN x + Attn(N(x)) + FFN(N(x)), post-LN N(x + Attn(x) + FFN(x)); a decoder layer with cross-attention runs its cross-attention sublayer first (as usual, its own norm), then the parallel pair
   # options of Marian (OPUS-MT) models, see `txf import-hf`; the defaults are the paper's
-  m.activation = "relu"          # FFN activation: relu | gelu (exact, erf) | swish (= silu, Marian)
+  m.activation = "relu"          # FFN activation: relu | gelu (exact, erf) | swish (= silu, Marian); gated FFNs (f(x W1 + b1) * (x V + c)) W2 + b2: reglu | geglu | swiglu
   m.positional_layout = "interleaved"  # sinusoidal PE: interleaved sin/cos pairs (paper) | sin_cos (all sines, then all cosines: Marian, fairseq)
   m.position_offset = 0          # sinusoidal PE at position + this offset (Marian 0)
   m.embed_scale = True           # token embeddings times sqrt(d_model) (paper; Marian scale_embedding)

@@ -229,6 +229,11 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
   if m.norm != "layer_norm" or m.attention != "scaled_dot_product":
     problems.append(f"model.norm={m.norm!r} / model.attention={m.attention!r} (Marian: "
                     f"layer_norm, scaled_dot_product)")
+  if m.activation not in ("relu", "gelu", "swish"):
+    problems.append(f"model.activation={m.activation!r} (Marian's FFN is dense: relu, gelu, swish)")
+  if not m.use_bias or m.parallel_block:
+    problems.append(f"model.use_bias={m.use_bias} / model.parallel_block={m.parallel_block} "
+                    f"(Marian: FFN biases, sequential sublayers)")
   if codec is None or not isinstance(codec.target, (tok.SentencePieceTokenizer, tok.MarianTokenizer)):
     kind = "none" if codec is None else codec.target.kind
     problems.append(f"its tokenizer ({kind}; Marian needs SentencePiece)")

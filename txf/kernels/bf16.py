@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from txf.kernels import dots
 from txf.ops.attention import attention_weights, merge_heads, split_heads
-from txf.ops.feedforward import ACTIVATIONS
+from txf.ops.feedforward import ACTIVATIONS, Gated
 
 
 def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
@@ -27,13 +27,25 @@ def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   return dots.weighted(weights, v), weights
 
 
-def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
-                 b2: jnp.ndarray, activation: str = "relu") -> jnp.ndarray:
-  """FFN(x) = f(x W1 + b1) W2 + b2 (``txf.ops.feed_forward``) with :func:`txf.kernels.dots.dense`.
+def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2: jnp.ndarray,
+                 b2: Optional[jnp.ndarray], activation: str = "relu",
+                 w_gate: Optional[jnp.ndarray] = None,
+                 b_gate: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+  """FFN(x) = f(x W1 + b1) W2 + b2, or the gated (f(x W1 + b1) * (x V + c)) W2 + b2 for a gated
+  ``activation`` (``txf.ops.feed_forward``, same arguments) with :func:`txf.kernels.dots.dense`
+  products; a bias that is None is left out.
 
-  x [..., d_model]; w1 [d_model, d_ff]; w2 [d_ff, d_model] -> [..., d_model].
+  x [..., d_model]; w1, w_gate [d_model, d_ff]; w2 [d_ff, d_model] -> [..., d_model].
   """
-  return dots.dense(ACTIVATIONS[activation](dots.dense(x, w1) + b1), w2) + b2
+  entry = ACTIVATIONS[activation]
+  add = lambda z, b: z if b is None else z + b
+  if isinstance(entry, Gated):
+    if w_gate is None:
+      raise ValueError(f"activation={activation!r} is a gated FFN: it needs w_gate [d_model, d_ff]")
+    hidden = entry.f(add(dots.dense(x, w1), b1)) * add(dots.dense(x, w_gate), b_gate)
+  else:
+    hidden = entry(add(dots.dense(x, w1), b1))
+  return add(dots.dense(hidden, w2), b2)
 
 
 def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp.ndarray,

@@ -1,6 +1,8 @@
 """The model's matrix-product formulas, dispatched once on :func:`txf.kernels.select`: txf.ops's
 formula, or its bf16 CPU restatement in txf.kernels.bf16."""
 
+from typing import Optional
+
 import jax.numpy as jnp
 
 from txf import ops
@@ -8,12 +10,15 @@ from txf.kernels import bf16
 from txf.kernels.select import select
 
 
-def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray,
-                 b2: jnp.ndarray, activation: str = "relu") -> jnp.ndarray:
-  """FFN(x) = f(x W1 + b1) W2 + b2 (``txf.ops.feed_forward``): x [..., d_model] -> [..., d_model]."""
+def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2: jnp.ndarray,
+                 b2: Optional[jnp.ndarray], activation: str = "relu",
+                 w_gate: Optional[jnp.ndarray] = None,
+                 b_gate: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+  """FFN(x) = f(x W1 + b1) W2 + b2, or the gated (f(x W1 + b1) * (x V + c)) W2 + b2
+  (``txf.ops.feed_forward``, same arguments): x [..., d_model] -> [..., d_model]."""
   if select(x.dtype).layout_dots:
-    return bf16.feed_forward(x, w1, b1, w2, b2, activation)
-  return ops.feed_forward(x, w1, b1, w2, b2, activation=activation)
+    return bf16.feed_forward(x, w1, b1, w2, b2, activation, w_gate, b_gate)
+  return ops.feed_forward(x, w1, b1, w2, b2, activation=activation, w_gate=w_gate, b_gate=b_gate)
 
 
 def tied_logits(h: jnp.ndarray, table: jnp.ndarray) -> jnp.ndarray:

@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
-from txf import kernels
+from txf import kernels, ops
 from txf.config import base_config
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -71,6 +71,19 @@ class _TransformerConfigBase:
     compute the sublayers run in bf16 and the sums x + Sublayer(x) and LayerNorm stay float32), or
     the compute dtype (``"compute"``)."""
     return jnp.dtype(jnp.float32) if self.residual_dtype == "float32" else self.compute_dtype
+
+  @property
+  def gated_ffn(self) -> bool:
+    """True when ``activation`` names a gated FFN (reglu, geglu, swiglu: ``txf.ops.is_gated``)."""
+    return ops.is_gated(self.activation)
+
+  @property
+  def ffn_hidden(self) -> int:
+    """The FFN's hidden size, what sizes W1 [d_model, ffn_hidden] (and V, W2): ``d_ff``, or for a
+    gated FFN with ``ffn_match_params`` ``txf.ops.matched_hidden_size(d_ff)`` (~2 d_ff / 3)."""
+    if self.ffn_match_params and self.gated_ffn:
+      return ops.matched_hidden_size(self.d_ff)
+    return self.d_ff
 
   @property
   def head_dim(self) -> int:

@@ -137,19 +137,32 @@ class LayerNorm(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (txf.ops.feed_forward; ``activation`` may replace max(0, .))."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (txf.ops.feed_forward; ``activation`` may replace max(0, .),
+  or name a gated FFN (f(x W1 + b1) * (x V + c)) W2 + b2 with the gate kernel ``wi_gate`` V).
+
+  Parameters: ``wi`` W1 [d_model, f], ``bi`` b1 [f], (gated: ``wi_gate`` V [d_model, f], ``bi_gate``
+  c [f]), ``wo`` W2 [f, d_model], ``bo`` b2 [d_model], f = ``config.ffn_hidden``; with
+  ``use_bias=False`` no ``bi``, ``bi_gate``, ``bo``. x [..., d_model] -> [..., d_model].
+  """
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, x):
     cfg, dt = self.config, self.config.compute_dtype
     axes = lambda init, *names: nn.with_logical_partitioning(init, names)
-    w1 = self.param("wi", axes(xavier, "embed", "mlp"), (cfg.d_model, cfg.d_ff)).astype(dt)
-    b1 = self.param("bi", axes(nn.initializers.zeros, "mlp"), (cfg.d_ff,)).astype(dt)
-    w2 = self.param("wo", axes(xavier, "mlp", "embed"), (cfg.d_ff, cfg.d_model)).astype(dt)
-    b2 = self.param("bo", axes(nn.initializers.zeros, "norm"), (cfg.d_model,)).astype(dt)
-    return constrain(kernels.feed_forward(x.astype(dt), w1, b1, w2, b2, activation=cfg.activation),
-                     HIDDEN_AXES)
+    bias = lambda name, size, axis: (self.param(name, axes(nn.initializers.zeros, axis), (size,)).astype(dt)
+                                     if cfg.use_bias else None)
+    f = cfg.ffn_hidden
+    w1 = self.param("wi", axes(xavier, "embed", "mlp"), (cfg.d_model, f)).astype(dt)
+    b1 = bias("bi", f, "mlp")
+    w_gate = b_gate = None
+    if cfg.gated_ffn:
+      w_gate = self.param("wi_gate", axes(xavier, "embed", "mlp"), (cfg.d_model, f)).astype(dt)
+      b_gate = bias("bi_gate", f, "mlp")
+    w2 = self.param("wo", axes(xavier, "mlp", "embed"), (f, cfg.d_model)).astype(dt)
+    b2 = bias("bo", cfg.d_model, "norm")
+    return constrain(kernels.feed_forward(x.astype(dt), w1, b1, w2, b2, activation=cfg.activation,
+                                          w_gate=w_gate, b_gate=b_gate), HIDDEN_AXES)
 
 
 def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
@@ -162,8 +175,22 @@ def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) 
   return x + y if cfg.pre_ln else norm(x + y)
 
 
+def parallel_residual(cfg: TransformerConfig, norm: LayerNorm, sublayers, x: jnp.ndarray) -> jnp.ndarray:
+  """The parallel block (GPT-J, PaLM; ``model.parallel_block``): sublayers (self-attention, FFN)
+  reading the same input, one shared norm (call inside a compact method).
+
+  pre-LN: x + Dropout(Attn(Norm(x))) + Dropout(FFN(Norm(x)));
+  post-LN: Norm(x + Dropout(Attn(x)) + Dropout(FFN(x))).  x [B, L, d_model] -> [B, L, d_model].
+  """
+  h = norm(x) if cfg.pre_ln else x
+  for sublayer in sublayers:
+    x = x + Dropout(cfg.dropout_rate)(sublayer(h), deterministic=cfg.deterministic)
+  return x if cfg.pre_ln else norm(x)
+
+
 class EncoderLayer(nn.Module):
-  """Self-attention, Add & Norm, FFN, Add & Norm."""
+  """Self-attention, Add & Norm, FFN, Add & Norm; with ``parallel_block`` x + Attn(N(x)) + FFN(N(x))
+  (pre-LN) or N(x + Attn(x) + FFN(x)) (post-LN), one norm ``norm_1``."""
   config: TransformerConfig
   scanned: bool = False                # True: return (x, None), the carry form of nn.scan
 
@@ -172,13 +199,21 @@ class EncoderLayer(nn.Module):
     """x [B, S, d_model]; mask bool [B, 1, S, S]."""
     cfg = self.config
     attention = MultiHeadAttention(cfg, "self", name="self_attention")
-    x = residual(cfg, LayerNorm(cfg, name="norm_1"), lambda h: attention(h, mask=mask), x)
-    x = residual(cfg, LayerNorm(cfg, name="norm_2"), FeedForward(cfg, name="ffn"), x)
+    if cfg.parallel_block:  # x + Attn(N(x)) + FFN(N(x)), one norm
+      x = parallel_residual(cfg, LayerNorm(cfg, name="norm_1"),
+                            (lambda h: attention(h, mask=mask), FeedForward(cfg, name="ffn")), x)
+    else:
+      x = residual(cfg, LayerNorm(cfg, name="norm_1"), lambda h: attention(h, mask=mask), x)
+      x = residual(cfg, LayerNorm(cfg, name="norm_2"), FeedForward(cfg, name="ffn"), x)
     return (x, None) if self.scanned else x
 
 
 class DecoderLayer(nn.Module):
-  """Causal self-attention, Add & Norm, cross-attention (if a memory), Add & Norm, FFN, Add & Norm."""
+  """Causal self-attention, Add & Norm, cross-attention (if a memory), Add & Norm, FFN, Add & Norm.
+
+  With ``parallel_block``: cross-attention (if a memory) and its Add & Norm (``norm_2``) first, then
+  causal self-attention and FFN in parallel on one norm (``norm_1``, :func:`parallel_residual`);
+  no ``norm_3``. Cross-attention goes first so that the layer's FFN sees what it read."""
   config: TransformerConfig
   cross: bool = True
   scanned: bool = False                # True: return (y, None), the carry form of nn.scan
@@ -188,11 +223,20 @@ class DecoderLayer(nn.Module):
     """y [B, T, d_model]; self_mask bool [B|1, 1, T, T]; memory [B, S, d_model]; cross_mask [B, 1, T, S]."""
     cfg = self.config
     self_attention = MultiHeadAttention(cfg, "causal", name="self_attention")
+
+    def add_cross(y):  # cross-attention and its Add & Norm (norm_2)
+      attend = MultiHeadAttention(cfg, "cross", name="cross_attention")
+      return residual(cfg, LayerNorm(cfg, name="norm_2"),
+                      lambda h: attend(h, memory=memory, mask=cross_mask, memory_valid=memory_valid), y)
+
+    if cfg.parallel_block:  # cross-attention (if a memory) first, then y + Attn(N(y)) + FFN(N(y))
+      y = add_cross(y) if self.cross else y
+      y = parallel_residual(cfg, LayerNorm(cfg, name="norm_1"),
+                            (lambda h: self_attention(h, mask=self_mask), FeedForward(cfg, name="ffn")), y)
+      return (y, None) if self.scanned else y
     y = residual(cfg, LayerNorm(cfg, name="norm_1"), lambda h: self_attention(h, mask=self_mask), y)
     if self.cross:
-      cross_attention = MultiHeadAttention(cfg, "cross", name="cross_attention")
-      y = residual(cfg, LayerNorm(cfg, name="norm_2"),
-                   lambda h: cross_attention(h, memory=memory, mask=cross_mask, memory_valid=memory_valid), y)
+      y = add_cross(y)
     y = residual(cfg, LayerNorm(cfg, name="norm_3"), FeedForward(cfg, name="ffn"), y)
     return (y, None) if self.scanned else y
 

@@ -9,7 +9,7 @@ from txf.ops.attention import (attention_weights, causal_mask, combine_masks, me
                                segment_mask, split_heads)
 from txf.ops.dropout import dropout
 from txf.ops.embedding import embed, tied_logits
-from txf.ops.feedforward import feed_forward
+from txf.ops.feedforward import feed_forward, is_gated, matched_hidden_size
 from txf.ops.losses import label_smoothed_cross_entropy, token_accuracy
 from txf.ops.norm import layer_norm, rms_norm
 from txf.ops.positional import positional_encoding_at, sinusoidal_positional_encoding

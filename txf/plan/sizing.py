@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from txf import families
+from txf.ops.feedforward import ACTIVATIONS, is_gated
 from txf.data.pipeline import rows_for_tokens
 from txf.models.flops import model_train_flops
 from txf.models import init_params, model_config_for, param_axes
@@ -183,6 +184,7 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   out = {"devices": n, "mesh_shape": [int(mesh.shape[a]) for a in sharding_lib.MESH_AXES],
          "mesh_axes": list(sharding_lib.MESH_AXES), "platform": devices[0].platform,
          "model": {k: getattr(cfg, k) for k in ("family", "d_model", "num_heads", "d_ff",
+                                                "ffn_hidden", "activation",
                                                 "num_encoder_layers", "num_decoder_layers",
                                                 "vocab_size", "dtype", "remat", "scan_layers")},
          "batch": shape,
@@ -241,12 +243,21 @@ def _host_lines(p: Dict) -> List[str]:
           f"  largest layer     {_size(h['largest_layer_bytes']):>12}   ({h['largest_layer']})"]
 
 
+def _ffn_words(m: Dict) -> str:
+  """'d_ff 2048', or the effective hidden size of a gated FFN: 'd_ff 1368 (swiglu, matched to
+  d_ff 2048)' (a plan written before ffn_hidden was recorded: its d_ff)."""
+  hidden, act = m.get("ffn_hidden", m["d_ff"]), m.get("activation", "")
+  notes = ([act] if act in ACTIVATIONS and is_gated(act) else []) + (
+      [f"matched to d_ff {m['d_ff']}"] if hidden != m["d_ff"] else [])
+  return f"d_ff {hidden}" + (f" ({', '.join(notes)})" if notes else "")
+
+
 def format_plan(p: Dict) -> str:
   """The plan as the lines ``txf plan`` prints."""
   m, b = p["model"], p["batch"]
   mesh = " x ".join(f"{a}={s}" for a, s in zip(p["mesh_axes"], p["mesh_shape"]))
   lines = [f"model      {m['family']}, {p['params'] / 1e6:.1f}M parameters (d_model {m['d_model']}, "
-           f"{m['num_encoder_layers']}+{m['num_decoder_layers']} layers, d_ff {m['d_ff']}, "
+           f"{m['num_encoder_layers']}+{m['num_decoder_layers']} layers, {_ffn_words(m)}, "
            f"V {m['vocab_size']}, {m['dtype']} compute, remat {m['remat']}"
            f"{', scanned layers' if m['scan_layers'] else ''})",
            f"mesh       {p['devices']} {p['platform']} devices: {mesh}",
