@@ -229,6 +229,10 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
   if m.norm != "layer_norm" or m.attention != "scaled_dot_product":
     problems.append(f"model.norm={m.norm!r} / model.attention={m.attention!r} (Marian: "
                     f"layer_norm, scaled_dot_product)")
+  if (m.get("num_kv_heads", 0) or m.num_heads) != m.num_heads or m.get("qk_norm", "none") != "none":
+    problems.append(f"model.num_kv_heads={m.get('num_kv_heads', 0)} / model.qk_norm="
+                    f"{m.get('qk_norm', 'none')!r} (Marian: as many key/value heads as query heads "
+                    f"(0), no QK-norm)")
   if codec is None or not isinstance(codec.target, (tok.SentencePieceTokenizer, tok.MarianTokenizer)):
     kind = "none" if codec is None else codec.target.kind
     problems.append(f"its tokenizer ({kind}; Marian needs SentencePiece)")
