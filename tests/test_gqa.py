@@ -226,3 +226,27 @@ def test_parameter_count_and_flops_of_a_grouped_model(hk, qk_norm, qk):
   dec = t * 3 * (4 * d * d + 2 * d * kv + 2 * d * f) + s * 3 * 2 * d * kv + t * d * v
   attention = 2 * 2 * s * s * d + 3 * (2 * t * t * d + 2 * t * s * d)
   assert model_train_flops(cfg, b, s, t) == pytest.approx(6.0 * b * (enc + dec + attention), rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["causal", "cross"])
+def test_grouped_heads_equal_plain_heads_with_repeated_kv_kernels_dropout_included(kind):
+  # a GQA layer is the plain multi-head layer whose W^K, W^V blocks are repeated per group (head i
+  # reads K/V head i // G): same outputs, also on the attention-dropout path (same dropout bits,
+  # as the dropped weights have the same shape [B, h, L_q, L_k])
+  h, hk = 4, 2
+  cfg = TransformerConfig(d_model=16, num_heads=h, num_kv_heads=hk, attention_dropout_rate=0.3,
+                          deterministic=True)
+  x, memory = (jnp.asarray(RNG.normal(size=(2, n, 16)), jnp.float32) for n in (5, 4))
+  memory = None if kind == "causal" else memory
+  mask = jnp.asarray(np.tril(np.ones((5, 5 if kind == "causal" else 4), bool)))[None, None]
+  grouped = nn.unbox(MultiHeadAttention(cfg, kind).init(jax.random.key(0), x, memory, mask))
+  plain = jax.tree_util.tree_map(lambda a: a, grouped)
+  for name in ("key", "value"):
+    plain["params"][name] = jnp.repeat(grouped["params"][name], h // hk, axis=1)
+  plain_cfg = dataclasses.replace(cfg, num_kv_heads=0)
+  for deterministic in (True, False):
+    run = lambda c, p: MultiHeadAttention(dataclasses.replace(c, deterministic=deterministic), kind).apply(
+        p, x, memory, mask, rngs={"dropout": jax.random.key(3)})
+    got, want = run(cfg, grouped), run(plain_cfg, plain)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  assert not np.allclose(run(cfg, grouped), MultiHeadAttention(cfg, kind).apply(grouped, x, memory, mask))
