@@ -140,7 +140,8 @@ class MultiHeadAttention(nn.Module):
     (the layout and the writes: txf.nn.kv_cache).
 
     At cache creation (the first call, with the full target length) nothing is written: the
-    buffers [B, h_kv, max_len, d_k] (h_kv = h unless grouped-query attention) are created as zeros and the call behaves as uncached.
+    buffers [B, h_kv, max_len, d_k] (h_kv = h unless grouped-query attention) are created as
+    zeros and the call behaves as uncached.
     """
     initialized = self.has_variable("cache", kv_cache.CACHED_KEY)
     cached_k = self.variable("cache", kv_cache.CACHED_KEY, jnp.zeros, k.shape, k.dtype)
