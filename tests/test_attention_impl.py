@@ -18,7 +18,8 @@ from txf import ops
 from txf.models import build_model, forward, init_params
 from txf.decode.adapter import init_cache, make_logits_fn
 from txf.nn import MultiHeadAttention, TransformerConfig
-from txf.kernels import resolve_impl
+from txf.kernels import attend, resolve_impl
+from txf.nn.attention import per_source_attention
 
 IMPLS = ("reference", "fused")
 ATOL, RTOL = 2e-5, 2e-5
@@ -53,10 +54,15 @@ def attention_case(kind):
   return x, None, mask, None
 
 
+# the paper's heads; grouped-query (2 K/V heads for 4 query heads); multi-query with QK-norm
+HEADS = [dict(), dict(num_heads=4, num_kv_heads=2), dict(num_heads=4, num_kv_heads=1, qk_norm="layer_norm")]
+
+
+@pytest.mark.parametrize("heads", HEADS, ids=["mha", "gqa", "mqa_qk_norm"])
 @pytest.mark.parametrize("kind", ["self", "causal", "cross"])
-def test_outputs_and_gradients_agree(kind):
+def test_outputs_and_gradients_agree(kind, heads):
   x, memory, mask, mem_valid = attention_case(kind)
-  cfg = tiny_config()
+  cfg = tiny_config(**heads)
   params = MultiHeadAttention(cfg, kind).init(jax.random.key(0), x, memory, mask, mem_valid)
   cotangent = jax.random.normal(jax.random.key(1), x.shape)
 
@@ -114,9 +120,10 @@ def test_model_loss_and_gradients_agree(family):
     np.testing.assert_allclose(g_f, g_r, atol=ATOL, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_lm"])
-def test_cached_decode_steps_agree(family):
-  cfg = tiny_config(family=family)
+@pytest.mark.parametrize("family,heads", [("encoder_decoder", {}), ("decoder_lm", {}),
+                                          ("encoder_decoder", dict(num_heads=4, num_kv_heads=2))])
+def test_cached_decode_steps_agree(family, heads):
+  cfg = tiny_config(family=family, **heads)
   example = {"targets": jnp.ones((1, 4), jnp.int32)}
   inputs = None
   if family == "encoder_decoder":
@@ -140,6 +147,31 @@ def test_cached_decode_steps_agree(family):
     return run(inputs)
 
   np.testing.assert_allclose(step_logits("fused"), step_logits("reference"), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_beam_queries_over_grouped_keys_agree_with_numpy(kv_heads):
+  # beam search's per-source attention (G beams of a source read its keys once) with fewer K/V
+  # heads than query heads: both implementations against numpy (K/V heads repeated per query head)
+  rng = np.random.default_rng(4)
+  b, beams, h, l, lk, d = 2, 3, 4, 2, 5, 8
+  q = rng.normal(size=(b * beams, h, l, d))
+  k, v = rng.normal(size=(b, kv_heads, lk, d)), rng.normal(size=(b, kv_heads, lk, d))
+  mask = rng.random((b, 1, beams * l, lk)) < 0.7
+  mask[..., 0] = True
+  g = h // kv_heads
+  kr, vr = np.repeat(k, g, 1), np.repeat(v, g, 1)  # [B, h, L_k, d]
+  want = np.empty((b * beams, h, l, d))
+  for row in range(b * beams):
+    src, beam = divmod(row, beams)
+    s = np.einsum("hqd,hkd->hqk", q[row], kr[src]) / np.sqrt(d)
+    s = np.where(mask[src, 0, beam * l:(beam + 1) * l], s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    want[row] = (w / w.sum(-1, keepdims=True)) @ vr[src]
+  for impl in IMPLS:
+    got = per_source_attention(lambda *a, impl=impl: attend(*a, impl),
+                               *(jnp.asarray(t, jnp.float32) for t in (q, k, v)), jnp.asarray(mask))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_auto_resolves_per_backend_and_validates():

@@ -261,6 +261,12 @@ def test_txf_default_run_export_names_what_stands_in_the_way(tmp_path):
     hf.export_hf(str(workdir), str(tmp_path / "out"))
   assert "positional encodings sinusoidal/interleaved" in str(e.value)
   assert "layer_norm_eps=1e-06" in str(e.value) and "tokenizer" in str(e.value)
+  assert "num_kv_heads" not in str(e.value)  # plain heads: nothing to say about them
+  config = base_config()
+  config.model.num_kv_heads, config.model.qk_norm = 2, "rms_norm"  # GQA, QK-norm: not Marian's
+  write_json(str(workdir / "config.json"), config_to_dict(config))
+  with pytest.raises(TxfError, match=r"model.num_kv_heads=2 / model.qk_norm='rms_norm'"):
+    hf.export_hf(str(workdir), str(tmp_path / "out"))
 
 
 def test_opus_mt_en_de_shape_forward(tmp_path):

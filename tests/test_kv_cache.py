@@ -22,9 +22,9 @@ VOCAB = 13
 
 def small_config(family, layers=1, **overrides):
   """A tiny model (XLA compile time dominates these tests: one layer unless the test needs two)."""
-  return TransformerConfig(family=family, vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32,
-                           num_encoder_layers=layers, num_decoder_layers=layers, max_len=16,
-                           **overrides)
+  fields = dict(family=family, vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32,
+                num_encoder_layers=layers, num_decoder_layers=layers, max_len=16)
+  return TransformerConfig(**{**fields, **overrides})
 
 
 def setup_model(cfg, seed=0):
@@ -68,7 +68,12 @@ VARIANTS = [("encoder_decoder", dict(layers=2)),
             # parallel block (pre-LN; post-LN with cross-attention first in the decoder layers)
             ("decoder_lm", dict(activation="swiglu", ffn_match_params=True, use_bias=False)),
             ("decoder_lm", dict(parallel_block=True, pre_ln=True, layers=2)),
-            ("encoder_decoder", dict(parallel_block=True, activation="swiglu", use_bias=False))]
+            ("encoder_decoder", dict(parallel_block=True, activation="swiglu", use_bias=False)),
+            # grouped-query (h_kv = 2 of 4 heads) and multi-query (h_kv = 1) attention, QK-norm
+            ("encoder_decoder", dict(num_heads=4, num_kv_heads=2, qk_norm="layer_norm")),
+            ("encoder_decoder", dict(num_heads=4, num_kv_heads=1)),
+            ("decoder_lm", dict(num_heads=4, num_kv_heads=1, qk_norm="rms_norm")),
+            ("decoder_lm", dict(num_heads=4, num_kv_heads=2, pre_ln=True))]
 
 
 def jit_cache(cfg, params, batch, max_len, inputs=None):
@@ -261,7 +266,7 @@ def test_bfloat16_decode_weights_give_the_float32_logits_to_bf16_rounding():
   assert not np.array_equal(l16, l32)  # the rounding is real
 
 
-@pytest.mark.parametrize("family,overrides", VARIANTS[:2] + VARIANTS[3:4])
+@pytest.mark.parametrize("family,overrides", VARIANTS[:2] + VARIANTS[3:4] + VARIANTS[7:8] + VARIANTS[9:10])
 def test_beam_layout_cache_equals_gathered_cache(family, overrides):
   # expand_cache's layout (slots per beam + reordered slot tables, per-source memory) against the
   # generic cache (every per-row leaf repeated, then gathered per step): same ids, same scores;
@@ -338,6 +343,26 @@ def test_the_models_cache_holds_only_the_declared_layout():
   for name in kv_cache.PER_SOURCE:
     assert entries(beams)[name].shape[0] == 3
   assert entries(beams)[kv_cache.BEAM_SLOTS].shape == (3 * BEAM, MAX_LEN)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_the_cache_holds_only_the_key_value_heads(kv_heads):
+  # grouped-query attention: self- and cross-attention caches hold h_kv heads, not h, in the
+  # plain layout and in beam search's [B, h_kv, G*T, d_k]; the keys stored are the QK-normed ones
+  cfg = small_config("encoder_decoder", num_heads=4, num_kv_heads=kv_heads, qk_norm="rms_norm")
+  params = setup_model(cfg)
+  cache = jit_cache(cfg, params, 3, MAX_LEN, sources())
+  layer = cache["decoder"]["layer_0"]
+  dk = cfg.d_model // 4
+  for name in ("cached_key", "cached_value"):
+    assert layer["self_attention"][name].shape == (3, kv_heads, MAX_LEN, dk)
+  for name in ("cross_key", "cross_value"):
+    assert layer["cross_attention"][name].shape == (3, kv_heads, max(LENGTHS), dk)
+  beams = expand_cache(cache, BEAM)["decoder"]["layer_0"]["self_attention"]
+  assert beams["cached_key"].shape == (3, kv_heads, BEAM * MAX_LEN, dk)
+  key = np.asarray(layer["cross_attention"]["cross_key"], np.float64)  # RMS-normed, gain g
+  gain = np.asarray(params["decoder"]["layer_0"]["cross_attention"]["key_norm"]["scale"])
+  np.testing.assert_allclose(np.sqrt(((key / gain) ** 2).mean(-1)), 1.0, rtol=1e-4)
 
 
 @pytest.mark.parametrize("tie", [True, False])

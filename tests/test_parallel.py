@@ -57,10 +57,12 @@ def _batches(n=STEPS, rows=BATCH, seed=0):
 
 
 def _train(model_cfg, parallelism="single", mesh_shape=(-1, 1, 1), accum=1, batches=None,
-           params=None, evaluate=False):
-  """(losses per step, host params, eval sums or None, runner, placed state)."""
+           params=None, evaluate=False, rules=None):
+  """(losses per step, host params, eval sums or None, runner, placed state); ``rules``: sharding
+  rules over the defaults."""
   batches = batches or _batches()
   config = base_config()
+  config.sharding_rules.update(rules or {})
   config.batch_size, config.parallelism, config.grad_accum_steps = BATCH, parallelism, accum
   config.mesh_shape = mesh_shape or (-1, 1, 1)
   config.optimizer.warmup_steps = 10
@@ -112,6 +114,23 @@ def _worker() -> dict:
   out["bf16"] = _bf16()
   out["born_sharded"] = _born_sharded()
   out["constraints"] = _constraints(cfg)
+  out["grouped"] = _grouped()
+  return out
+
+
+def _grouped() -> dict:
+  """Grouped-query (2 K/V heads of 4, split over tensor with the query heads) and multi-query
+  attention (1 K/V head, replicated: sharding_rules.kv_heads='') with QK-norm on
+  (data=4, tensor=2) against the one-device step."""
+  out = {}
+  for hk, rule in ((2, "tensor"), (1, "")):
+    cfg = _model(family="encoder_decoder", num_kv_heads=hk, qk_norm="rms_norm")
+    ref_losses, ref_params, _, _, _ = _train(cfg)
+    losses, params, _, _, state = _train(cfg, "mesh", (4, 1, 2), rules={"kv_heads": rule})
+    key = state.params["encoder"]["layer_0"]["self_attention"]["key"]
+    out[str(hk)] = {"loss_diff": float(np.max(np.abs(np.array(losses) - np.array(ref_losses)))),
+                    "param_diff": _max_diff(params, ref_params), "trains": ref_losses[-1] < ref_losses[0],
+                    "key_spec": [list(a) if isinstance(a, tuple) else a for a in key.sharding.spec]}
   return out
 
 
@@ -246,13 +265,22 @@ def test_mesh_step_constrains_activations_and_the_one_device_step_does_not():
   assert r["single"] == 0 and r["mesh"] >= 5, r
 
 
+@pytest.mark.slow  # the 8-device worker's result, as above
+def test_grouped_query_attention_on_a_tensor_mesh_matches_one_device():
+  r = _worker_result()["grouped"]
+  for hk, spec in (("2", [None, "tensor"]), ("1", [])):  # [d, h_kv, d_k]: K/V heads split or not
+    assert r[hk]["trains"] and r[hk]["key_spec"] == spec, (hk, r[hk])
+    assert r[hk]["loss_diff"] < 2e-6 and r[hk]["param_diff"] < 1e-5, (hk, r[hk])
+
+
 # -- in-process tests (one device) -----------------------------------------------------------------
 
 VARIANTS = [dict(family="encoder_decoder"), dict(family="decoder_lm", positional="learned"),
             dict(family="encoder_classifier", pre_ln=True, positional="learned"),
             dict(family="decoder_lm", tie_output=False, pre_ln=True),
             dict(family="encoder_decoder", share_embeddings=False, tie_output=False, pre_ln=True,
-                 target_vocab_size=48)]
+                 target_vocab_size=48),
+            dict(family="encoder_decoder", num_kv_heads=2, qk_norm="layer_norm")]
 EXAMPLE = {"inputs": np.ones((2, 8), np.int32), "targets": np.ones((2, 8), np.int32)}
 
 
@@ -283,6 +311,11 @@ def test_every_parameter_of_every_family_declares_its_logical_axes(monkeypatch):
   layer = axes["encoder"]["layer_0"]
   assert layer["self_attention"]["query"] == P("embed", "heads", "kv")
   assert layer["self_attention"]["out"] == P("heads", "kv", "embed")
+  assert layer["self_attention"]["key"] == P("embed", "heads", "kv")  # plain heads: as W^Q
+  grouped = _abstract_params(family="encoder_decoder", num_kv_heads=2, qk_norm="rms_norm")[1]
+  cross = grouped["decoder"]["layer_0"]["cross_attention"]
+  assert cross["key"] == cross["value"] == P("embed", "kv_heads", "kv")
+  assert cross["query_norm"]["scale"] == cross["key_norm"]["scale"] == P("kv")
   assert layer["ffn"]["wi"] == P("embed", "mlp") and layer["ffn"]["wo"] == P("mlp", "embed")
   assert axes["embed"]["embedding"] == P("vocab", "embed")
   assert axes["decoder"]["logits_kernel"] == P("embed", "vocab")

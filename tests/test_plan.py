@@ -109,3 +109,30 @@ def test_plan_counts_a_gated_ffn_with_matched_parameters(tmp_path):
              + t * d * v)
   attention = n * 2 * s * s * d + n * (2 * t * t * d + 2 * t * s * d)
   assert plan["flops_per_step"] == pytest.approx(6.0 * b * (weights + attention), rel=1e-9)
+
+
+def test_plan_counts_the_smaller_key_value_kernels_of_grouped_query_attention(tmp_path):
+  # default experiment (d 128, h 4, d_ff 512, 2+2 layers) with 2 key/value heads, split over a
+  # tensor axis of 2 with the query heads: W^K, W^V are [d, 2, d_k], counted by hand
+  out = tmp_path / "plan.json"
+  proc = _plan("--config", "experiments/default.py", "--devices", "8", "--config.parallelism=mesh",
+               "--config.mesh_shape=(4,1,2)", "--config.model.num_kv_heads=2", *SMALL_BATCH,
+               "--json", str(out))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  plan = json.loads(out.read_text())
+  d, f, h, hk, n = 128, 512, 4, 2, 2
+  attention = 2 * d * d + 2 * d * hk * (d // h)  # W^Q, W^O [d, d]; W^K, W^V [d, h_kv d_k]
+  ffn, norm = 2 * d * f + f + d, 2 * d
+  rows = plan["params"] - n * (attention + ffn + 2 * norm) - n * (2 * attention + ffn + 3 * norm)
+  vocab = plan["model"]["vocab_size"]  # what is left is the one shared table, rows padded to 128
+  assert rows == -(-vocab // 128) * 128 * d
+  assert plan["model"]["num_kv_heads"] == 2
+  assert "4 query / 2 key-value heads" in proc.stdout
+
+
+def test_plan_refuses_key_value_heads_the_tensor_axis_does_not_split():
+  proc = _plan("--config", "experiments/default.py", "--devices", "8", "--config.parallelism=mesh",
+               "--config.mesh_shape=(2,1,4)", "--config.model.num_kv_heads=2", *SMALL_BATCH)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "model.num_kv_heads=2" in proc.stderr and "sharding_rules.kv_heads=''" in proc.stderr
+  assert "Traceback" not in proc.stderr

@@ -19,13 +19,15 @@ from txf.kernels import ATTENTION, ATTENTION_IMPLS, Attention, attend
 from txf.models import build_model, init_params, model_config_from
 from txf.models.encoder_classifier import POOLINGS
 from txf.nn import HEADS, NORMS, POSITIONAL, FeedForward
+from txf.nn.qk_norm import QK_NORMS
 from txf.nn.stack import REMAT
 from txf.ops.feedforward import ACTIVATIONS
 from txf.ops.positional import LAYOUTS
 from txf.variants import Table, UnknownVariant
 
 # Every table with a config field.
-CONFIG_TABLES = (ACTIVATIONS, LAYOUTS, POSITIONAL, ATTENTION, NORMS, ATTENTION_IMPLS, REMAT, POOLINGS)
+CONFIG_TABLES = (ACTIVATIONS, LAYOUTS, POSITIONAL, ATTENTION, NORMS, ATTENTION_IMPLS, REMAT, POOLINGS,
+                 QK_NORMS)
 
 
 def toy_activation(z):
@@ -146,6 +148,7 @@ def test_every_table_names_its_configs_allowed_values():
   assert ACTIVATIONS.names() == ("relu", "gelu", "swish", "reglu", "geglu", "swiglu")
   assert POSITIONAL.names() == ("sinusoidal", "learned", "none")
   assert ATTENTION_IMPLS.names() == ("auto", "reference", "fused")
+  assert QK_NORMS.names() == ("none", "layer_norm", "rms_norm")
   # the head has no config field of its own (model.tie_output picks it)
   assert tuple(NORMS) == ("layer_norm", "rms_norm") and tuple(HEADS) == ("tied", "untied")
   assert tuple(ATTENTION) == ("scaled_dot_product",)

@@ -51,6 +51,7 @@ def base_config() -> ml_collections.ConfigDict:
       "batch": "data,fsdp",      # batch rows: data parallel over data x fsdp
       "embed": "fsdp",           # d_model axis of every weight: FSDP shards it
       "heads": "tensor",         # attention heads: tensor parallel
+      "kv_heads": "tensor",      # key/value heads of grouped-query attention (model.num_kv_heads > 0): with the query heads; "" = replicated (needed when the tensor axis does not divide num_kv_heads)
       "kv": "",                  # d_k within a head: never split
       "mlp": "tensor",           # d_ff of the FFN: tensor parallel
       "vocab": "tensor",         # embedding rows / output columns: tensor parallel
@@ -67,6 +68,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.family = "encoder_decoder"   # encoder_decoder (translation) | encoder_classifier | decoder_lm
   m.d_model = 512                # model width d_model
   m.num_heads = 8                # h; d_k = d_v = d_model / h
+  m.num_kv_heads = 0             # key/value heads h_kv: 0 = num_heads (multi-head attention); a divisor of num_heads = grouped-query attention (1 = multi-query), query head i reads key/value head i // (h / h_kv)
+  m.qk_norm = "none"             # normalise each query and key head over d_k before Q K^T (a gain [d_k] each for q and k, shared by the heads): none | layer_norm | rms_norm
   m.d_ff = 2048                  # inner width of the position-wise FFN
   m.num_encoder_layers = 6       # N encoder layers (encoder_decoder, encoder_classifier)
   m.num_decoder_layers = 6       # N decoder layers (encoder_decoder, decoder_lm)
@@ -354,7 +357,7 @@ def resolve_vocab_multiple(cfg: ml_collections.ConfigDict, num_devices: int, bac
 # they are declared: import txf.models (the model stack) first.
 VARIANT_FIELDS = ("model.positional", "model.positional_layout", "model.activation",
                   "model.attention", "model.norm", "model.attention_impl", "model.remat",
-                  "model.pooling")
+                  "model.pooling", "model.qk_norm")
 _declared_choices: Dict[str, Tuple[str, ...]] = {}
 
 
@@ -413,6 +416,28 @@ def reference() -> List[Dict[str, Any]]:
   return [{"key": key, "default": value, "allowed": allowed_values(key),
            "meaning": meanings.get(key, meanings.get(key.rsplit(".", 1)[0], ""))}
           for key, value in defaults.items()]
+
+
+def _kv_heads_errors(cfg: ml_collections.ConfigDict) -> List[str]:
+  """The problems of ``model.num_kv_heads`` (0 or a divisor of num_heads; with a mesh whose tensor
+  axis is given and splits the key/value heads, a multiple of it)."""
+  m = cfg.get("model", {})
+  hk, h = m.get("num_kv_heads", 0), m.get("num_heads", 1)
+  if not isinstance(hk, int) or hk < 0 or not isinstance(h, int) or h <= 0:
+    return [] if isinstance(hk, int) and hk >= 0 else [
+        f"model.num_kv_heads={hk!r} must be an integer >= 0 (0 = num_heads)"]
+  if hk and (hk > h or h % hk):
+    ok = [k for k in range(1, h + 1) if h % k == 0]
+    return [f"model.num_kv_heads={hk} does not divide model.num_heads={h}: each key/value head "
+            f"serves h / h_kv query heads; use one of {ok} (or 0 = num_heads)"]
+  shape = tuple(cfg.get("mesh_shape", ()) or ())
+  rule = dict(cfg.get("sharding_rules", {}) or {}).get("kv_heads", "tensor")
+  tensor = shape[2] if cfg.get("parallelism") == "mesh" and len(shape) == 3 else 1
+  if 0 < hk < h and isinstance(tensor, int) and tensor > 1 and "tensor" in rule_axes(rule) and hk % tensor:
+    return [f"model.num_kv_heads={hk} does not split over the tensor axis of mesh_shape={shape}: "
+            f"use a multiple of {tensor}, or set sharding_rules.kv_heads='' to replicate the "
+            f"key/value heads on every tensor shard"]
+  return []
 
 
 def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
@@ -498,6 +523,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     ok = [k for k in range(1, dm + 1) if dm % k == 0 and abs(k - h) <= max(h, 4)]
     errors.append(f"model.d_model={dm} is not divisible by model.num_heads={h}: d_k = d_model / h must be "
                   f"an integer; use num_heads in {ok[:6]} or change d_model")
+  errors.extend(_kv_heads_errors(cfg))
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "

@@ -7,7 +7,8 @@ A table lives beside its formulas and is the one list of that kind's choices:
   f(z), and gated FFNs (``Gated(f)``: reglu, geglu, swiglu);
 * position encodings: ``txf.nn.layers.POSITIONAL`` (``model.positional``) and the sinusoid's
   column layouts ``txf.ops.positional.LAYOUTS`` (``model.positional_layout``);
-* normalisation: ``txf.nn.layers.NORMS`` (one entry, no config field yet);
+* normalisation: ``txf.nn.layers.NORMS`` (``model.norm``) and QK-norm ``txf.nn.qk_norm.QK_NORMS``
+  (``model.qk_norm``);
 * attention: ``txf.kernels.attention.ATTENTION`` (the formula with its kernels; one entry, no config
   field yet) and the ways of running it ``txf.kernels.select.ATTENTION_IMPLS``
   (``model.attention_impl``);

@@ -30,7 +30,8 @@ def fused_kernel(backend_name: str, dtype, causal: bool) -> dict:
   GPU with bf16/fp16 inputs: ``implementation="cudnn"`` (flash attention), with ``is_causal`` for
   causal self-attention (the padding/segment mask is passed beside it); everything else, TPU
   included: ``implementation="xla"``, XLA's own fused attention, the mask alone. The CPU path is
-  the XLA one (tests/test_accelerator_defaults.py).
+  the XLA one (tests/test_accelerator_defaults.py). Both take keys/values with fewer heads than
+  the queries (grouped-query attention, query head i reading key/value head i // (N / K)).
   """
   if backend_name == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
     return {"implementation": "cudnn", "is_causal": bool(causal)}
@@ -38,8 +39,9 @@ def fused_kernel(backend_name: str, dtype, causal: bool) -> dict:
 
 
 def fused_attention(q, k, v, mask, causal: bool = False):
-  """softmax(Q K^T / sqrt(d_k) + M) V by ``jax.nn.dot_product_attention`` on [B, L, H, d_k]: cuDNN
-  on GPU for the half-precision inputs it supports, XLA otherwise.
+  """softmax(Q K^T / sqrt(d_k) + M) V by ``jax.nn.dot_product_attention`` on q [B, L, H, d_k] and
+  k, v [B, L_k, H_kv, d_k] (H_kv divides H: grouped-query attention, natively): cuDNN on GPU for
+  the half-precision inputs it supports, XLA otherwise.
 
   A query row whose keys are all masked gets a zero output, as on the reference path (XLA's
   softmax would average V there instead). Returns [B, L_q, H, d_v].
@@ -86,11 +88,14 @@ ATTENTION = Table("model.attention", {
 
 def reference_attention(attention: Attention, q, k, v, mask, causal: bool = False):
   """``model.attention_impl="reference"``: the formula (its bf16 restatement where :func:`select`
-  says ``layout`` dots); returns (out, weights). ``causal`` is unused (the mask says it)."""
+  says ``layout`` dots); returns (out, weights). ``causal`` is unused (the mask says it). Keys and
+  values with fewer heads than q (grouped-query attention) run the formula once per key/value
+  head on its group's queries (``txf.ops.grouped_query_attention``)."""
   del causal
+  formula = attention.formula
   if attention.bf16 is not None and select(q.dtype).layout_dots:
-    return attention.bf16(q, k, v, mask)
-  return attention.formula(q, k, v, mask)
+    formula = attention.bf16
+  return ops.grouped_query_attention(q, k, v, mask, formula)
 
 
 def fused_impl(attention: Attention, q, k, v, mask, causal: bool = False):
@@ -108,7 +113,8 @@ ATTENTION_IMPLS.register("fused", fused_impl)
 
 def attend(q, k, v, mask, impl: str, causal: bool = False, formula: str = "scaled_dot_product"):
   """Attention ``formula`` (a name of ``ATTENTION``; the default softmax(Q K^T / sqrt(d_k) + M) V)
-  on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None).
+  on heads q [B, H, L, d_k], k, v [B, H_kv, L_k, d_k] (H_kv = H, or a divisor of it: grouped-query
+  attention); returns ([B, H, L_q, d_v], weights or None).
 
   ``impl`` (a name of ``ATTENTION_IMPLS``): ``reference`` runs the formula of txf.ops (its bf16
   CPU restatement where :func:`select` says ``layout`` dots; weights returned for inspection);

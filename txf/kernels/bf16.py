@@ -10,7 +10,8 @@ from typing import Callable, Optional, Tuple
 import jax.numpy as jnp
 
 from txf.kernels import dots
-from txf.ops.attention import attention_weights, merge_heads, split_heads
+from txf.ops.attention import (attention_weights, grouped_query_attention, merge_heads,
+                               split_heads)
 from txf.ops.feedforward import ACTIVATIONS, Gated
 
 
@@ -25,6 +26,14 @@ def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   logits = dots.scores(q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
   weights = attention_weights(logits, mask, v.dtype)
   return dots.weighted(weights, v), weights
+
+
+def grouped_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                      mask: Optional[jnp.ndarray] = None
+                      ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
+  """:func:`scaled_dot_product_attention` with k, v [B, h_kv, L_k, d_k] shared by groups of the
+  h query heads (``txf.ops.grouped_query_attention``); h_kv = h: that function itself."""
+  return grouped_query_attention(q, k, v, mask, scaled_dot_product_attention)
 
 
 def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2: jnp.ndarray,
@@ -52,25 +61,30 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
                          w_k: jnp.ndarray, w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
                          mask: Optional[jnp.ndarray] = None, *,
                          kv_hook: Optional[Callable] = None,
-                         attention_fn: Callable = scaled_dot_product_attention,
-                         biases: Optional[Tuple[jnp.ndarray, ...]] = None
+                         attention_fn: Callable = grouped_attention,
+                         biases: Optional[Tuple[jnp.ndarray, ...]] = None,
+                         num_kv_heads: Optional[int] = None,
+                         qk_hook: Optional[Callable] = None
                          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   """Concat(head_1..head_h) W^O (``txf.ops.multi_head_attention``, same arguments and hooks) with
   the projections as :func:`txf.kernels.dots.dense` products on the flattened kernels
-  [d_model, h*d_k] and [h*d_v, d_model].
+  [d_model, h*d_k] ([d_model, h_kv*d_k] for the keys/values) and [h*d_v, d_model].
 
   x_q [B, L_q, d_model]; x_kv [B, L_k, d_model] or None -> (out [B, L_q, d_model], weights).
   """
   b_q, b_k, b_v, b_o = biases if biases is not None else (None,) * 4
 
-  def heads(x, w, bias=None):  # [B, L, d_model] -> [B, h, L, d_k]
+  def heads(x, w, bias=None, count=num_heads):  # [B, L, d_model] -> [B, h, L, d_k]
     projected = dots.dense(x, w.reshape(w.shape[0], -1))
-    return split_heads(projected if bias is None else projected + bias.reshape(-1), num_heads)
+    return split_heads(projected if bias is None else projected + bias.reshape(-1), count)
 
   q = heads(x_q, w_q, b_q)
   k = v = None
   if x_kv is not None:
-    k, v = heads(x_kv, w_k, b_k), heads(x_kv, w_v, b_v)
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    k, v = heads(x_kv, w_k, b_k, kv_heads), heads(x_kv, w_v, b_v, kv_heads)
+  if qk_hook is not None:
+    q, k = qk_hook(q, k)
   if kv_hook is not None:
     k, v, mask = kv_hook(k, v, mask)
   out, weights = attention_fn(q, k, v, mask)

@@ -13,8 +13,9 @@ from typing import Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
+from txf import ops
 from txf.kernels import attend, multi_head_attention
-from txf.nn import kv_cache
+from txf.nn import kv_cache, qk_norm
 from txf.nn.config import TransformerConfig
 from txf.nn.dropout import Dropout
 
@@ -22,10 +23,14 @@ xavier = nn.initializers.xavier_uniform()
 # logical axes of the weights (txf/parallel/sharding.py maps them onto the mesh)
 QKV_INIT = nn.with_logical_partitioning(xavier, ("embed", "heads", "kv"))  # W^Q, W^K, W^V [d, h, d_k]
 OUT_INIT = nn.with_logical_partitioning(xavier, ("heads", "kv", "embed"))  # W^O [h, d_v, d]
+# W^K, W^V [d, h_kv, d_k] of grouped-query attention (model.num_kv_heads < num_heads): their own
+# logical head axis, split like "heads" by default or replicated (sharding_rules.kv_heads)
+KV_INIT = nn.with_logical_partitioning(xavier, ("embed", "kv_heads", "kv"))
 
 
 HIDDEN_AXES = ("batch", "length", "act_embed")     # activations [B, L, d_model]
 HEADS_AXES = ("batch", "heads", "length", "kv")   # per-head queries, keys, values [B, h, L, d_k]
+KV_HEADS_AXES = ("batch", "kv_heads", "length", "kv")  # grouped-query keys, values [B, h_kv, L, d_k]
 
 
 def constrain(x, names):
@@ -39,7 +44,7 @@ def constrain(x, names):
 def per_source_attention(attend_fn, q, k, v, mask):
   """Attention where each key row serves G consecutive query rows (the G beams of a source).
 
-  q [B*G, h, L, d_k]; k, v [B, h, L_k, d_k]; mask broadcastable to [B, h, G*L, L_k], True = may
+  q [B*G, h, L, d_k]; k, v [B, h_kv, L_k, d_k]; mask broadcastable to [B, h, G*L, L_k], True = may
   attend; ``attend_fn(q, k, v, mask) -> (out, weights)``. The G query rows of a source are attended
   as G*L query positions of one row (same softmax(Q K^T / sqrt(d_k) + M) V per query, each key
   read once per source). Returns [B*G, h, L, d_v].
@@ -56,7 +61,10 @@ class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with d_k = d_v = d_model / h.
 
   Parameters: query/key/value kernels [d_model, h, d_k] (W^Q, W^K, W^V, no bias, as in the paper)
-  and out kernel [h, d_v, d_model] (W^O).
+  and out kernel [h, d_v, d_model] (W^O). With ``num_kv_heads`` h_kv < h (grouped-query
+  attention) the key/value kernels are [d_model, h_kv, d_k], each shared by h / h_kv query heads,
+  and a KV cache holds h_kv heads. With ``qk_norm`` the submodules ``query_norm`` and ``key_norm``
+  (txf.nn.qk_norm) normalise each head over d_k before Q K^T.
   """
   config: TransformerConfig
   kind: str  # "self" | "causal" | "cross"
@@ -76,16 +84,20 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     h, dk, dt = cfg.num_heads, cfg.head_dim, cfg.compute_dtype
     proj = lambda name, shape: self.param(name, OUT_INIT if name == "out" else QKV_INIT, shape).astype(dt)
+    hk = cfg.num_kv_heads or h
+    kv_proj = proj if hk == h else (
+        lambda name, shape: self.param(name, KV_INIT, shape).astype(dt))
     w_q = proj("query", (cfg.d_model, h, dk))
-    w_k, w_v = proj("key", (cfg.d_model, h, dk)), proj("value", (cfg.d_model, h, dk))
+    w_k, w_v = kv_proj("key", (cfg.d_model, hk, dk)), kv_proj("value", (cfg.d_model, hk, dk))
     w_o = proj("out", (h, dk, cfg.d_model))
     biases = None
     if cfg.attention_bias:  # Marian/BART: Q = x W^Q + b_q, ..., out = Concat(...) W^O + b_o
       zeros = nn.initializers.zeros
       bias = lambda name, shape, axes: self.param(
           name, nn.with_logical_partitioning(zeros, axes), shape).astype(dt)
-      biases = (bias("query_bias", (h, dk), ("heads", "kv")), bias("key_bias", (h, dk), ("heads", "kv")),
-                bias("value_bias", (h, dk), ("heads", "kv")), bias("out_bias", (cfg.d_model,), ("norm",)))
+      kv_axes = ("heads", "kv") if hk == h else ("kv_heads", "kv")
+      biases = (bias("query_bias", (h, dk), ("heads", "kv")), bias("key_bias", (hk, dk), kv_axes),
+                bias("value_bias", (hk, dk), kv_axes), bias("out_bias", (cfg.d_model,), ("norm",)))
 
     x = x.astype(dt)  # the residual stream may be float32 (model.residual_dtype): project in dt
     x_kv, kv_hook = x, None
@@ -100,19 +112,25 @@ class MultiHeadAttention(nn.Module):
       if k.shape[0] != q.shape[0]:  # beam search: a source's keys serve the queries of its beams
         return per_source_attention(lambda *a: attend(*a, cfg.attention_impl, formula=cfg.attention),
                                     q, k, v, mask), None
-      q, k, v = (constrain(t, HEADS_AXES) for t in (q, k, v))
+      q = constrain(q, HEADS_AXES)
+      k, v = (constrain(t, HEADS_AXES if hk == h else KV_HEADS_AXES) for t in (k, v))
       if cfg.attention_dropout_rate and not cfg.deterministic:
         # dropout on the attention weights needs the weights: the formula's reference path
         # (txf.kernels.ATTENTION's entry), then Dropout(weights) V
         _, weights = attend(q, k, v, mask, "reference", formula=cfg.attention)
         dropped = Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
+        if hk != h:  # each key/value head's value rows serve its group of query heads
+          grouped = jnp.einsum("bhqk,bhkd->bhqd", ops.group_heads(dropped, hk), v)
+          return ops.ungroup_heads(grouped, h), weights
         return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
       return attend(q, k, v, mask, cfg.attention_impl, causal=self.kind == "causal",
                     formula=cfg.attention)
 
+    grouping = {} if hk == h else {"num_kv_heads": hk}  # grouped-query attention
+    norms = {} if cfg.qk_norm == "none" else {"qk_hook": qk_norm.qk_hook(cfg)}
     out, weights = multi_head_attention(
         x, x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,
-        biases=biases)
+        biases=biases, **grouping, **norms)
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
     return constrain(out, HIDDEN_AXES)
@@ -122,7 +140,8 @@ class MultiHeadAttention(nn.Module):
     (the layout and the writes: txf.nn.kv_cache).
 
     At cache creation (the first call, with the full target length) nothing is written: the
-    buffers [B, h, max_len, d_k] are created as zeros and the call behaves as uncached.
+    buffers [B, h_kv, max_len, d_k] (h_kv = h unless grouped-query attention) are created as
+    zeros and the call behaves as uncached.
     """
     initialized = self.has_variable("cache", kv_cache.CACHED_KEY)
     cached_k = self.variable("cache", kv_cache.CACHED_KEY, jnp.zeros, k.shape, k.dtype)

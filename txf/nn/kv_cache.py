@@ -4,10 +4,11 @@ pure functions that write a step into it and lay it out for beam search.
 Every attention layer of a decoding model (``TransformerConfig.decode``) owns one ``"cache"``
 collection holding some of these entries:
 
-- causal self-attention: ``cached_key`` / ``cached_value`` [B, h, T, d_k] (T = the decode length)
+- causal self-attention: ``cached_key`` / ``cached_value`` [B, h_kv, T, d_k] (T = the decode length;
+  h_kv the key/value heads: ``model.num_kv_heads``, = h unless grouped-query attention)
   and ``cache_index`` (0-d int32, the next position to write); in beam search's layout (made by
   :func:`expand_for_beams`) also ``beam_slots`` int32 [B*G, T];
-- cross-attention: ``cross_key`` / ``cross_value`` [B, h, S, d_k] and ``cross_valid`` bool [B, S],
+- cross-attention: ``cross_key`` / ``cross_value`` [B, h_kv, S, d_k] and ``cross_valid`` bool [B, S],
   the encoder memory's, stored once when the cache is built (:data:`PER_SOURCE`);
 - the decoder's position embedding: ``position`` (0-d int32).
 
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
-CACHED_KEY, CACHED_VALUE = "cached_key", "cached_value"  # causal self-attention K/V [B, h, T, d_k]
+CACHED_KEY, CACHED_VALUE = "cached_key", "cached_value"  # causal self-attention K/V [B, h_kv, T, d_k]
 CACHE_INDEX = "cache_index"    # 0-d int32: next position to write
 BEAM_SLOTS = "beam_slots"      # int32 [B*G, T]: the slot each beam reads each position from
 CROSS_KEY, CROSS_VALUE, CROSS_VALID = "cross_key", "cross_value", "cross_valid"  # encoder memory
@@ -35,8 +36,8 @@ PER_SOURCE = (CROSS_KEY, CROSS_VALUE, CROSS_VALID)
 def write_step(cached_k, cached_v, index, k, v):
   """Write L new key/value heads at ``index`` into the plain (one row per sequence) layout.
 
-  cached_k, cached_v [B, h, T, d_k]; index 0-d int32; k, v [B, h, L, d_k].
-  Returns (keys [B, h, T, d_k], values, new index = index + L, mask bool [1, 1, L, T]) where
+  cached_k, cached_v [B, h_kv, T, d_k]; index 0-d int32; k, v [B, h_kv, L, d_k].
+  Returns (keys [B, h_kv, T, d_k], values, new index = index + L, mask bool [1, 1, L, T]) where
   query p (absolute position index + p) may see key position u iff u <= index + p: one step, or
   a causal prompt prefill.
   """
@@ -52,11 +53,11 @@ def write_beam_step(cached_k, cached_v, slots, index, k, v):
   """Write L new key/value heads at ``index`` into beam search's layout, never reordered.
 
   The G beams of a source keep their keys/values side by side in the source's row: cached_k,
-  cached_v [B, h, G*T, d_k] (beam slot g holds positions g*T .. g*T + T - 1), and ``slots`` int
+  cached_v [B, h_kv, G*T, d_k] (beam slot g holds positions g*T .. g*T + T - 1), and ``slots`` int
   [B*G, T] says, for each beam, which slot holds each position of its history (beam search
-  reorders that table only). k, v [B*G, h, L, d_k] go to each beam's own slot at ``index``.
+  reorders that table only). k, v [B*G, h_kv, L, d_k] go to each beam's own slot at ``index``.
 
-  Returns (keys [B, h, G*T, d_k], values, slots, index + L, mask bool [B, 1, G*L, G*T]) where
+  Returns (keys [B, h_kv, G*T, d_k], values, slots, index + L, mask bool [B, 1, G*L, G*T]) where
   beam q's query at position index + p sees slot s at position u iff u <= index + p and
   slots[q, u] == s (the keys of the gather-reordered cache, at the same positions).
   """
@@ -81,7 +82,7 @@ def write_beam_step(cached_k, cached_v, slots, index, k, v):
 def expand_for_beams(cache, beam: int):
   """Beam search's initial cache: the cache of B sources laid out for B*beam beams.
 
-  - Causal self-attention buffers [B, h, T, d_k] become [B, h, beam*T, d_k], one slot of T
+  - Causal self-attention buffers [B, h_kv, T, d_k] become [B, h_kv, beam*T, d_k], one slot of T
     positions per beam (each a copy of the source's), with ``beam_slots`` int32 [B*beam, T] (beam
     k of a source reads every position from slot k): the layout of :func:`write_beam_step`, where
     beams read the slots their history was written in and :func:`reorder_beams` reorders that

@@ -119,6 +119,70 @@ def merge_heads(x: jnp.ndarray) -> jnp.ndarray:
   return x.transpose(0, 2, 1, 3).reshape(b, l, h * d)
 
 
+def group_heads(x: jnp.ndarray, num_kv_heads: int) -> jnp.ndarray:
+  """Fold the query heads that share a key/value head into the length axis: [B, h, L, X] ->
+  [B, h_kv, G*L, X] with G = h / h_kv, row g*L + l of group j holding head j*G + g (a reshape, no
+  copy). The inverse is :func:`ungroup_heads`."""
+  b, h, l = x.shape[:3]
+  if h % num_kv_heads:
+    raise ValueError(f"{h} query heads do not split into {num_kv_heads} key/value groups")
+  return x.reshape((b, num_kv_heads, (h // num_kv_heads) * l) + x.shape[3:])
+
+
+def ungroup_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
+  """[B, h_kv, G*L, X] -> [B, h, L, X] with h = G * h_kv: the inverse of :func:`group_heads`."""
+  b, hk, gl = x.shape[:3]
+  return x.reshape((b, num_heads, gl * hk // num_heads) + x.shape[3:])
+
+
+def group_mask(mask: Optional[jnp.ndarray], num_heads: int, num_kv_heads: int,
+               query_length: int) -> Optional[jnp.ndarray]:
+  """A mask broadcastable to [B, h, L_q, L_k] as one broadcastable to :func:`group_heads`'s
+  [B, h_kv, G*L_q, L_k] (None stays None). A mask with one head row and one query row is kept as
+  it is; otherwise its query rows are laid out per head group like the queries."""
+  if mask is None:
+    return None
+  mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+  mb, mh, mq, mk = mask.shape
+  if mh == 1 and mq == 1:
+    return mask
+  g = num_heads // num_kv_heads
+  if mh == 1:  # the same rows for every head: G copies of the query rows
+    mask = jnp.broadcast_to(mask[:, :, None], (mb, 1, g, query_length, mk))
+    return mask.reshape(mb, 1, g * query_length, mk)
+  mask = jnp.broadcast_to(mask, (mb, num_heads, query_length, mk))
+  return group_heads(mask, num_kv_heads)
+
+
+def grouped_query_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                            mask: Optional[jnp.ndarray] = None,
+                            attention_fn: Callable = scaled_dot_product_attention
+                            ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
+  r"""Grouped-query attention (Ainslie et al. 2023; multi-query for h_kv = 1, Shazeer 2019): the
+  G = h / h_kv query heads of group j share key/value head j.
+
+  $$\mathrm{head}_i = \operatorname{Attention}(Q_i, K_{g(i)}, V_{g(i)}),
+  \qquad g(i) = \lfloor i / G \rfloor$$
+
+  Computed without repeating K/V: the G query heads of a group are folded into its query rows
+  (:func:`group_heads`, q [B, h_kv, G*L_q, d_k]), ``attention_fn`` runs once per key/value head,
+  and the rows are unfolded. With h_kv = h this is ``attention_fn(q, k, v, mask)`` itself.
+
+  Args:
+    q: [B, h, L_q, d_k]; k: [B, h_kv, L_k, d_k]; v: [B, h_kv, L_k, d_v] (h_kv divides h).
+    mask: bool broadcastable to [B, h, L_q, L_k], True = may attend.
+    attention_fn: ``(q, k, v, mask) -> (out, weights or None)`` on equal head counts; default
+      :func:`scaled_dot_product_attention`.
+  Returns:
+    (out [B, h, L_q, d_v], weights [B, h, L_q, L_k] or None).
+  """
+  h, hk = q.shape[1], k.shape[1]
+  if h == hk:
+    return attention_fn(q, k, v, mask)
+  out, weights = attention_fn(group_heads(q, hk), k, v, group_mask(mask, h, hk, q.shape[2]))
+  return ungroup_heads(out, h), None if weights is None else ungroup_heads(weights, h)
+
+
 def _per_head(w: jnp.ndarray, num_heads: int, axis: int) -> jnp.ndarray:
   """A projection as per-head blocks: [d, h*d_k] -> [d, h, d_k] (axis 1) or [h*d_v, d] ->
   [h, d_v, d] (axis 0); per-head shapes pass through."""
@@ -133,8 +197,10 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
                          w_k: jnp.ndarray, w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
                          mask: Optional[jnp.ndarray] = None, *,
                          kv_hook: Optional[Callable] = None,
-                         attention_fn: Callable = scaled_dot_product_attention,
-                         biases: Optional[Tuple[jnp.ndarray, ...]] = None
+                         attention_fn: Callable = grouped_query_attention,
+                         biases: Optional[Tuple[jnp.ndarray, ...]] = None,
+                         num_kv_heads: Optional[int] = None,
+                         qk_hook: Optional[Callable] = None
                          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   r"""MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -145,7 +211,9 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
   (given as [d_model, h*d_k], or already as blocks [d_model, h, d_k] with W_i^Q = w_q[:, i]); W^O
   likewise [h*d_v, d_model] or [h, d_v, d_model]. The model (txf.nn.MultiHeadAttention) runs this
   function (or, for bf16 on CPU, its restatement in txf.kernels.bf16); its two hooks are where a
-  KV cache and another attention kernel plug in, without changing the maths.
+  KV cache and another attention kernel plug in, without changing the maths. With ``num_kv_heads``
+  h_kv < h (grouped-query attention) head_i = Attention(QW_i^Q, KW_{g(i)}^K, VW_{g(i)}^V),
+  g(i) = floor(i / (h / h_kv)): see :func:`grouped_query_attention`.
 
   Args:
     x_q: [B, L_q, d_model] queries; x_kv: [B, L_k, d_model] keys/values (x_q itself for
@@ -153,30 +221,39 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
     w_q, w_k, w_v: [d_model, h*d_k] or [d_model, h, d_k]; w_o: [h*d_v, d_model] or [h, d_v, d_model].
     num_heads: h.
     mask: bool broadcastable to [B, h, L_q, L_k].
-    kv_hook: optional ``(k, v, mask) -> (k, v, mask)`` on heads [B, h, L_k, d_k], called between
+    kv_hook: optional ``(k, v, mask) -> (k, v, mask)`` on heads [B, h_kv, L_k, d_k], called between
       the projections and attention (k = v = None when x_kv is None); e.g. a KV cache that
       appends this step's keys and returns all cached positions with their mask.
-    attention_fn: ``(q, k, v, mask) -> (out [B, h, L_q, d_v], weights [B, h, L_q, L_k] or None)``;
-      default :func:`scaled_dot_product_attention`.
-    biases: optional (b_q, b_k, b_v [h*d_k], b_o [d_model]) added after each projection
+    attention_fn: ``(q, k, v, mask) -> (out [B, h, L_q, d_v], weights [B, h, L_q, L_k] or None)``
+      on q [B, h, L_q, d_k] and k, v [B, h_kv, L_k, d_k]; default :func:`grouped_query_attention`
+      (:func:`scaled_dot_product_attention` when h_kv = h).
+    biases: optional (b_q [h*d_k], b_k, b_v [h_kv*d_k], b_o [d_model]) added after each projection
       (Q = x_q W^Q + b_q, ..., output Concat(...) W^O + b_o), as Marian/BART attention has;
       None: no biases, as in the paper.
+    num_kv_heads: h_kv, the key/value heads (grouped-query attention: w_k, w_v are
+      [d_model, h_kv*d_k] or [d_model, h_kv, d_k], and query head i reads key/value head
+      floor(i / (h / h_kv))); None: h (multi-head attention).
+    qk_hook: optional ``(q, k) -> (q, k)`` on the heads right after the projections, before
+      ``kv_hook`` (k None when x_kv is None); e.g. QK-norm, so a KV cache stores normalised keys.
   Returns:
     (output [B, L_q, d_model], weights [B, h, L_q, L_k] or whatever ``attention_fn`` returns).
   """
   b_q, b_k, b_v, b_o = biases if biases is not None else (None,) * 4
 
-  def heads(x, w, bias=None):  # [B, L, d_model] -> [B, h, L, d_k]: the h projections, then split
+  def heads(x, w, bias=None, count=num_heads):  # [B, L, d_model] -> [B, h, L, d_k]: project, split
     b, l, _ = x.shape
-    projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1)).reshape(b, l, -1)
+    projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, count, 1)).reshape(b, l, -1)
     if bias is not None:
       projected = projected + bias.reshape(-1)
-    return split_heads(projected, num_heads)
+    return split_heads(projected, count)
 
   q = heads(x_q, w_q, b_q)
   k = v = None
   if x_kv is not None:
-    k, v = heads(x_kv, w_k, b_k), heads(x_kv, w_v, b_v)
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    k, v = heads(x_kv, w_k, b_k, kv_heads), heads(x_kv, w_v, b_v, kv_heads)
+  if qk_hook is not None:
+    q, k = qk_hook(q, k)
   if kv_hook is not None:
     k, v, mask = kv_hook(k, v, mask)
   out, weights = attention_fn(q, k, v, mask)

@@ -109,7 +109,8 @@ def mesh_spec(shape: Sequence[int], names: Sequence[Optional[str]], rules: Mappi
 
 
 # What the model's logical axes are, for the errors of check_splits.
-DIMENSIONS = {"heads": "model.num_heads", "mlp": "model.d_ff (the FFN hidden size)", "embed": "model.d_model",
+DIMENSIONS = {"heads": "model.num_heads", "kv_heads": "model.num_kv_heads",
+              "mlp": "model.d_ff (the FFN hidden size)", "embed": "model.d_model",
               "norm": "model.d_model", "act_embed": "model.d_model", "kv": "d_k (d_model / num_heads)",
               "vocab": "the vocabulary rows", "length": "model.max_len",
               "classes": "the classifier's classes"}

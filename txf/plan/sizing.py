@@ -183,8 +183,8 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   n = len(devices)
   out = {"devices": n, "mesh_shape": [int(mesh.shape[a]) for a in sharding_lib.MESH_AXES],
          "mesh_axes": list(sharding_lib.MESH_AXES), "platform": devices[0].platform,
-         "model": {k: getattr(cfg, k) for k in ("family", "d_model", "num_heads", "d_ff",
-                                                "ffn_hidden", "activation",
+         "model": {k: getattr(cfg, k) for k in ("family", "d_model", "num_heads", "num_kv_heads",
+                                                "d_ff", "ffn_hidden", "activation",
                                                 "num_encoder_layers", "num_decoder_layers",
                                                 "vocab_size", "dtype", "remat", "scan_layers")},
          "batch": shape,
@@ -252,6 +252,12 @@ def _ffn_words(m: Dict) -> str:
   return f"d_ff {hidden}" + (f" ({', '.join(notes)})" if notes else "")
 
 
+def _kv_heads_note(m: Dict) -> str:
+  """", h query / h_kv key-value heads" for grouped-query attention (nothing for plain heads)."""
+  h, hk = m["num_heads"], m.get("num_kv_heads") or m["num_heads"]
+  return "" if hk == h else f", {h} query / {hk} key-value heads"
+
+
 def format_plan(p: Dict) -> str:
   """The plan as the lines ``txf plan`` prints."""
   m, b = p["model"], p["batch"]
@@ -259,6 +265,7 @@ def format_plan(p: Dict) -> str:
   lines = [f"model      {m['family']}, {p['params'] / 1e6:.1f}M parameters (d_model {m['d_model']}, "
            f"{m['num_encoder_layers']}+{m['num_decoder_layers']} layers, {_ffn_words(m)}, "
            f"V {m['vocab_size']}, {m['dtype']} compute, remat {m['remat']}"
+           f"{_kv_heads_note(m)}"
            f"{', scanned layers' if m['scan_layers'] else ''})",
            f"mesh       {p['devices']} {p['platform']} devices: {mesh}",
            f"batch      {b['rows']} rows x {b['source_len']} / {b['target_len']} tokens "
