@@ -12,7 +12,8 @@ the same dict (see docs/sweeps.md):
   baseline   the arm the others are compared with (default: the first)
   metric     what is compared: SPLIT/KEY of metrics.jsonl rows, e.g. eval/loss, eval/bleu
   mode       final (the value at the last step) | min | max (the best over the run)
-  steps      num_train_steps of every run (default: the experiment's)
+  steps      num_train_steps of every run (default: the experiment's); the same as
+             overrides {"num_train_steps": N}
   name       the sweep's name (default: the file's name); the root defaults to runs/sweeps/<name>
 
 Every arm's config is built here as ``txf train`` would build it (the experiment, then the
@@ -75,7 +76,7 @@ class Sweep:
   baseline: str
   metric: str                       # SPLIT/KEY
   mode: str                         # final | min | max
-  steps: Optional[int]
+  steps: Optional[int]              # the file's steps (in overrides as num_train_steps)
   root: str = ""
   runs: List[Run] = dataclasses.field(default_factory=list)
 
@@ -226,16 +227,15 @@ def _resolve_experiment(spec_config: str, spec_dir: str) -> str:
 
 def build_config(sweep: Sweep, arm: str, seed: int) -> ml_collections.ConfigDict:
   """The config of one run, as ``txf train`` builds it from the sweep's arguments: the
-  experiment's ``get_config()``, the sweep's overrides, the arm's, the seed and the steps; a cooldown
-  longer than the shortened run is scaled as the train command scales it (txf.config.fit_cooldown)."""
+  experiment's ``get_config()``, the sweep's overrides (its steps among them), the arm's, the
+  seed; a cooldown longer than the shortened run is scaled as the train command scales it
+  (txf.config.fit_cooldown)."""
   config = config_lib.load_experiment(sweep.config)
   original = config.num_train_steps
   merged = {**sweep.overrides, **sweep.arms[arm]}
   for field, value in merged.items():
     _set(config, field, value, f"arm {arm!r}")
   config.seed = seed
-  if sweep.steps:
-    config.num_train_steps = int(sweep.steps)
   if "optimizer.cooldown_steps" not in merged:
     config_lib.fit_cooldown(config, original)
   return config
@@ -247,8 +247,6 @@ def train_args(sweep: Sweep, arm: str, seed: int, workdir: str) -> List[str]:
   merged = {**sweep.overrides, **sweep.arms[arm]}
   args += [f"--config.{f}={arg_value(v)}" for f, v in merged.items()]
   args.append(f"--config.seed={seed}")
-  if sweep.steps:
-    args.append(f"--config.num_train_steps={int(sweep.steps)}")
   return args
 
 
@@ -267,7 +265,12 @@ def load_sweep(path: str, root: Optional[str] = None, sets: Optional[Dict[str, A
   overrides = dict(spec.get("overrides", {}) or {})
   for field in overrides:
     check_field(field, "overrides")
-  overrides.update(sets or {})
+  steps = spec.get("steps")
+  if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
+    raise SweepError(f"{path}: steps={steps!r} must be a positive number of steps")
+  if steps:
+    overrides["num_train_steps"] = steps
+  overrides.update(sets or {})  # the command line's --set last: over the file's steps and overrides
   if "arms" in spec:
     if not isinstance(spec["arms"], dict) or not spec["arms"]:
       raise SweepError(f"{path}: arms must be a non-empty dict of name -> {{field: value}}")
@@ -293,9 +296,6 @@ def load_sweep(path: str, root: Optional[str] = None, sets: Optional[Dict[str, A
   metric, mode = spec.get("metric", "eval/loss"), spec.get("mode", "final")
   if mode not in MODES:
     raise SweepError(f"{path}: mode={mode!r} is not one of {', '.join(MODES)}")
-  steps = spec.get("steps")
-  if steps is not None and (not isinstance(steps, int) or steps <= 0):
-    raise SweepError(f"{path}: steps={steps!r} must be a positive number of steps")
   name = str(spec.get("name") or os.path.splitext(os.path.basename(path))[0])
   experiment = _resolve_experiment(str(spec.get("config", "default")),
                                    os.path.dirname(os.path.abspath(path)))
