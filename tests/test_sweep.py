@@ -243,12 +243,15 @@ def test_run_local_skips_complete_runs_reports_failures_and_runs_the_rest(tmp_pa
   assert [o.status for o in outcomes] == ["complete", "failed", "done", "done", "failed", "done"]
   assert outcomes[1].code == 2 and outcomes[1].reason == "txf: error: bad luck"
   assert len(lines) == 6 and lines[0] == "[1/6] base/seed-0: complete, skipped"
-  assert any(l.endswith(f"base/seed-1: FAILED (exit 2) after 0 s: txf: error: bad luck "
-                        f"(log: {sweep.runs[1].log})") for l in lines)
+  failed = [l for l in lines if "base/seed-1: FAILED (exit 2) after " in l]
+  assert len(failed) == 1 and failed[0].endswith(f" s: txf: error: bad luck (log: {sweep.runs[1].log})")
   with open(sweep.runs[1].log) as f:  # the log has the command line and the run's output
     assert f.readline().startswith("=== ") and "txf: error: bad luck" in f.read()
   again = runner.run_local(sweep.runs, parallel=2, say=lines.append, command=command)
   assert [o.status for o in again] == ["complete", "failed", "complete", "complete", "failed", "complete"]
+  # the report names the failed runs as missing, with their logs
+  assert report.run_value(sweep.runs[1], "eval/loss", "final") == (
+      None, f"not complete (log: {sweep.runs[1].log})")
 
 
 # -- the report ---------------------------------------------------------------------------------------

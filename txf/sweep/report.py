@@ -58,6 +58,8 @@ def run_value(run: Run, metric: str, mode: str) -> Tuple[Optional[float], str]:
   """(value, '') of a complete run: the metric at its last step (mode final) or its min / max over
   the run; (None, why) for a run that is not complete or never logged the metric at its end."""
   if not is_complete(run.workdir, run.steps):
+    if run.log and os.path.isfile(run.log):  # it was started: failed, or stopped before its end
+      return None, f"not complete (log: {run.log})"
     return None, "not complete" if os.path.isdir(run.workdir) else "not run"
   steps, values = series(read_rows(run.workdir), metric)
   keep = steps <= run.steps

@@ -118,9 +118,10 @@ def run_local(runs: Sequence[Run], parallel: int = 1, say: Callable[[str], None]
         argv = command(run)
         log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n")
         log.flush()
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,  # pylint: disable=consider-using-with
-                                   stdin=subprocess.DEVNULL, env=env,
-                                   start_new_session=True)  # a Ctrl-C reaches the sweep alone
+        # its own session: a Ctrl-C reaches the sweep alone, which passes on one SIGTERM
+        process = subprocess.Popen(  # pylint: disable=consider-using-with
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True)
         running[run.index] = (run, process, time.monotonic(), log)
       time.sleep(POLL_SECONDS)
       for index in [i for i, (_, p, _, _) in running.items() if p.poll() is not None]:
