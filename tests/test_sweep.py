@@ -380,3 +380,27 @@ def test_wandb_offline_logs_the_metric_rows_and_a_resumed_run_keeps_its_id(tmp_p
   runs = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
   assert len(runs) == 2 and all(r.name.endswith("-" + run_id) for r in runs)
   assert not MetricWriter(str(tmp_path / "other"), enabled=False, tracker="wandb")._wandb  # process != 0
+
+
+@pytest.mark.slow
+def test_a_training_with_tracker_wandb_logs_offline_and_its_resumption_continues_the_run(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  from tests.conftest import apply_overrides
+  from txf.train import train
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  monkeypatch.delenv("WANDB_DIR", raising=False)  # default: the workdir
+  config = apply_overrides(config_lib.load_experiment(COPY), {**TINY, "num_train_steps": 3,
+                                                              "tracker": "wandb"})
+  workdir = str(tmp_path / "run")
+  train(config, workdir)
+  run_id = json.load(open(os.path.join(workdir, workdir_lib.WANDB_RUN_FILE)))["id"]
+  first = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
+  assert len(first) == 1 and first[0].name.endswith("-" + run_id)
+  data = (first[0] / f"run-{run_id}.wandb").read_bytes()
+  assert b"train/loss" in data and b"eval/loss" in data and b"eval/bleu" in data
+  config.num_train_steps = 6  # train on: the same workdir resumes from step 3
+  train(config, workdir)
+  runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
+  assert len(runs) == 2 and all(r.name.endswith("-" + run_id) for r in runs)
+  assert json.load(open(os.path.join(workdir, workdir_lib.WANDB_RUN_FILE)))["id"] == run_id
