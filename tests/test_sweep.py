@@ -382,6 +382,20 @@ def test_wandb_offline_logs_the_metric_rows_and_a_resumed_run_keeps_its_id(tmp_p
   assert not MetricWriter(str(tmp_path / "other"), enabled=False, tracker="wandb")._wandb  # process != 0
 
 
+def test_wandb_online_without_a_login_is_one_user_error(tmp_path):
+  pytest.importorskip("wandb")
+  # a fresh process (wandb keeps its settings per process); no key, no ~/.netrc
+  env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY")}
+  env.update(HOME=str(tmp_path), WANDB_DIR=str(tmp_path), PYTHONPATH=ROOT)
+  code = ("from txf.errors import TxfError\nfrom txf.metrics import MetricWriter\ntry:\n"
+          f"  MetricWriter({str(tmp_path)!r}, tensorboard=False, tracker='wandb')\n"
+          "except TxfError as e:\n  print(e)\n")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                     cwd=str(tmp_path), timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert "tracker='wandb': wandb.init failed: " in r.stdout and "WANDB_MODE=offline" in r.stdout
+
+
 @pytest.mark.slow
 def test_a_training_with_tracker_wandb_logs_offline_and_its_resumption_continues_the_run(tmp_path, monkeypatch):
   pytest.importorskip("wandb")

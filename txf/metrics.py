@@ -162,12 +162,11 @@ class MetricWriter:
       self._tb, self._tb_local = None, None
 
 
-
 def start_wandb(workdir: str, run_config: Dict[str, Any]):
   """``wandb.init`` for the run in ``workdir``: the id stored in workdir/wandb.json (a new one is
   made and stored on the first start), ``resume="allow"``, the run's config; mode, project, folder
   and name from WANDB_MODE, WANDB_PROJECT, WANDB_DIR, WANDB_NAME (module doc). Returns the W&B run.
-  Raises TxfError when wandb is not installed."""
+  Raises TxfError when wandb is not installed or its init fails (not logged in, offline network)."""
   try:
     import wandb  # an optional extra, imported only when a run uses it
   except ImportError as e:
@@ -181,8 +180,13 @@ def start_wandb(workdir: str, run_config: Dict[str, Any]):
     write_json(path, {"id": run_id})
   local = is_local(workdir)
   name = "/".join(os.path.abspath(workdir).split(os.sep)[-2:]) if local else workdir.rstrip("/")
-  return wandb.init(id=run_id, resume="allow", config=run_config,
-                    project=os.environ.get("WANDB_PROJECT") or "txf",
-                    name=os.environ.get("WANDB_NAME") or name,
-                    mode=os.environ.get("WANDB_MODE") or None,
-                    dir=os.environ.get("WANDB_DIR") or (workdir if local else None))
+  try:
+    return wandb.init(id=run_id, resume="allow", config=run_config,
+                      project=os.environ.get("WANDB_PROJECT") or "txf",
+                      name=os.environ.get("WANDB_NAME") or name,
+                      mode=os.environ.get("WANDB_MODE") or None,
+                      dir=os.environ.get("WANDB_DIR") or (workdir if local else None))
+  except wandb.errors.Error as e:  # not logged in, no network, a bad project: the user's to fix
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise TxfError(f"tracker='wandb': wandb.init failed: {first} (log in with `wandb login`, or "
+                   f"run offline with WANDB_MODE=offline and upload later with `wandb sync`)") from e
