@@ -254,6 +254,34 @@ def test_run_local_skips_complete_runs_reports_failures_and_runs_the_rest(tmp_pa
       None, f"not complete (log: {sweep.runs[1].log})")
 
 
+def test_an_interrupted_sweep_passes_one_sigterm_to_its_runs_and_waits_for_them(tmp_path):
+  import signal
+  import threading
+  sweep = grid.load_sweep(write_spec(tmp_path, seeds=1), str(tmp_path / "r"))
+  ready = [str(tmp_path / f"ready-{r.index}") for r in sweep.runs]
+
+  def command(run):  # a run that, on SIGTERM, "writes its checkpoint" (a file) and exits 0
+    code = ("import os, signal, sys, time\n"
+            f"def stop(*_):\n  open({str(tmp_path / 'stopped-')!r} + '{run.index}', 'w').close(); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            f"open({ready[run.index]!r}, 'w').close()\n"
+            "time.sleep(60)\n")
+    return [sys.executable, "-c", code]
+
+  def interrupt():  # once both runs are up: what a scheduler's SIGTERM to the sweep does
+    while not all(os.path.exists(p) for p in ready):
+      threading.Event().wait(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  threading.Thread(target=interrupt, daemon=True).start()
+  lines = []
+  with pytest.raises(KeyboardInterrupt):
+    runner.run_local(sweep.runs, parallel=2, say=lines.append, command=command)
+  assert all((tmp_path / f"stopped-{r.index}").exists() for r in sweep.runs)
+  assert lines == ["txf: interrupted: stopping 2 run(s) at a checkpoint; run the same command to resume"]
+  assert signal.getsignal(signal.SIGTERM) is not runner._raise_interrupt  # the handler is put back
+
+
 # -- the report ---------------------------------------------------------------------------------------
 
 def test_run_values_final_min_max_and_a_relogged_step_keeps_its_last_value(tmp_path):
