@@ -84,6 +84,8 @@ RUN = {
 
 A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag changed: tests/test_train_e2e.py"
 HUB = "a Hub download: tests/test_hf_marian.py imports, translates, fine-tunes and exports a small local Marian model"
+SWEEP = ("a sweep of 6 copy runs (minutes): tests/test_sweep.py::test_a_tiny_sweep_end_to_end_through_the_cli "
+         "runs 2 arms x 2 seeds of a few steps through the CLI, then the report")
 EIGHT = "8 fake devices: tests/test_matrix.py runs every runner with every family"
 NOT_RUN = {
     "txf train --config.plugins=my_attention.py --config.model.attention=cosine":
@@ -173,6 +175,22 @@ NOT_RUN = {
     "python -m bench.peers ... --systems txf,flax-wmt,torch-eager,marian,txf-bf16,torch-bf16,"
     "txf-attn-dropout --before_tree OLD_CHECKOUT": "the peers' own venv with torch and an old checkout",
     "python -m bench.dropout --masks": "a benchmark: tests/test_dropout.py checks the masks",
+    # docs/sweeps.md
+    "txf sweep experiments/sweeps/copy_norm.py --parallel 2": SWEEP,
+    "txf sweep experiments/sweeps/copy_norm.py --set model.d_ff=256 --set num_train_steps=300 "
+    "--root runs/sweeps/copy_norm_ff256": SWEEP,
+    "txf sweep experiments/sweeps/copy_norm.py --emit commands > runs.txt":
+        "tests/test_sweep.py checks the emitted commands against the runs' arguments",
+    "parallel -j 4 < runs.txt": "GNU parallel, not a txf dependency",
+    "txf sweep experiments/sweeps/copy_norm.py --emit slurm --sbatch=--gres=gpu:1 "
+    "--sbatch=--time=01:00:00 > sweep.sbatch":
+        "tests/test_sweep.py checks the script (bash -n, and one array task run with a stand-in txf)",
+    "sbatch sweep.sbatch": "a SLURM cluster",
+    "txf sweep report runs/sweeps/copy_norm": SWEEP,
+    "pip install 'txf[wandb]'": "an optional extra from PyPI: tests/test_sweep.py runs the tracker "
+                                "offline when wandb is installed",
+    "WANDB_MODE=offline txf train --config experiments/copy.py --config.tracker=wandb":
+        "needs the wandb extra: tests/test_sweep.py logs rows offline and resumes the same W&B run",
 }
 
 

@@ -31,6 +31,7 @@ COMMANDS = {
     "average-checkpoints": ("txf.commands.average", "average the parameters of the last N checkpoints"),
     "bench": ("txf.commands.bench", "benchmark train-step and decode speed"),
     "info": ("txf.commands.info", "print jax, devices, CPU features and the malloc in use"),
+    "sweep": ("txf.commands.sweep", "train arms x seeds of a sweep file (or emit them) and compare the arms (t-tests)"),
     "plan": ("txf.commands.plan", "size a job before launch: per-device memory and step time on N devices"),
     "import-hf": ("txf.commands.import_hf", "import a Hugging Face Marian (OPUS-MT) model as a txf workdir"),
     "export-hf": ("txf.commands.export_hf", "export a translation run as a Hugging Face Marian model"),

@@ -62,6 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.compile_cache = ""           # XLA's persistent compilation cache: "" = $TXF_COMPILE_CACHE, else ~/.cache/txf/xla | a folder | off
   c.profile_steps = ""           # "START:END": a jax.profiler trace of steps START..END-1 in workdir/profile/ ("" = off)
   c.dcn_mesh_shape = ()          # mesh: () = one slice; else (data, fsdp, tensor) across slices/processes, mesh_shape within one
+  c.tracker = "none"             # also log metrics.jsonl's rows to an experiment tracker (process 0): none | wandb (Weights & Biases: pip install 'txf[wandb]'; honours WANDB_MODE, WANDB_PROJECT, WANDB_DIR; a resumed run continues the same W&B run)
 
   c.model = ml_collections.ConfigDict()
   m = c.model
@@ -390,7 +391,8 @@ FIXED_CHOICES = {"model.dtype": ("auto", "float32", "bfloat16"),
                  "data.format": ("parallel", "tsv", "plain"),
                  "optimizer.schedule": ("inverse_sqrt", "constant", "rsqrt", "cosine"),
                  "optimizer.name": ("adam", "adafactor", "lion", "muon"),
-                 "length_penalty": ("gnmt", "power")}
+                 "length_penalty": ("gnmt", "power"),
+                 "tracker": ("none", "wandb")}
 
 _SECTIONS = {"c": "", "m": "model.", "o": "optimizer.", "d": "data."}
 _FIELD_LINE = re.compile(r'^\s+(?:(\w)\.(\w+) = |"(\w+)": )(.*?)\s+# (.*)$')
@@ -578,3 +580,6 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
                     f"to END-1 are traced), e.g. profile_steps=10:13")
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  if cfg.get("tracker", "none") == "wandb" and importlib.util.find_spec("wandb") is None:
+    raise ConfigError("tracker='wandb' needs the wandb package, which is not installed: "
+                      "pip install 'txf[wandb]' (or set tracker=none)")

@@ -1,7 +1,15 @@
-"""Metrics to metrics.jsonl (one JSON object per logged point) and TensorBoard event files.
+"""Metrics to metrics.jsonl (one JSON object per logged point), TensorBoard event files and,
+with ``config.tracker="wandb"``, Weights & Biases.
 
 TensorBoard files are written with tensorboardX (no TensorFlow): scalars per split, the run's
 config (text and hparams) and eval samples (text). Only process 0 writes.
+
+Weights & Biases (an optional extra: ``pip install 'txf[wandb]'``) gets the same rows as
+metrics.jsonl, each number as ``SPLIT/KEY`` at its step, and the run's config. The W&B run id is
+kept in the workdir (``wandb.json``): a resumed run logs to the same W&B run (``resume="allow"``),
+and steps it logs again after its checkpoint, which W&B already has, are not sent twice.
+``wandb.init`` takes WANDB_MODE (e.g. offline), WANDB_PROJECT (default "txf"), WANDB_DIR (default:
+the workdir) and WANDB_NAME (default: the workdir's last two path parts) from the environment.
 
 In a bucket workdir (gs://...) an object cannot be appended to: metrics.jsonl is kept in memory and
 uploaded whole at each row, and the event files are written in a local temporary folder and copied
@@ -10,16 +18,18 @@ up to ``tensorboard/`` at ``flush``/``close`` and at most every ``TB_UPLOAD_SECO
 
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
 import time
-from typing import Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
+from txf.errors import TxfError
 from txf.storage import is_local, read_text, upload_tree, write_bytes, wpath
-from txf.workdir import METRICS_FILE, TENSORBOARD_DIR, disk_errors, path_of
+from txf.workdir import METRICS_FILE, TENSORBOARD_DIR, WANDB_RUN_FILE, disk_errors, path_of, write_json
 
 TB_UPLOAD_SECONDS = 60.0  # a bucket workdir's event files are copied up at most this often while writing
 
@@ -46,10 +56,13 @@ def _summary_writer_class():
 
 
 class MetricWriter:
-  """``write(step, split, metrics)`` appends {"step", "split", **metrics} to metrics.jsonl and logs scalars."""
+  """``write(step, split, metrics)`` appends {"step", "split", **metrics} to metrics.jsonl and logs
+  scalars (TensorBoard; and Weights & Biases with ``tracker="wandb"``, given the run's config dict)."""
 
-  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True,
+               tracker: str = "none", run_config: Optional[Dict] = None):
     self.enabled = enabled
+    self._wandb = start_wandb(workdir, run_config or {}) if enabled and tracker == "wandb" else None
     self.path = path_of(workdir, METRICS_FILE)
     self.local = is_local(workdir)
     self._text = None  # a bucket workdir's metrics.jsonl, read once
@@ -96,6 +109,11 @@ class MetricWriter:
       if self._tb_local is not None and time.monotonic() - self._uploaded > TB_UPLOAD_SECONDS:
         self._tb.flush()
         self._upload_events()
+    if self._wandb is not None:
+      numbers = {f"{split}/{k}": v for k, v in row.items()
+                 if k not in ("step", "split") and isinstance(v, float)}
+      if step >= (self._wandb.step or 0):  # a resumed run's re-logged steps: W&B has them
+        self._wandb.log(numbers, step=int(step))
     return row
 
   def write_text(self, tag: str, text: str, step: int) -> None:
@@ -151,7 +169,11 @@ class MetricWriter:
       self._upload_events()
 
   def close(self):
-    """Close the event writer (a bucket workdir's event files are copied up, the local copy removed)."""
+    """Close the event writer (a bucket workdir's event files are copied up, the local copy removed)
+    and finish the W&B run."""
+    if self._wandb is not None:
+      self._wandb.finish()
+      self._wandb = None
     if self._tb is not None:
       self._tb.close()
     if self._tb_local is not None:
@@ -159,3 +181,32 @@ class MetricWriter:
       shutil.rmtree(self._tb_local, ignore_errors=True)
       self._tb, self._tb_local = None, None
 
+
+def start_wandb(workdir: str, run_config: Dict[str, Any]):
+  """``wandb.init`` for the run in ``workdir``: the id stored in workdir/wandb.json (a new one is
+  made and stored on the first start), ``resume="allow"``, the run's config; mode, project, folder
+  and name from WANDB_MODE, WANDB_PROJECT, WANDB_DIR, WANDB_NAME (module doc). Returns the W&B run.
+  Raises TxfError when wandb is not installed or its init fails (not logged in, offline network)."""
+  try:
+    import wandb  # an optional extra, imported only when a run uses it
+  except ImportError as e:
+    raise TxfError("tracker='wandb' needs the wandb package, which is not installed: "
+                   "pip install 'txf[wandb]' (or set tracker=none)") from e
+  path = path_of(workdir, WANDB_RUN_FILE)
+  stored = json.loads(read_text(path)) if wpath(path).exists() else {}
+  run_id = stored.get("id")
+  if not run_id:
+    run_id = secrets.token_hex(4)  # 8 characters, as W&B's own ids
+    write_json(path, {"id": run_id})
+  local = is_local(workdir)
+  name = "/".join(os.path.abspath(workdir).split(os.sep)[-2:]) if local else workdir.rstrip("/")
+  try:
+    return wandb.init(id=run_id, resume="allow", config=run_config,
+                      project=os.environ.get("WANDB_PROJECT") or "txf",
+                      name=os.environ.get("WANDB_NAME") or name,
+                      mode=os.environ.get("WANDB_MODE") or None,
+                      dir=os.environ.get("WANDB_DIR") or (workdir if local else None))
+  except wandb.errors.Error as e:  # not logged in, no network, a bad project: the user's to fix
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise TxfError(f"tracker='wandb': wandb.init failed: {first} (log in with `wandb login`, or "
+                   f"run offline with WANDB_MODE=offline and upload later with `wandb sync`)") from e

@@ -37,7 +37,9 @@ RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_
                     # what is profiled, and what the backward pass recomputes, change no state
                     "profile_steps", "model.remat", "compile_cache",
                     # the compute dtype: parameters and optimizer state are float32 either way
-                    "model.dtype"}
+                    "model.dtype",
+                    # where the metrics are also logged
+                    "tracker"}
 RESUMABLE_PREFIXES = ("sharding_rules.",)
 
 # The names of a run's files and folders under its workdir: defined here and nowhere else.
@@ -52,6 +54,7 @@ CHECKPOINTS_DIR = "checkpoints"      # orbax checkpoints, one numbered folder pe
 UNREADABLE_CHECKPOINTS_DIR = "checkpoints-unreadable"   # unreadable checkpoints moved aside
 LOSS_PLOT = "loss_curves.png"        # train/eval loss against step
 LR_PLOT = "learning_rate.png"        # the learning rate against step
+WANDB_RUN_FILE = "wandb.json"        # tracker="wandb": the Weights & Biases run id that a resumed run logs to again
 
 
 def path_of(workdir: str, name: str) -> str:

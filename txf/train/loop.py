@@ -200,7 +200,9 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
                         bleu_protocol=config.get("bleu_protocol", "sacrebleu"),
                         lang=config.data.tgt_lang)
   return Setup(config, workdir, task, model_cfg, runner, train_it,
-               Checkpointer(workdir, config, agreed_steps=True), MetricWriter(workdir, enabled=is_main),
+               Checkpointer(workdir, config, agreed_steps=True),
+               MetricWriter(workdir, enabled=is_main, tracker=config.get("tracker", "none"),
+                            run_config=workdir_lib.config_to_dict(config)),
                evaluator,
                new_state, abstract_state, dropout_rng, report if is_main else Silent(), report,
                is_main, resumed,

@@ -1,0 +1,202 @@
+"""A sweep's report: each run's value of the metric, the per-arm statistics and the tests against
+the baseline (txf.sweep.stats), as a Markdown table (printed and written to report.md), a CSV
+(report.csv) and a figure (report.png: per-arm values with their intervals, and every run's curves
+coloured by arm). A run that is not complete, or that never logged the metric, is counted as
+missing and named under the table.
+"""
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from txf import viz
+from txf import workdir as workdir_lib
+from txf.sweep.grid import Run, Sweep
+from txf.sweep.runner import is_complete
+from txf.sweep.stats import CONFIDENCE, Summary, Welch, summarize, welch
+
+REPORT_MD, REPORT_CSV, REPORT_PNG = "report.md", "report.csv", "report.png"
+CSV_COLUMNS = ("arm", "n", "mean", "std", "ci_low", "ci_high", "diff", "diff_ci_low", "diff_ci_high",
+               "t", "dof", "p", "missing", "values")
+
+
+def read_rows(workdir: str) -> List[Dict]:
+  """The rows of ``workdir/metrics.jsonl`` ([] if absent); a line cut short by a kill is skipped."""
+  path = workdir_lib.path_of(workdir, workdir_lib.METRICS_FILE)
+  if not os.path.isfile(path):
+    return []
+  rows = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        rows.append(json.loads(line))
+      except ValueError:
+        continue
+  return rows
+
+
+def series(rows: Sequence[Dict], metric: str) -> Tuple[np.ndarray, np.ndarray]:
+  """(steps, values) of ``metric`` = SPLIT/KEY over ``rows``, sorted by step; a step logged twice
+  (a resumed run re-logs the steps after its checkpoint) keeps its last value."""
+  split, _, key = metric.partition("/")
+  points = {}
+  for r in rows:
+    value = r.get(key)
+    if r.get("split") == split and isinstance(value, (int, float)) and not isinstance(value, bool):
+      points[int(r["step"])] = float(value)
+  steps = np.array(sorted(points), dtype=np.int64)
+  return steps, np.array([points[s] for s in steps], dtype=np.float64)
+
+
+def run_value(run: Run, metric: str, mode: str) -> Tuple[Optional[float], str]:
+  """(value, '') of a complete run: the metric at its last step (mode final) or its min / max over
+  the run; (None, why) for a run that is not complete or never logged the metric at its end."""
+  if not is_complete(run.workdir, run.steps):
+    if run.log and os.path.isfile(run.log):  # it was started: failed, or stopped before its end
+      return None, f"not complete (log: {run.log})"
+    return None, "not complete" if os.path.isdir(run.workdir) else "not run"
+  steps, values = series(read_rows(run.workdir), metric)
+  keep = steps <= run.steps
+  steps, values = steps[keep], values[keep]
+  if mode == "final":
+    if not steps.size or steps[-1] != run.steps:
+      return None, f"no {metric} at step {run.steps}"
+    return float(values[-1]), ""
+  if not steps.size:
+    return None, f"no {metric} logged"
+  return float(values.min() if mode == "min" else values.max()), ""
+
+
+@dataclasses.dataclass
+class ArmReport:
+  """One arm: its runs' values (by seed), the missing runs (seed -> why), its summary and its test
+  against the baseline (None for the baseline itself)."""
+  arm: str
+  values: Dict[int, float]
+  missing: Dict[int, str]
+  summary: Summary
+  test: Optional[Welch]
+
+
+def build(sweep: Sweep) -> List[ArmReport]:
+  """Each arm's values, summary and Welch test against ``sweep.baseline``, in the sweep's order."""
+  values: Dict[str, Dict[int, float]] = {arm: {} for arm in sweep.arms}
+  missing: Dict[str, Dict[int, str]] = {arm: {} for arm in sweep.arms}
+  for run in sweep.runs:
+    value, why = run_value(run, sweep.metric, sweep.mode)
+    if value is None or not math.isfinite(value):
+      missing[run.arm][run.seed] = why or f"{sweep.metric} is {value}"
+    else:
+      values[run.arm][run.seed] = value
+  base = list(values[sweep.baseline].values())
+  return [ArmReport(arm, values[arm], missing[arm], summarize(list(values[arm].values())),
+                    None if arm == sweep.baseline else welch(list(values[arm].values()), base))
+          for arm in sweep.arms]
+
+
+def _num(x: float, digits: int = 4) -> str:
+  return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}g}"
+
+
+def _interval(lo: float, hi: float) -> str:
+  return "n/a" if math.isnan(lo) else f"[{_num(lo)}, {_num(hi)}]"
+
+
+def markdown(sweep: Sweep, arms: Sequence[ArmReport]) -> str:
+  """The report as Markdown: a heading, the table (one row per arm) and the missing runs."""
+  what = {"final": "at the last step", "min": "minimum over the run", "max": "maximum over the run"}
+  pct = f"{CONFIDENCE:.0%}"
+  lines = [f"# Sweep {sweep.name}: {sweep.metric} ({what[sweep.mode]})", "",
+           f"{len(sweep.arms)} arm(s) x {len(sweep.seeds)} seed(s) ({', '.join(map(str, sweep.seeds))}); "
+           f"baseline `{sweep.baseline}`. std: sample (ddof=1); {pct} CI: Student t, n-1 dof; "
+           f"diff and p: Welch's t-test against the baseline (two-sided).", "",
+           f"| arm | n | mean | std | {pct} CI | diff vs baseline | {pct} CI of diff | p |",
+           "|---|---|---|---|---|---|---|---|"]
+  for a in arms:
+    s = a.summary
+    if a.test is None:
+      diff, diff_ci, p = "(baseline)", "", ""
+    else:
+      diff, diff_ci, p = (_num(a.test.diff), _interval(a.test.ci_low, a.test.ci_high),
+                          _num(a.test.p, 3))
+    lines.append(f"| {a.arm} | {s.n} | {_num(s.mean)} | {_num(s.std)} | "
+                 f"{_interval(s.ci_low, s.ci_high)} | {diff} | {diff_ci} | {p} |")
+  gaps = [f"- {a.arm}/seed-{seed}: {why}" for a in arms for seed, why in sorted(a.missing.items())]
+  if gaps:
+    lines += ["", f"Missing ({len(gaps)} of {len(sweep.runs)} runs, left out of the statistics):"] + gaps
+  return "\n".join(lines) + "\n"
+
+
+def csv_text(arms: Sequence[ArmReport]) -> str:
+  """The report as CSV (CSV_COLUMNS), one row per arm; values as 'seed:value' joined by ';'."""
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator="\n")
+  writer.writerow(CSV_COLUMNS)
+  for a in arms:
+    s, t = a.summary, a.test
+    test = ([t.diff, t.ci_low, t.ci_high, t.t, t.dof, t.p] if t is not None else [""] * 6)
+    writer.writerow([a.arm, s.n, s.mean, s.std, s.ci_low, s.ci_high, *test,
+                     ";".join(f"{seed}:{why}" for seed, why in sorted(a.missing.items())),
+                     ";".join(f"{seed}:{v!r}" for seed, v in sorted(a.values.items()))])
+  return out.getvalue()
+
+
+def plot(sweep: Sweep, arms: Sequence[ArmReport], path: str) -> str:
+  """The figure: each arm's values (dots, one per seed) with its mean and 95% interval (bar), and
+  the train loss of every run against step, then the metric's curve when it is not that loss,
+  one colour per arm."""
+  curves = ["train/loss"] + ([sweep.metric] if sweep.metric != "train/loss" else [])
+  fig = viz.new_figure(5 + 5 * len(curves), 4.2)
+  axes = fig.subplots(1, 1 + len(curves))
+  colours = {a.arm: f"C{i % 10}" for i, a in enumerate(arms)}
+  ax = axes[0]
+  for i, a in enumerate(arms):
+    xs = i - 0.1 + np.linspace(-0.1, 0.1, max(len(a.values), 1))[:len(a.values)]
+    ax.scatter(xs, list(a.values.values()), color=colours[a.arm], s=18, alpha=0.7)
+    s = a.summary
+    if s.n:
+      err = None if math.isnan(s.ci_low) else [[s.mean - s.ci_low], [s.ci_high - s.mean]]
+      ax.errorbar([i + 0.15], [s.mean], yerr=err, fmt="o", color=colours[a.arm], capsize=4)
+  ax.set_xticks(range(len(arms)))
+  ax.set_xticklabels([a.arm for a in arms], rotation=20, ha="right", fontsize=8)
+  ax.set_ylabel(f"{sweep.metric} ({sweep.mode})")
+  ax.set_title(f"per arm: seeds and mean with {CONFIDENCE:.0%} CI", fontsize=10)
+  ax.grid(alpha=0.3)
+  for ax, metric in zip(axes[1:], curves):
+    labelled = set()
+    for run in sweep.runs:
+      steps, values = series(read_rows(run.workdir), metric)
+      if steps.size:
+        label = None if run.arm in labelled else run.arm
+        labelled.add(run.arm)
+        ax.plot(steps, values, color=colours[run.arm], alpha=0.75, label=label,
+                **({"marker": "o", "markersize": 3} if metric.startswith("eval/") else {}))
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} of every run", fontsize=10)
+    ax.grid(alpha=0.3)
+    if labelled:
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  return viz.save_figure(fig, path)
+
+
+def write_report(sweep: Sweep) -> Tuple[str, Dict[str, str]]:
+  """Build the report of ``sweep`` and write report.md, report.csv and report.png under its root;
+  returns (the Markdown, {"md" | "csv" | "png": path})."""
+  arms = build(sweep)
+  text = markdown(sweep, arms)
+  paths = {kind: os.path.join(sweep.root, name)
+           for kind, name in (("md", REPORT_MD), ("csv", REPORT_CSV), ("png", REPORT_PNG))}
+  with open(paths["md"], "w", encoding="utf-8") as f:
+    f.write(text)
+  with open(paths["csv"], "w", encoding="utf-8") as f:
+    f.write(csv_text(arms))
+  plot(sweep, arms, paths["png"])
+  return text, paths
