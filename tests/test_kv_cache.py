@@ -22,9 +22,9 @@ VOCAB = 13
 
 def small_config(family, layers=1, **overrides):
   """A tiny model (XLA compile time dominates these tests: one layer unless the test needs two)."""
-  return TransformerConfig(family=family, vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32,
-                           num_encoder_layers=layers, num_decoder_layers=layers, max_len=16,
-                           **overrides)
+  return TransformerConfig(**{**dict(family=family, vocab_size=VOCAB, d_model=16, num_heads=2,
+                                     d_ff=32, num_encoder_layers=layers, num_decoder_layers=layers,
+                                     max_len=16), **overrides})
 
 
 def setup_model(cfg, seed=0):
@@ -63,7 +63,17 @@ def sources():
 VARIANTS = [("encoder_decoder", dict(layers=2)),
             ("encoder_decoder", dict(positional="learned", pre_ln=True, tie_output=False)),
             ("decoder_lm", {}),
-            ("decoder_lm", dict(positional="learned", pre_ln=True, layers=2, norm="rms_norm"))]
+            ("decoder_lm", dict(positional="learned", pre_ln=True, layers=2, norm="rms_norm")),
+            # positions inside self-attention; 8 relative buckets so that short decodes reach the
+            # logarithmic ones, 4 heads so that ALiBi's steepest slope is 1/4
+            ("encoder_decoder", dict(positional="rope", layers=2)),
+            ("encoder_decoder", dict(positional="alibi", num_heads=4, pre_ln=True)),
+            ("encoder_decoder", dict(positional="relative", relative_buckets=8,
+                                     relative_max_distance=16)),
+            ("decoder_lm", dict(positional="rope")),
+            ("decoder_lm", dict(positional="alibi", num_heads=4, layers=2)),
+            ("decoder_lm", dict(positional="relative", relative_buckets=8, relative_max_distance=16,
+                                layers=2))]
 
 
 def jit_cache(cfg, params, batch, max_len, inputs=None):

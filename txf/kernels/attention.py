@@ -37,9 +37,10 @@ def fused_kernel(backend_name: str, dtype, causal: bool) -> dict:
   return {"implementation": "xla"}
 
 
-def fused_attention(q, k, v, mask, causal: bool = False):
-  """softmax(Q K^T / sqrt(d_k) + M) V by ``jax.nn.dot_product_attention`` on [B, L, H, d_k]: cuDNN
-  on GPU for the half-precision inputs it supports, XLA otherwise.
+def fused_attention(q, k, v, mask, causal: bool = False, bias=None):
+  """softmax(Q K^T / sqrt(d_k) + B + M) V by ``jax.nn.dot_product_attention`` on [B, L, H, d_k]:
+  cuDNN on GPU for the half-precision inputs it supports, XLA otherwise. ``bias`` B
+  [B|1, H, L_q, L_k] (heads before positions, as that function takes it) or None (B = 0).
 
   A query row whose keys are all masked gets a zero output, as on the reference path (XLA's
   softmax would average V there instead). Returns [B, L_q, H, d_v].
@@ -47,14 +48,15 @@ def fused_attention(q, k, v, mask, causal: bool = False):
   if mask is not None:
     mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
   out = None
+  extra = {} if bias is None else {"bias": bias.astype(q.dtype)}
   kernel = fused_kernel(backend(), q.dtype, causal and q.shape[1] == k.shape[1])
   if kernel["implementation"] == "cudnn":
     try:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, **kernel)
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, **extra, **kernel)
     except Exception:  # pylint: disable=broad-except  # cuDNN rejects this shape/GPU at trace time
       out = None
   if out is None:
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla", **extra)
   if mask is not None:
     out = out * mask.any(-1).transpose(0, 2, 1)[..., None].astype(out.dtype)
   return out
@@ -65,7 +67,10 @@ class Attention:
   """One attention formula and the kernels that compute it, on heads [B, H, L, d_k].
 
   Attributes:
-    formula: txf.ops's ``(q, k, v, mask) -> (out [B, H, L_q, d_v], weights [B, H, L_q, L_k])``.
+    formula: txf.ops's ``(q, k, v, mask) -> (out [B, H, L_q, d_v], weights [B, H, L_q, L_k])``;
+      called with ``bias=`` (an additive score bias [B|1, H, L_q, L_k]) only when a position
+      variant gives one (``model.positional``: alibi, relative), so a formula without that
+      keyword runs with every other variant.
     bf16: its restatement with txf.kernels.dots products, run where :func:`select` says
       ``layout`` dots (bf16 compute on CPU); None: the formula there too.
     fused: ``(q, k, v, mask, causal) -> out`` on [B, L, H, d_k], a fused kernel computing the
@@ -84,38 +89,47 @@ ATTENTION = Table("model.attention", {
 })
 
 
-def reference_attention(attention: Attention, q, k, v, mask, causal: bool = False):
+def _with_bias(bias) -> dict:
+  """The keyword arguments that pass a score bias on: none without one (the formula's own call)."""
+  return {} if bias is None else {"bias": bias}
+
+
+def reference_attention(attention: Attention, q, k, v, mask, causal: bool = False, bias=None):
   """``model.attention_impl="reference"``: the formula (its bf16 restatement where :func:`select`
-  says ``layout`` dots); returns (out, weights). ``causal`` is unused (the mask says it)."""
+  says ``layout`` dots); returns (out, weights). ``causal`` is unused (the mask says it); ``bias``
+  an additive score bias [B|1, H, L_q, L_k] or None."""
   del causal
   if attention.bf16 is not None and select(q.dtype).layout_dots:
-    return attention.bf16(q, k, v, mask)
-  return attention.formula(q, k, v, mask)
+    return attention.bf16(q, k, v, mask, **_with_bias(bias))
+  return attention.formula(q, k, v, mask, **_with_bias(bias))
 
 
-def fused_impl(attention: Attention, q, k, v, mask, causal: bool = False):
+def fused_impl(attention: Attention, q, k, v, mask, causal: bool = False, bias=None):
   """``model.attention_impl="fused"``: the formula's fused kernel on [B, L, H, d_k] (the formula
-  where it has none); returns (out, None)."""
+  where it has none); returns (out, None). ``bias`` as :func:`reference_attention`'s."""
   if attention.fused is None:
-    return reference_attention(attention, q, k, v, mask)
+    return reference_attention(attention, q, k, v, mask, bias=bias)
   t = lambda x: x.transpose(0, 2, 1, 3)
-  return t(attention.fused(t(q), t(k), t(v), mask, causal)), None
+  return t(attention.fused(t(q), t(k), t(v), mask, causal, **_with_bias(bias))), None
 
 
 ATTENTION_IMPLS.register("reference", reference_attention)
 ATTENTION_IMPLS.register("fused", fused_impl)
 
 
-def attend(q, k, v, mask, impl: str, causal: bool = False, formula: str = "scaled_dot_product"):
+def attend(q, k, v, mask, impl: str, causal: bool = False, formula: str = "scaled_dot_product",
+           bias=None):
   """Attention ``formula`` (a name of ``ATTENTION``; the default softmax(Q K^T / sqrt(d_k) + M) V)
-  on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None).
+  on heads [B, H, L, d_k]; returns ([B, H, L_q, d_v], weights or None). ``bias``: an additive
+  score bias B [B|1, H, L_q, L_k] (softmax(Q K^T / sqrt(d_k) + B + M) V) or None.
 
   ``impl`` (a name of ``ATTENTION_IMPLS``): ``reference`` runs the formula of txf.ops (its bf16
   CPU restatement where :func:`select` says ``layout`` dots; weights returned for inspection);
   ``fused`` its fused kernel (:func:`fused_attention` for the default; no weights); ``auto`` picks
   per backend (:func:`resolve_impl`). Both agree to float32 rounding (tests/test_attention_impl.py).
   """
-  return ATTENTION_IMPLS[resolve_impl(impl)](ATTENTION[formula], q, k, v, mask, causal)
+  return ATTENTION_IMPLS[resolve_impl(impl)](ATTENTION[formula], q, k, v, mask, causal,
+                                             **_with_bias(bias))
 
 
 def scaled_dot_product_attention(q, k, v, mask=None):
