@@ -4,7 +4,8 @@ name to its formula (and, where a backend has its own, its kernels).
 A table lives beside its formulas and is the one list of that kind's choices:
 
 * feed-forward activations: ``txf.ops.feedforward.ACTIVATIONS`` (``model.activation``);
-* position encodings: ``txf.nn.layers.POSITIONAL`` (``model.positional``) and the sinusoid's
+* position encodings: ``txf.nn.positional.POSITIONAL`` (``model.positional``; re-exported by
+  ``txf.nn.layers``) and the sinusoid's
   column layouts ``txf.ops.positional.LAYOUTS`` (``model.positional_layout``);
 * normalisation: ``txf.nn.layers.NORMS`` (one entry, no config field yet);
 * attention: ``txf.kernels.attention.ATTENTION`` (the formula with its kernels; one entry, no config
