@@ -355,3 +355,36 @@ def test_positions_inside_attention_packed_rows_equal_separate_rows(positional):
   model = build_model(cls, deterministic=True)
   np.testing.assert_allclose(model.apply({"params": params}, inputs),
                              model.apply({"params": params}, inputs[:, :4]), atol=1e-5)
+
+
+def test_positions_inside_attention_under_bf16_compute():
+  """model.dtype=bfloat16 (CPU: the bf16 restatement, the bias added to its float32 logits) stays
+  within bf16 rounding of the float32 model, for each encoding inside attention."""
+  rng = np.random.default_rng(8)
+  batch = {"inputs": jnp.asarray(rng.integers(3, 11, (2, 6)), jnp.int32),
+           "targets": jnp.asarray(rng.integers(3, 11, (2, 5)), jnp.int32)}
+  for positional in ("rope", "alibi", "relative"):
+    cfg = small_config(d_model=16, num_heads=4, positional=positional, dtype="float32")
+    params = init_params(cfg, jax.random.key(9), batch)
+    want = build_model(cfg, deterministic=True).apply({"params": params}, **batch)
+    bf = TransformerConfig(**{**cfg.__dict__, "dtype": "bfloat16"})
+    got = build_model(bf, deterministic=True).apply({"params": params}, **batch)
+    err = float(jnp.abs(got - want).max() / jnp.abs(want).max())
+    assert 0 < err < 0.05, (positional, err)
+
+
+def test_only_relative_adds_parameters_one_table_per_self_attention():
+  """rope and alibi add no parameters (the tree of positional=none); relative adds exactly a
+  [relative_buckets, h] table to each self-attention (encoder and decoder), none to cross."""
+  def leaves(**kw):
+    cfg = small_config(num_encoder_layers=2, num_decoder_layers=3, **kw)
+    shapes = jax.eval_shape(lambda r: init_params(cfg, r, BATCH), jax.random.key(0))
+    return {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+  none = leaves(positional="none")
+  assert leaves(positional="rope") == none and leaves(positional="alibi") == none
+  relative = leaves(positional="relative", relative_buckets=12)
+  extra = {k: v for k, v in relative.items() if k not in none}
+  assert {k: v for k, v in relative.items() if k in none} == none
+  want = {f"['{stack}']['layer_{i}']['self_attention']['relative_bias']": (12, 2)
+          for stack, n in (("encoder", 2), ("decoder", 3)) for i in range(n)}
+  assert extra == want
