@@ -28,6 +28,12 @@ def test_base_and_experiment_configs_validate():
     (lambda c: setattr(c, "batch_size", -4), "batch_size=-4 must be positive"),
     (lambda c: setattr(c.model, "dropout_rate", 1.5), "model.dropout_rate=1.5 must be in [0, 1)"),
     (lambda c: setattr(c.model, "positional", "rotary"), "model.positional='rotary' is not one of"),
+    (lambda c: c.model.update(positional="rope", d_model=24), "d_k = d_model / num_heads = 3 must be even"),
+    (lambda c: c.model.update(positional="rope", rope_base=1.0), "model.rope_base=1.0 must be > 1"),
+    (lambda c: c.model.update(positional="relative", relative_buckets=5),
+     "model.relative_buckets=5 must be an even integer >= 4"),
+    (lambda c: c.model.update(positional="relative", relative_max_distance=16),
+     "model.relative_max_distance=16 must be an integer > relative_buckets / 2 = 16"),
 ])
 def test_bad_values(mutate, needle):
   c = base_config()

@@ -73,7 +73,17 @@ VARIANTS = [("encoder_decoder", dict(layers=2)),
             ("encoder_decoder", dict(num_heads=4, num_kv_heads=2, qk_norm="layer_norm")),
             ("encoder_decoder", dict(num_heads=4, num_kv_heads=1)),
             ("decoder_lm", dict(num_heads=4, num_kv_heads=1, qk_norm="rms_norm")),
-            ("decoder_lm", dict(num_heads=4, num_kv_heads=2, pre_ln=True))]
+            ("decoder_lm", dict(num_heads=4, num_kv_heads=2, pre_ln=True)),
+            # positions inside self-attention; 8 relative buckets so that short decodes reach the
+            # logarithmic ones, 4 heads so that ALiBi's steepest slope is 1/4
+            ("encoder_decoder", dict(positional="rope", layers=2)),
+            ("encoder_decoder", dict(positional="alibi", num_heads=4, pre_ln=True)),
+            ("encoder_decoder", dict(positional="relative", relative_buckets=8,
+                                     relative_max_distance=16)),
+            ("decoder_lm", dict(positional="rope")),
+            ("decoder_lm", dict(positional="alibi", num_heads=4, layers=2)),
+            ("decoder_lm", dict(positional="relative", relative_buckets=8, relative_max_distance=16,
+                                layers=2))]
 
 
 def jit_cache(cfg, params, batch, max_len, inputs=None):
@@ -266,7 +276,7 @@ def test_bfloat16_decode_weights_give_the_float32_logits_to_bf16_rounding():
   assert not np.array_equal(l16, l32)  # the rounding is real
 
 
-@pytest.mark.parametrize("family,overrides", VARIANTS[:2] + VARIANTS[3:4] + VARIANTS[7:8] + VARIANTS[9:10])
+@pytest.mark.parametrize("family,overrides", VARIANTS[:2] + VARIANTS[3:4] + VARIANTS[7:8] + VARIANTS[9:10] + VARIANTS[11:])
 def test_beam_layout_cache_equals_gathered_cache(family, overrides):
   # expand_cache's layout (slots per beam + reordered slot tables, per-source memory) against the
   # generic cache (every per-row leaf repeated, then gathered per step): same ids, same scores;

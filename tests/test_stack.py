@@ -67,6 +67,26 @@ def test_scanned_stack_equals_unrolled_loss_and_gradients(family):
   close(grads_s, stack_layers(grads_p))
 
 
+@pytest.mark.parametrize("positional", ["rope", "alibi", "relative"])
+def test_positions_inside_attention_through_scan_and_remat(positional):
+  # the packed rows' positions reach every layer as an extra argument: scanned (broadcast) and
+  # rematerialised stacks give the plain stack's loss and gradients (the relative tables included)
+  plain = config("encoder_decoder", dropout_rate=0.0, positional=positional)
+  data = dict(batch("encoder_decoder"))
+  data["inputs_segmentation"] = jnp.asarray([[1, 1, 2, 2, 2], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+  data["inputs_position"] = jnp.asarray([[0, 1, 0, 1, 2], [0, 1, 2, 0, 0], [0, 1, 2, 3, 4]])
+  data["targets_segmentation"] = jnp.asarray([[1, 1, 1, 2, 0, 0], [1] * 6, [1, 1, 1, 2, 2, 2]])
+  data["targets_position"] = jnp.asarray([[0, 1, 2, 0, 0, 0], list(range(6)), [0, 1, 2, 0, 1, 2]])
+  params = init_params(plain, jax.random.key(2), data)
+  if positional == "relative":
+    assert params["encoder"]["layer_1"]["self_attention"]["relative_bias"].shape == (32, 2)
+  loss_p, grads_p = loss_and_grads(plain, params, data, None)
+  cfg = dataclasses.replace(plain, scan_layers=True, remat="full")
+  loss, grads = loss_and_grads(cfg, stack_layers(params), data, None)
+  np.testing.assert_allclose(loss, loss_p, rtol=1e-6)
+  close(unstack_layers(grads), grads_p)
+
+
 @pytest.fixture(scope="module")
 def remat_reference():
   """The plain (no remat) encoder-decoder's loss and gradients, with dropout and without."""

@@ -146,7 +146,7 @@ def test_every_table_names_its_configs_allowed_values():
     section, field = table.key.split(".")
     assert defaults[section][field] in table.names(), table.key
   assert ACTIVATIONS.names() == ("relu", "gelu", "swish", "reglu", "geglu", "swiglu")
-  assert POSITIONAL.names() == ("sinusoidal", "learned", "none")
+  assert POSITIONAL.names() == ("sinusoidal", "learned", "none", "rope", "alibi", "relative")
   assert ATTENTION_IMPLS.names() == ("auto", "reference", "fused")
   assert QK_NORMS.names() == ("none", "layer_norm", "rms_norm")
   # the head has no config field of its own (model.tie_output picks it)

@@ -79,7 +79,10 @@ def base_config() -> ml_collections.ConfigDict:
   m.pre_ln = False               # False = post-LN as in the paper; True = pre-LN (ablation)
   m.share_embeddings = True      # one embedding matrix for source and target (needs a joint vocabulary)
   m.tie_output = True            # pre-softmax linear shares the target embedding: logits = h E^T
-  m.positional = "sinusoidal"    # sinusoidal | learned | none
+  m.positional = "sinusoidal"    # sinusoidal | learned | none (added to the embeddings) | rope | alibi | relative (inside self-attention), a name of txf.nn.positional.POSITIONAL
+  m.rope_base = 10000.0          # positional=rope: theta_i = rope_base^(-2i/d_k), the rotation frequencies of the pairs (x_2i, x_2i+1)
+  m.relative_buckets = 32        # positional=relative: rows of each layer's learned T5 bias table [buckets, h] (encoder: half per sign)
+  m.relative_max_distance = 128  # positional=relative: distances >= this share the last (logarithmic) bucket
   m.max_len = 256                # longest sequence the model accepts (learned PE size, decode cache)
   m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | max over real tokens (per feature) | first token
@@ -442,6 +445,28 @@ def _kv_heads_errors(cfg: ml_collections.ConfigDict) -> List[str]:
   return []
 
 
+def _positional_errors(m) -> List[str]:
+  """The impossible settings of the position variants that act inside attention."""
+  errors, kind = [], m.get("positional")
+  h, dm = m.get("num_heads", 1), m.get("d_model", 1)
+  if kind == "rope":
+    if h > 0 and dm % h == 0 and (dm // h) % 2:
+      errors.append(f"model.positional=rope rotates pairs of columns: d_k = d_model / num_heads = "
+                    f"{dm // h} must be even")
+    if not m.get("rope_base", 1.0) > 1:
+      errors.append(f"model.rope_base={m.get('rope_base')!r} must be > 1 (RoPE's frequencies "
+                    f"theta_i = base^(-2i/d_k); the paper's is 10000)")
+  if kind == "relative":
+    buckets, distance = m.get("relative_buckets", 32), m.get("relative_max_distance", 128)
+    if not isinstance(buckets, int) or buckets < 4 or buckets % 2:
+      errors.append(f"model.relative_buckets={buckets!r} must be an even integer >= 4 (the "
+                    f"encoder's buckets are split per sign, each half exact then logarithmic; T5: 32)")
+    elif not isinstance(distance, int) or distance <= buckets // 2:
+      errors.append(f"model.relative_max_distance={distance!r} must be an integer > "
+                    f"relative_buckets / 2 = {buckets // 2} (where the logarithmic buckets end; T5: 128)")
+  return errors
+
+
 def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
   """Check a config before anything compiles; raise ConfigError naming every bad field and its fix.
 
@@ -526,6 +551,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     errors.append(f"model.d_model={dm} is not divisible by model.num_heads={h}: d_k = d_model / h must be "
                   f"an integer; use num_heads in {ok[:6]} or change d_model")
   errors.extend(_kv_heads_errors(cfg))
+  errors += _positional_errors(m)
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "

@@ -5,7 +5,8 @@ A table lives beside its formulas and is the one list of that kind's choices:
 
 * feed-forward activations: ``txf.ops.feedforward.ACTIVATIONS`` (``model.activation``): dense
   f(z), and gated FFNs (``Gated(f)``: reglu, geglu, swiglu);
-* position encodings: ``txf.nn.layers.POSITIONAL`` (``model.positional``) and the sinusoid's
+* position encodings: ``txf.nn.positional.POSITIONAL`` (``model.positional``; re-exported by
+  ``txf.nn.layers``) and the sinusoid's
   column layouts ``txf.ops.positional.LAYOUTS`` (``model.positional_layout``);
 * normalisation: ``txf.nn.layers.NORMS`` (``model.norm``) and QK-norm ``txf.nn.qk_norm.QK_NORMS``
   (``model.qk_norm``);

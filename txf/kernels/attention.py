@@ -38,10 +38,11 @@ def fused_kernel(backend_name: str, dtype, causal: bool) -> dict:
   return {"implementation": "xla"}
 
 
-def fused_attention(q, k, v, mask, causal: bool = False):
-  """softmax(Q K^T / sqrt(d_k) + M) V by ``jax.nn.dot_product_attention`` on q [B, L, H, d_k] and
-  k, v [B, L_k, H_kv, d_k] (H_kv divides H: grouped-query attention, natively): cuDNN on GPU for
-  the half-precision inputs it supports, XLA otherwise.
+def fused_attention(q, k, v, mask, causal: bool = False, bias=None):
+  """softmax(Q K^T / sqrt(d_k) + B + M) V by ``jax.nn.dot_product_attention`` on q [B, L, H, d_k]
+  and k, v [B, L_k, H_kv, d_k] (H_kv divides H: grouped-query attention, natively): cuDNN on GPU
+  for the half-precision inputs it supports, XLA otherwise. ``bias`` B [B|1, H, L_q, L_k] (heads
+  before positions, as that function takes it) or None (B = 0).
 
   A query row whose keys are all masked gets a zero output, as on the reference path (XLA's
   softmax would average V there instead). Returns [B, L_q, H, d_v].
@@ -49,14 +50,15 @@ def fused_attention(q, k, v, mask, causal: bool = False):
   if mask is not None:
     mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
   out = None
+  extra = {} if bias is None else {"bias": bias.astype(q.dtype)}
   kernel = fused_kernel(backend(), q.dtype, causal and q.shape[1] == k.shape[1])
   if kernel["implementation"] == "cudnn":
     try:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, **kernel)
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, **extra, **kernel)
     except Exception:  # pylint: disable=broad-except  # cuDNN rejects this shape/GPU at trace time
       out = None
   if out is None:
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla", **extra)
   if mask is not None:
     out = out * mask.any(-1).transpose(0, 2, 1)[..., None].astype(out.dtype)
   return out
@@ -67,7 +69,10 @@ class Attention:
   """One attention formula and the kernels that compute it, on heads [B, H, L, d_k].
 
   Attributes:
-    formula: txf.ops's ``(q, k, v, mask) -> (out [B, H, L_q, d_v], weights [B, H, L_q, L_k])``.
+    formula: txf.ops's ``(q, k, v, mask) -> (out [B, H, L_q, d_v], weights [B, H, L_q, L_k])``;
+      called with ``bias=`` (an additive score bias [B|1, H, L_q, L_k]) only when a position
+      variant gives one (``model.positional``: alibi, relative), so a formula without that
+      keyword runs with every other variant.
     bf16: its restatement with txf.kernels.dots products, run where :func:`select` says
       ``layout`` dots (bf16 compute on CPU); None: the formula there too.
     fused: ``(q, k, v, mask, causal) -> out`` on [B, L, H, d_k], a fused kernel computing the
@@ -86,42 +91,55 @@ ATTENTION = Table("model.attention", {
 })
 
 
-def reference_attention(attention: Attention, q, k, v, mask, causal: bool = False):
+def _with_bias(bias) -> dict:
+  """The keyword arguments that pass a score bias on: none without one (the formula's own call)."""
+  return {} if bias is None else {"bias": bias}
+
+
+def reference_attention(attention: Attention, q, k, v, mask, causal: bool = False, bias=None):
   """``model.attention_impl="reference"``: the formula (its bf16 restatement where :func:`select`
-  says ``layout`` dots); returns (out, weights). ``causal`` is unused (the mask says it). Keys and
-  values with fewer heads than q (grouped-query attention) run the formula once per key/value
-  head on its group's queries (``txf.ops.grouped_query_attention``)."""
+  says ``layout`` dots); returns (out, weights). ``causal`` is unused (the mask says it); ``bias``
+  an additive score bias [B|1, H, L_q, L_k] or None. Keys and values with fewer heads than q
+  (grouped-query attention) run the formula once per key/value head on its group's queries
+  (``txf.ops.grouped_query_attention``; the bias folded like the mask)."""
   del causal
   formula = attention.formula
   if attention.bf16 is not None and select(q.dtype).layout_dots:
     formula = attention.bf16
-  return ops.grouped_query_attention(q, k, v, mask, formula)
+  if bias is None:
+    return ops.grouped_query_attention(q, k, v, mask, formula)
+  if q.shape[1] != k.shape[1]:  # grouped-query: the bias's query rows laid out per head group
+    bias = ops.group_mask(bias, q.shape[1], k.shape[1], q.shape[2])
+  return ops.grouped_query_attention(q, k, v, mask, lambda *a: formula(*a, bias=bias))
 
 
-def fused_impl(attention: Attention, q, k, v, mask, causal: bool = False):
+def fused_impl(attention: Attention, q, k, v, mask, causal: bool = False, bias=None):
   """``model.attention_impl="fused"``: the formula's fused kernel on [B, L, H, d_k] (the formula
-  where it has none); returns (out, None)."""
+  where it has none); returns (out, None). ``bias`` as :func:`reference_attention`'s."""
   if attention.fused is None:
-    return reference_attention(attention, q, k, v, mask)
+    return reference_attention(attention, q, k, v, mask, bias=bias)
   t = lambda x: x.transpose(0, 2, 1, 3)
-  return t(attention.fused(t(q), t(k), t(v), mask, causal)), None
+  return t(attention.fused(t(q), t(k), t(v), mask, causal, **_with_bias(bias))), None
 
 
 ATTENTION_IMPLS.register("reference", reference_attention)
 ATTENTION_IMPLS.register("fused", fused_impl)
 
 
-def attend(q, k, v, mask, impl: str, causal: bool = False, formula: str = "scaled_dot_product"):
+def attend(q, k, v, mask, impl: str, causal: bool = False, formula: str = "scaled_dot_product",
+           bias=None):
   """Attention ``formula`` (a name of ``ATTENTION``; the default softmax(Q K^T / sqrt(d_k) + M) V)
   on heads q [B, H, L, d_k], k, v [B, H_kv, L_k, d_k] (H_kv = H, or a divisor of it: grouped-query
-  attention); returns ([B, H, L_q, d_v], weights or None).
+  attention); returns ([B, H, L_q, d_v], weights or None). ``bias``: an additive score bias
+  B [B|1, H, L_q, L_k] (softmax(Q K^T / sqrt(d_k) + B + M) V) or None.
 
   ``impl`` (a name of ``ATTENTION_IMPLS``): ``reference`` runs the formula of txf.ops (its bf16
   CPU restatement where :func:`select` says ``layout`` dots; weights returned for inspection);
   ``fused`` its fused kernel (:func:`fused_attention` for the default; no weights); ``auto`` picks
   per backend (:func:`resolve_impl`). Both agree to float32 rounding (tests/test_attention_impl.py).
   """
-  return ATTENTION_IMPLS[resolve_impl(impl)](ATTENTION[formula], q, k, v, mask, causal)
+  return ATTENTION_IMPLS[resolve_impl(impl)](ATTENTION[formula], q, k, v, mask, causal,
+                                             **_with_bias(bias))
 
 
 def scaled_dot_product_attention(q, k, v, mask=None):

@@ -16,14 +16,18 @@ from txf.ops.feedforward import ACTIVATIONS, Gated
 
 
 def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                                 mask: Optional[jnp.ndarray] = None
+                                 mask: Optional[jnp.ndarray] = None,
+                                 bias: Optional[jnp.ndarray] = None
                                  ) -> Tuple[jnp.ndarray, jnp.ndarray]:
-  """softmax(Q K^T / sqrt(d_k) + M) V (``txf.ops.scaled_dot_product_attention``) with float32
+  """softmax(Q K^T / sqrt(d_k) + B + M) V (``txf.ops.scaled_dot_product_attention``) with float32
   logits from :func:`txf.kernels.dots.scores` and the output from :func:`~txf.kernels.dots.weighted`.
 
-  q [..., L_q, d_k]; k [..., L_k, d_k]; v [..., L_k, d_v] -> (out [..., L_q, d_v], weights).
+  q [..., L_q, d_k]; k [..., L_k, d_k]; v [..., L_k, d_v]; bias broadcastable to
+  [..., L_q, L_k] or None (B = 0) -> (out [..., L_q, d_v], weights).
   """
   logits = dots.scores(q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
   weights = attention_weights(logits, mask, v.dtype)
   return dots.weighted(weights, v), weights
 

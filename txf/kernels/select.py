@@ -28,7 +28,8 @@ BF16_UNITS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 # the operands are converted and the dot runs in float32 (BENCHMARKS.md, "Kernel choices").
 XLA_BF16_DOT_VERSION = (0, 12)
 # The ways of running an attention formula, the allowed values of model.attention_impl ("auto":
-# the backend's choice, ``Kernels.attention_auto``): name -> run(attention, q, k, v, mask, causal).
+# the backend's choice, ``Kernels.attention_auto``): name -> run(attention, q, k, v, mask, causal),
+# also given ``bias=`` (a score bias [B|1, H, L_q, L_k]) when a position variant has one.
 # Its entries ("reference", "fused") are registered beside their code, in txf.kernels.attention.
 ATTENTION_IMPLS = Table("model.attention_impl", also=("auto",))
 DROPOUT_MASKS = ("threefry-slab", "jax")

@@ -18,6 +18,7 @@ from txf.kernels import attend, multi_head_attention
 from txf.nn import kv_cache, qk_norm
 from txf.nn.config import TransformerConfig
 from txf.nn.dropout import Dropout
+from txf.nn.positional import POSITIONAL
 
 xavier = nn.initializers.xavier_uniform()
 # logical axes of the weights (txf/parallel/sharding.py maps them onto the mesh)
@@ -41,19 +42,20 @@ def constrain(x, names):
 
 
 
-def per_source_attention(attend_fn, q, k, v, mask):
+def per_source_attention(attend_fn, q, k, v, mask, bias=None):
   """Attention where each key row serves G consecutive query rows (the G beams of a source).
 
   q [B*G, h, L, d_k]; k, v [B, h_kv, L_k, d_k]; mask broadcastable to [B, h, G*L, L_k], True = may
   attend; ``attend_fn(q, k, v, mask) -> (out, weights)``. The G query rows of a source are attended
-  as G*L query positions of one row (same softmax(Q K^T / sqrt(d_k) + M) V per query, each key
-  read once per source). Returns [B*G, h, L, d_v].
+  as G*L query positions of one row (same softmax(Q K^T / sqrt(d_k) + B + M) V per query, each key
+  read once per source); ``bias`` B (None: none) is given in that folded layout, broadcastable to
+  [B, h, G*L, L_k] (query g*L + p: beam g's p-th). Returns [B*G, h, L, d_v].
   """
   n, h, l, dk = q.shape
   b = k.shape[0]
   g = n // b
   folded = q.reshape(b, g, h, l, dk).transpose(0, 2, 1, 3, 4).reshape(b, h, g * l, dk)
-  out, _ = attend_fn(folded, k, v, mask)
+  out, _ = attend_fn(folded, k, v, mask, **({} if bias is None else {"bias": bias}))
   return out.reshape(b, h, g, l, -1).transpose(0, 2, 1, 3, 4).reshape(n, h, l, -1)
 
 
@@ -72,12 +74,15 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jnp.ndarray, memory: Optional[jnp.ndarray] = None,
                mask: Optional[jnp.ndarray] = None,
-               memory_valid: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+               memory_valid: Optional[jnp.ndarray] = None,
+               positions: Optional[jnp.ndarray] = None) -> jnp.ndarray:
     """Args:
       x: [B, L_q, d_model] queries (and keys/values unless cross).
       memory: [B, L_k, d_model] encoder output, for ``cross`` (None at cached decode steps).
       mask: bool broadcastable to [B, h, L_q, L_k], True = may attend (ignored at cached causal steps).
       memory_valid: bool [B, L_k] real memory positions, for ``cross``.
+      positions: int [B|1, L_q] the queries' positions for an encoding inside self-attention
+        (``model.positional`` rope | alibi | relative; None: 0..L_q-1, at cached steps the cache's).
     Returns:
       [B, L_q, d_model].
     """
@@ -108,23 +113,27 @@ class MultiHeadAttention(nn.Module):
     elif self.kind == "causal" and cfg.decode:
       kv_hook = self._update_cache
 
-    def attention_fn(q, k, v, mask):
+    def attention_fn(q, k, v, mask, bias=None):
       if k.shape[0] != q.shape[0]:  # beam search: a source's keys serve the queries of its beams
-        return per_source_attention(lambda *a: attend(*a, cfg.attention_impl, formula=cfg.attention),
-                                    q, k, v, mask), None
+        return per_source_attention(
+            lambda *a, **kw: attend(*a, cfg.attention_impl, formula=cfg.attention, **kw),
+            q, k, v, mask, bias), None
       q = constrain(q, HEADS_AXES)
       k, v = (constrain(t, HEADS_AXES if hk == h else KV_HEADS_AXES) for t in (k, v))
       if cfg.attention_dropout_rate and not cfg.deterministic:
         # dropout on the attention weights needs the weights: the formula's reference path
         # (txf.kernels.ATTENTION's entry), then Dropout(weights) V
-        _, weights = attend(q, k, v, mask, "reference", formula=cfg.attention)
+        _, weights = attend(q, k, v, mask, "reference", formula=cfg.attention, bias=bias)
         dropped = Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
         if hk != h:  # each key/value head's value rows serve its group of query heads
           grouped = jnp.einsum("bhqk,bhkd->bhqd", ops.group_heads(dropped, hk), v)
           return ops.ungroup_heads(grouped, h), weights
         return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
       return attend(q, k, v, mask, cfg.attention_impl, causal=self.kind == "causal",
-                    formula=cfg.attention)
+                    formula=cfg.attention, bias=bias)
+
+    if self.kind != "cross" and POSITIONAL[cfg.positional].in_attention:
+      kv_hook, attention_fn = self._with_positions(positions, kv_hook, attention_fn)
 
     grouping = {} if hk == h else {"num_kv_heads": hk}  # grouped-query attention
     norms = {} if cfg.qk_norm == "none" else {"qk_hook": qk_norm.qk_hook(cfg)}
@@ -171,3 +180,46 @@ class MultiHeadAttention(nn.Module):
     v = self.variable("cache", kv_cache.CROSS_VALUE, lambda: v).value
     valid = self.variable("cache", kv_cache.CROSS_VALID, lambda: memory_valid).value
     return k, v, valid[:, None, None, :]
+
+  def _with_positions(self, positions, kv_hook, attention_fn):
+    """The hooks of self-attention wrapped for an encoding inside attention
+    (``POSITIONAL[model.positional]``, txf.nn.positional): the new keys are rotated (RoPE) at
+    their positions before ``kv_hook`` (so a decode cache holds rotated keys), the queries at
+    theirs, and the score bias (ALiBi, T5) of the query and key positions is passed to
+    ``attention_fn``.
+
+    Positions: ``positions`` (packed rows) or 0..L-1; at a cached decode step the queries are at
+    cache_index + p and the keys are the cache's slots 0..T-1 (beam search's layout [B, h, G*T,
+    d_k]: slot g*T + u holds position u, and the bias is laid out for the G beams' folded queries).
+    Returns (kv_hook, attention_fn).
+    """
+    cfg, entry = self.config, POSITIONAL[self.config.positional]
+    cached = (self.kind == "causal" and cfg.decode
+              and self.has_variable("cache", kv_cache.CACHED_KEY))
+    index = self.get_variable("cache", kv_cache.CACHE_INDEX) if cached else 0  # before the write
+    seen = {}
+
+    def positioned_kv_hook(k, v, mask):
+      length = k.shape[2]
+      seen["q"] = (index + jnp.arange(length)[None, :] if cached or positions is None
+                   else positions)
+      if entry.rotate is not None:
+        k = entry.rotate(cfg, k, seen["q"])
+      if kv_hook is not None:
+        k, v, mask = kv_hook(k, v, mask)
+      seen["k"] = jnp.arange(k.shape[2])[None, :] if cached else seen["q"]
+      return k, v, mask
+
+    def positioned_attention_fn(q, k, v, mask):
+      q_pos, k_pos = seen["q"], seen["k"]
+      if entry.rotate is not None:
+        q = entry.rotate(cfg, q, q_pos)
+      bias = None
+      if entry.bias is not None:
+        if k.shape[0] != q.shape[0]:  # beam layout: G beams' queries folded, G slots of T keys
+          g = q.shape[0] // k.shape[0]
+          q_pos, k_pos = jnp.tile(q_pos, (1, g)), k_pos % (k.shape[2] // g)
+        bias = entry.bias(self, cfg, q_pos, k_pos, self.kind)
+      return attention_fn(q, k, v, mask, bias=bias)
+
+    return positioned_kv_hook, positioned_attention_fn

@@ -10,6 +10,8 @@ from txf.nn import kv_cache
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
+from txf.nn.positional import (POSITIONAL, attention_positions, learned_positions,  # noqa: F401
+                               no_positions, sinusoidal_positions)
 from txf.nn.stack import apply_layers
 from txf.variants import Table
 
@@ -43,42 +45,9 @@ class Embed(nn.Module):
     return kernels.tied_logits(h, self.table.astype(h.dtype))
 
 
-def sinusoidal_positions(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray,
-                         positions: jnp.ndarray) -> jnp.ndarray:
-  """x + PE(positions): the paper's fixed encoding (txf.ops.positional_encoding_at, in the column
-  layout ``model.positional_layout``, positions shifted by ``model.position_offset``).
-
-  x [B, L, d_model]; positions int [B|1, L] -> [B, L, d_model]."""
-  del module
-  return x + ops.positional_encoding_at(positions, cfg.d_model, layout=cfg.positional_layout,
-                                        offset=cfg.position_offset).astype(x.dtype)
-
-
-def learned_positions(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray,
-                      positions: jnp.ndarray) -> jnp.ndarray:
-  """x + P[positions] for a learned table P [max_len, d_model] (``pos_embedding`` of ``module``,
-  N(0, 0.02^2) at init). x [B, L, d_model]; positions int [B|1, L] -> [B, L, d_model]."""
-  table = module.param("pos_embedding", nn.with_logical_partitioning(
-      nn.initializers.normal(0.02), ("length", "embed")), (cfg.max_len, cfg.d_model))
-  return x + jnp.take(table, positions, axis=0).astype(x.dtype)
-
-
-def no_positions(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray,
-                 positions: jnp.ndarray) -> jnp.ndarray:
-  """x unchanged: no position information (a bag of tokens)."""
-  del module, cfg, positions
-  return x
-
-
-# The position encodings, the allowed values of model.positional: name -> f(module, cfg, x,
-# positions) -> x with positions added, called inside AddPositions (whose parameters f declares).
-POSITIONAL = Table("model.positional", {"sinusoidal": sinusoidal_positions,
-                                        "learned": learned_positions, "none": no_positions})
-
-
 class AddPositions(nn.Module):
-  """x + PE followed by dropout; PE is ``POSITIONAL[model.positional]``: sinusoidal (the paper),
-  learned, or none.
+  """x + PE followed by dropout; PE is ``POSITIONAL[model.positional].embed`` (txf.nn.positional):
+  sinusoidal (the paper), learned, or none (also for the encodings that act inside attention).
 
   With ``decode=True`` and ``causal_cache=True`` (the decoder's) the position is read from, and
   advanced in, a cache counter.
@@ -99,7 +68,7 @@ class AddPositions(nn.Module):
         counter.value = counter.value + length
     if positions is None:
       positions = jnp.arange(length)[None, :]
-    x = POSITIONAL[cfg.positional](self, cfg, x, positions)
+    x = POSITIONAL[cfg.positional].embed(self, cfg, x, positions)
     return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
@@ -195,15 +164,19 @@ class EncoderLayer(nn.Module):
   scanned: bool = False                # True: return (x, None), the carry form of nn.scan
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, mask: Optional[jnp.ndarray]) -> jnp.ndarray:
-    """x [B, S, d_model]; mask bool [B, 1, S, S]."""
+  def __call__(self, x: jnp.ndarray, mask: Optional[jnp.ndarray],
+               positions: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+    """x [B, S, d_model]; mask bool [B, 1, S, S]; positions int [B, S] for an encoding inside
+    attention (None: 0..S-1)."""
     cfg = self.config
     attention = MultiHeadAttention(cfg, "self", name="self_attention")
     if cfg.parallel_block:  # x + Attn(N(x)) + FFN(N(x)), one norm
       x = parallel_residual(cfg, LayerNorm(cfg, name="norm_1"),
-                            (lambda h: attention(h, mask=mask), FeedForward(cfg, name="ffn")), x)
+                            (lambda h: attention(h, mask=mask, positions=positions),
+                             FeedForward(cfg, name="ffn")), x)
     else:
-      x = residual(cfg, LayerNorm(cfg, name="norm_1"), lambda h: attention(h, mask=mask), x)
+      x = residual(cfg, LayerNorm(cfg, name="norm_1"),
+                   lambda h: attention(h, mask=mask, positions=positions), x)
       x = residual(cfg, LayerNorm(cfg, name="norm_2"), FeedForward(cfg, name="ffn"), x)
     return (x, None) if self.scanned else x
 
@@ -219,8 +192,9 @@ class DecoderLayer(nn.Module):
   scanned: bool = False                # True: return (y, None), the carry form of nn.scan
 
   @nn.compact
-  def __call__(self, y, self_mask, memory=None, cross_mask=None, memory_valid=None):
-    """y [B, T, d_model]; self_mask bool [B|1, 1, T, T]; memory [B, S, d_model]; cross_mask [B, 1, T, S]."""
+  def __call__(self, y, self_mask, memory=None, cross_mask=None, memory_valid=None, positions=None):
+    """y [B, T, d_model]; self_mask bool [B|1, 1, T, T]; memory [B, S, d_model]; cross_mask [B, 1, T, S];
+    positions int [B, T] for an encoding inside self-attention (None: 0..T-1, or the cache's)."""
     cfg = self.config
     self_attention = MultiHeadAttention(cfg, "causal", name="self_attention")
 
@@ -232,9 +206,11 @@ class DecoderLayer(nn.Module):
     if cfg.parallel_block:  # cross-attention (if a memory) first, then y + Attn(N(y)) + FFN(N(y))
       y = add_cross(y) if self.cross else y
       y = parallel_residual(cfg, LayerNorm(cfg, name="norm_1"),
-                            (lambda h: self_attention(h, mask=self_mask), FeedForward(cfg, name="ffn")), y)
+                            (lambda h: self_attention(h, mask=self_mask, positions=positions),
+                             FeedForward(cfg, name="ffn")), y)
       return (y, None) if self.scanned else y
-    y = residual(cfg, LayerNorm(cfg, name="norm_1"), lambda h: self_attention(h, mask=self_mask), y)
+    y = residual(cfg, LayerNorm(cfg, name="norm_1"),
+                 lambda h: self_attention(h, mask=self_mask, positions=positions), y)
     if self.cross:
       y = add_cross(y)
     y = residual(cfg, LayerNorm(cfg, name="norm_3"), FeedForward(cfg, name="ffn"), y)
@@ -254,7 +230,8 @@ class Encoder(nn.Module):
     mask = (ops.padding_mask(valid, valid) if segmentation is None
             else ops.segment_mask(segmentation, segmentation))
     x = AddPositions(cfg, name="positions")(self.embed(inputs), positions)
-    x = apply_layers(EncoderLayer, cfg, cfg.num_encoder_layers, x, (mask,))
+    x = apply_layers(EncoderLayer, cfg, cfg.num_encoder_layers, x,
+                     (mask,) + attention_positions(cfg, positions))
     if cfg.pre_ln:
       x = LayerNorm(cfg, name="final_norm")(x)
     return x, valid
@@ -316,7 +293,8 @@ class Decoder(nn.Module):
       cross_mask = ops.padding_mask(jnp.ones(decoder_inputs.shape, bool), memory_valid)
     y = AddPositions(cfg, causal_cache=True, name="positions")(self.embed(decoder_inputs), positions)
     y = apply_layers(DecoderLayer, cfg, cfg.num_decoder_layers, y,
-                     (self_mask, memory, cross_mask, memory_valid), cross=self.cross)
+                     (self_mask, memory, cross_mask, memory_valid)
+                     + attention_positions(cfg, positions), cross=self.cross)
     if cfg.pre_ln:
       y = LayerNorm(cfg, name="final_norm")(y)
     y = y.astype(cfg.compute_dtype)  # the output projection runs in the compute dtype

@@ -13,4 +13,6 @@ from txf.ops.embedding import embed, tied_logits
 from txf.ops.feedforward import feed_forward, is_gated, matched_hidden_size
 from txf.ops.losses import label_smoothed_cross_entropy, token_accuracy
 from txf.ops.norm import layer_norm, rms_norm
-from txf.ops.positional import positional_encoding_at, sinusoidal_positional_encoding
+from txf.ops.positional import (alibi_bias, alibi_slopes, positional_encoding_at,
+                                relative_position_bias, relative_position_bucket, rope,
+                                sinusoidal_positional_encoding)

@@ -84,23 +84,29 @@ def attention_weights(logits: jnp.ndarray, mask: Optional[jnp.ndarray], dtype) -
 
 
 def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                                 mask: Optional[jnp.ndarray] = None
+                                 mask: Optional[jnp.ndarray] = None,
+                                 bias: Optional[jnp.ndarray] = None
                                  ) -> Tuple[jnp.ndarray, jnp.ndarray]:
-  r"""Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V.
+  r"""Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + B + M) V.
 
-  $$\operatorname{Attention}(Q, K, V) = \operatorname{softmax}\Big(\frac{QK^\top}{\sqrt{d_k}} + M\Big)V$$
+  $$\operatorname{Attention}(Q, K, V) = \operatorname{softmax}\Big(\frac{QK^\top}{\sqrt{d_k}} + B + M\Big)V$$
 
   The softmax is :func:`attention_weights` (float32; masked keys get exactly 0 weight, a row with
-  every key masked returns zero weights and a zero output, never NaN).
+  every key masked returns zero weights and a zero output, never NaN). B is an optional additive
+  score bias (ALiBi's, T5's relative one: txf.ops.positional); without it (the paper) B = 0 and
+  nothing is added.
 
   Args:
     q: [..., L_q, d_k]; k: [..., L_k, d_k]; v: [..., L_k, d_v].
     mask: bool, broadcastable to [..., L_q, L_k]; True = may attend.
+    bias: float, broadcastable to [..., L_q, L_k], or None.
   Returns:
     (output [..., L_q, d_v], weights [..., L_q, L_k]) with each unmasked row of weights summing to 1.
   """
   d_k = q.shape[-1]
   logits = jnp.einsum("...qd,...kd->...qk", q, k) / jnp.sqrt(jnp.asarray(d_k, q.dtype))
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
   weights = attention_weights(logits, mask, v.dtype)
   return jnp.einsum("...qk,...kd->...qd", weights, v), weights
 

@@ -1,4 +1,6 @@
-"""Sinusoidal positional encoding (Vaswani et al. 2017, section 3.5)."""
+"""Position encodings: the sinusoidal one added to the embeddings (Vaswani et al. 2017, section
+3.5), and those acting inside attention: RoPE's rotation of queries and keys, ALiBi's and T5's
+relative score biases."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -75,3 +77,127 @@ def positional_encoding_at(positions: jnp.ndarray, d_model: int, max_timescale: 
     positions = positions + offset
   angles = positions.astype(jnp.float32)[..., None] * inv_freq
   return arrange(jnp.sin(angles), jnp.cos(angles), d_model)
+
+
+# --- positions inside attention: RoPE, ALiBi, T5's relative bias -----------------------------
+
+def rope(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:
+  r"""Rotary position embedding (Su et al. 2021), interleaved pairs: each pair of columns
+  (x_{2i}, x_{2i+1}) of a head is rotated by the angle p * theta_i of its position p.
+
+  $$\begin{pmatrix} x'_{2i} \\ x'_{2i+1} \end{pmatrix} =
+  \begin{pmatrix} \cos p\theta_i & -\sin p\theta_i \\ \sin p\theta_i & \cos p\theta_i \end{pmatrix}
+  \begin{pmatrix} x_{2i} \\ x_{2i+1} \end{pmatrix}, \qquad \theta_i = \text{base}^{-2i/d_k}$$
+
+  The pairs are adjacent columns (the paper's and GPT-J's convention, not GPT-NeoX's / HF Llama's
+  half split). Rotating q at its position m and k at n makes q'_m . k'_n depend on m - n only.
+
+  Args:
+    x: [B, H, L, d_k] per-head queries or keys (d_k even).
+    positions: int [B|1, L] absolute positions p.
+    base: the base of theta_i (``model.rope_base``; 10000 in the paper).
+  Returns:
+    [B, H, L, d_k] in x's dtype (the angles and the rotation computed in float32).
+  """
+  d_k = x.shape[-1]
+  if d_k % 2:
+    raise ValueError(f"RoPE rotates pairs of columns: d_k={d_k} must be even")
+  theta = jnp.power(jnp.float32(base), -jnp.arange(0, d_k, 2, dtype=jnp.float32) / d_k)  # [d_k/2]
+  angles = positions.astype(jnp.float32)[:, None, :, None] * theta  # [B|1, 1, L, d_k/2]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  pairs = x.astype(jnp.float32).reshape(x.shape[:-1] + (d_k // 2, 2))
+  even, odd = pairs[..., 0], pairs[..., 1]
+  rotated = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
+  return rotated.reshape(x.shape).astype(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  r"""ALiBi's head slopes (Press et al. 2022): for H a power of 2 the geometric sequence
+
+  $$m_h = 2^{-8h/H}, \qquad h = 1, \dots, H$$
+
+  (H = 8: 1/2, 1/4, ..., 1/256); for other H the paper's interpolation: the H' slopes of the
+  largest power of 2 H' < H, then every other slope of 2H' (the odd ones: 2^{-8(2j-1)/(2H')})
+  up to H slopes. Returns float64 [H].
+  """
+  if num_heads < 1:
+    raise ValueError(f"ALiBi needs num_heads >= 1, got {num_heads}")
+  geometric = lambda n: [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+  closest = 2 ** int(np.floor(np.log2(num_heads)))
+  slopes = geometric(closest)
+  if closest != num_heads:
+    slopes += geometric(2 * closest)[0::2][:num_heads - closest]
+  return np.asarray(slopes, np.float64)
+
+
+def alibi_bias(q_positions: jnp.ndarray, k_positions: jnp.ndarray,
+               slopes: jnp.ndarray) -> jnp.ndarray:
+  r"""ALiBi's additive score bias: minus each head's slope times the distance of query and key.
+
+  $$B_{h,i,j} = -m_h\,|p_i - p_j|$$
+
+  Bidirectional (the encoder) as written; for causal attention the visible keys have p_j <= p_i,
+  where this is the paper's m_h (p_j - p_i) (the keys after the query are masked).
+
+  Args:
+    q_positions: int [B|1, L_q]; k_positions: int [B|1, L_k]; slopes: [H] (:func:`alibi_slopes`).
+  Returns:
+    float32 [B|1, H, L_q, L_k].
+  """
+  distance = jnp.abs(k_positions[:, None, :] - q_positions[:, :, None]).astype(jnp.float32)
+  return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * distance[:, None]
+
+
+def relative_position_bucket(relative: jnp.ndarray, bidirectional: bool, num_buckets: int = 32,
+                             max_distance: int = 128) -> jnp.ndarray:
+  r"""T5's bucket of a relative position r = j - i (key minus query; Raffel et al. 2020).
+
+  Bidirectional (encoder): half the buckets per sign, r > 0 in the upper half, n = |r|;
+  unidirectional (decoder): n = max(-r, 0) (keys after the query all share bucket 0). With N the
+  buckets of that side and E = N / 2: exact buckets for small distances, logarithmic ones beyond,
+
+  $$b(n) = \begin{cases} n & n < E \\ \min\big(N - 1,\ E + \big\lfloor \frac{\ln(n / E)}
+  {\ln(\text{max\_distance} / E)} (N - E) \big\rfloor\big) & n \ge E \end{cases}$$
+
+  (every n >= max_distance lands in the last bucket N - 1), computed in float32 as T5's code does.
+
+  Args:
+    relative: int [...] relative positions j - i.
+    bidirectional: True for the encoder, False for causal attention.
+    num_buckets: ``model.relative_buckets``; max_distance: ``model.relative_max_distance``.
+  Returns:
+    int32 [...] buckets in 0 .. num_buckets - 1.
+  """
+  relative = relative.astype(jnp.int32)
+  offset = jnp.zeros_like(relative)
+  if bidirectional:
+    num_buckets //= 2
+    offset = jnp.where(relative > 0, num_buckets, 0)
+    n = jnp.abs(relative)
+  else:
+    n = jnp.maximum(-relative, 0)
+  max_exact = num_buckets // 2
+  log_ratio = (jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
+               / np.log(max_distance / max_exact) * (num_buckets - max_exact))
+  large = jnp.minimum(max_exact + log_ratio.astype(jnp.int32), num_buckets - 1)
+  return offset + jnp.where(n < max_exact, n, large)
+
+
+def relative_position_bias(table: jnp.ndarray, q_positions: jnp.ndarray,
+                           k_positions: jnp.ndarray, bidirectional: bool,
+                           max_distance: int = 128) -> jnp.ndarray:
+  r"""T5's learned score bias: per head, the table's entry of the bucket of p_j - p_i.
+
+  $$B_{h,i,j} = T\big[b(p_j - p_i),\ h\big]$$
+
+  with b :func:`relative_position_bucket` (num_buckets = the table's rows).
+
+  Args:
+    table: [num_buckets, H] learned biases; q_positions int [B|1, L_q]; k_positions int [B|1, L_k].
+    bidirectional: True for the encoder, False for causal attention.
+  Returns:
+    [B|1, H, L_q, L_k] in the table's dtype.
+  """
+  relative = k_positions[:, None, :] - q_positions[:, :, None]  # [B|1, L_q, L_k]
+  buckets = relative_position_bucket(relative, bidirectional, table.shape[0], max_distance)
+  return jnp.take(table, buckets, axis=0).transpose(0, 3, 1, 2)
