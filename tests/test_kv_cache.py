@@ -83,7 +83,11 @@ VARIANTS = [("encoder_decoder", dict(layers=2)),
             ("decoder_lm", dict(positional="rope")),
             ("decoder_lm", dict(positional="alibi", num_heads=4, layers=2)),
             ("decoder_lm", dict(positional="relative", relative_buckets=8, relative_max_distance=16,
-                                layers=2))]
+                                layers=2)),
+            # a score bias with grouped-query heads: folded per head group like the mask
+            ("encoder_decoder", dict(positional="alibi", num_heads=4, num_kv_heads=2)),
+            ("decoder_lm", dict(positional="relative", num_heads=4, num_kv_heads=1,
+                                relative_buckets=8, relative_max_distance=16))]
 
 
 def jit_cache(cfg, params, batch, max_len, inputs=None):
