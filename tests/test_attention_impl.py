@@ -58,7 +58,9 @@ def attention_case(kind):
 HEADS = [dict(), dict(num_heads=4, num_kv_heads=2), dict(num_heads=4, num_kv_heads=1, qk_norm="layer_norm")]
 
 
-@pytest.mark.parametrize("heads", HEADS, ids=["mha", "gqa", "mqa_qk_norm"])
+# the grouped-query cases in the end-to-end tier (they compile as long as the plain one)
+@pytest.mark.parametrize("heads", [HEADS[0]] + [pytest.param(h, marks=pytest.mark.slow) for h in HEADS[1:]],
+                         ids=["mha", "gqa", "mqa_qk_norm"])
 @pytest.mark.parametrize("kind", ["self", "causal", "cross"])
 def test_outputs_and_gradients_agree(kind, heads):
   x, memory, mask, mem_valid = attention_case(kind)
@@ -121,7 +123,8 @@ def test_model_loss_and_gradients_agree(family):
 
 
 @pytest.mark.parametrize("family,heads", [("encoder_decoder", {}), ("decoder_lm", {}),
-                                          ("encoder_decoder", dict(num_heads=4, num_kv_heads=2))])
+                                          pytest.param("encoder_decoder", dict(num_heads=4, num_kv_heads=2),
+                                                       marks=pytest.mark.slow)])
 def test_cached_decode_steps_agree(family, heads):
   cfg = tiny_config(family=family, **heads)
   example = {"targets": jnp.ones((1, 4), jnp.int32)}

@@ -112,7 +112,9 @@ def uninterrupted(tmp_path_factory):
   return workdir
 
 
-@pytest.mark.parametrize("victim,how", [(0, "KILL"), (1, "KILL"), (0, "STOP"), (1, "STOP")])
+# a killed process 1 is tests/test_multiprocess.py's case too; here the coordinator, and a hung host
+# on either side
+@pytest.mark.parametrize("victim,how", [(0, "KILL"), (0, "STOP"), (1, "STOP")])
 def test_a_lost_or_hung_process_is_one_line_and_exit_75_on_the_survivor(victim, how, tmp_path,
                                                                       request):
   workdir = tmp_path / "run"

@@ -2,7 +2,9 @@
 
 Runners: pmap, mesh data (8,1,1), mesh fsdp (1,-1,1), mesh tensor (4,1,2), mesh (2,2,2); families:
 encoder-decoder (the default experiment, greedy and beam decoding), decoder LM
-(shakespeare_char, greedy sample continuations) and encoder classifier (sst2, accuracy), on the
+(shakespeare_char, greedy sample continuations), encoder classifier (sst2, accuracy) and
+translation with the ablation bench's variants together (relative bias, multi-query attention,
+QK-norm, SwiGLU, RMSNorm, Muon), on the
 shared data in ``../shared/data`` (``$TXF_DATA``) or, when it is absent, small stand-in files in
 the same formats. Each case trains 2 steps through ``txf.train.train`` (the loop the CLI runs)
 with checkpoints at steps 1 and 2 and an evaluation with decoding at the end, then resumes from
@@ -16,7 +18,7 @@ step 1 (checkpoint 2 and params.msgpack removed) to redo step 2 and evaluate aga
   equals decoding the run's own params.msgpack on one device, and the final params.msgpack holds
   unreplicated parameters of the model's shapes.
 
-Tiny models (d_model 16, one layer, short lengths); all 18 runs share one subprocess (XLA_FLAGS
+Tiny models (d_model 16, one layer, short lengths); all 24 runs share one subprocess (XLA_FLAGS
 set before jax is imported, XLA backend optimisation off, a persistent compilation cache), run
 once per session; each parametrised case checks its own results.
 """
@@ -58,7 +60,7 @@ RUNNERS = {
 }
 if os.environ.get("MATRIX_RUNNERS"):  # a subset, e.g. MATRIX_RUNNERS=pmap,2x2x2 (.ci/run's newest jax)
   RUNNERS = {name: RUNNERS[name] for name in os.environ["MATRIX_RUNNERS"].split(",")}
-FAMILIES = ("translate", "lm", "classify")
+FAMILIES = ("translate", "lm", "classify", "variants")
 TINY = {"model.d_model": 16, "model.num_heads": 2, "model.d_ff": 32, "model.dropout_rate": 0.0,
         "batch_size": 16, "num_train_steps": 2, "log_every": 1, "eval_every": 0,
         "checkpoint_every": 1, "eval_batches": 1, "time_limit_minutes": 0.0,
@@ -72,6 +74,18 @@ FAMILY_CONFIG = {
     "classify": ("sst2", {"model.num_encoder_layers": 1, "model.max_len": 32,
                           "data.max_input_len": 24, "data.vocab_size": 512,
                           "data.bucketing": False}),
+    # translation with the ablation bench's variants at once: T5's relative bias and multi-query
+    # attention in the beam cache, QK-norm, a gated FFN, RMSNorm, and Muon's sharded state (the
+    # single key/value head replicated over the tensor axis)
+    "variants": ("default", {"model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
+                             "model.max_len": 24, "decode_examples": 8, "num_samples": 2,
+                             "decode_max_extra": 4, "model.positional": "relative",
+                             "model.relative_buckets": 8, "model.relative_max_distance": 16,
+                             "model.num_kv_heads": 1, "sharding_rules.kv_heads": "",
+                             "model.qk_norm": "rms_norm", "model.activation": "swiglu",
+                             "model.norm": "rms_norm", "model.pre_ln": True,
+                             "optimizer.name": "muon", "optimizer.schedule": "constant",
+                             "optimizer.learning_rate": 0.02}),
 }
 # Beam search under some layouts, greedy under the others (the single-device reference decodes
 # the final parameters with the same setting).
@@ -102,7 +116,7 @@ def _config(family, runner, data_path):
   config = load_experiment(name)
   overrides = {**TINY, **extra, **RUNNERS.get(runner, {"parallelism": "single"}),
                "beam_size": BEAM.get(runner, 1)}
-  if family != "translate":
+  if family not in ("translate", "variants"):
     overrides["data.path"] = data_path
   return apply_overrides(config, overrides)
 

@@ -92,6 +92,7 @@ def test_positions_inside_attention_give_numpy_weights_on_packed_rows(positional
                                  err_msg=f"{path} row {b}")
 
 
+@pytest.mark.slow  # the end-to-end tier: the numpy test above checks the same scores
 @pytest.mark.parametrize("positional", ["rope", "alibi", "relative"])
 def test_positions_inside_attention_packed_rows_equal_separate_rows(positional):
   """decoder_lm: a row packing two examples (positions restarting at 0) gives each example the
@@ -117,6 +118,7 @@ def test_positions_inside_attention_packed_rows_equal_separate_rows(positional):
                              model.apply({"params": params}, inputs[:, :4]), atol=1e-5)
 
 
+@pytest.mark.slow  # the end-to-end tier: three bf16 models
 def test_positions_inside_attention_under_bf16_compute():
   """model.dtype=bfloat16 (CPU: the bf16 restatement, the bias added to its float32 logits) stays
   within bf16 rounding of the float32 model, for each encoding inside attention."""

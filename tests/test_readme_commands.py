@@ -84,6 +84,9 @@ RUN = {
 
 A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag changed: tests/test_train_e2e.py"
 HUB = "a Hub download: tests/test_hf_marian.py imports, translates, fine-tunes and exports a small local Marian model"
+VARIANT = ("the copy run with variant switches; each variant is tested in tests/test_kv_cache.py, "
+           "tests/test_positions*.py, tests/test_gqa.py, tests/test_model_options.py and "
+           "tests/test_optimizers.py")
 SWEEP = ("a sweep of 6 copy runs (minutes): tests/test_sweep.py::test_a_tiny_sweep_end_to_end_through_the_cli "
          "runs 2 arms x 2 seeds of a few steps through the CLI, then the report")
 EIGHT = "8 fake devices: tests/test_matrix.py runs every runner with every family"
@@ -187,6 +190,17 @@ NOT_RUN = {
         "tests/test_sweep.py checks the script (bash -n, and one array task run with a stand-in txf)",
     "sbatch sweep.sbatch": "a SLURM cluster",
     "txf sweep report runs/sweeps/copy_norm": SWEEP,
+    # README, Ablations
+    "txf train --config experiments/copy.py --workdir runs/copy-rope --config.model.positional=rope "
+    "--config.model.num_kv_heads=1": VARIANT,
+    "txf train --config experiments/copy.py --workdir runs/copy-glu --config.model.activation=swiglu "
+    "--config.model.ffn_match_params=True --config.model.norm=rms_norm": VARIANT,
+    "txf train --config experiments/copy.py --workdir runs/copy-muon --config.optimizer.name=muon "
+    "--config.optimizer.schedule=constant --config.optimizer.learning_rate=0.02 "
+    "--config.optimizer.warmup_steps=1": VARIANT,
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/shakespeare_glu.py --parallel 2":
+        "15 Shakespeare runs (about an hour on 2 cores); the sweep runner is tested by "
+        "tests/test_sweep.py",
     "pip install 'txf[wandb]'": "an optional extra from PyPI: tests/test_sweep.py runs the tracker "
                                 "offline when wandb is installed",
     "WANDB_MODE=offline txf train --config experiments/copy.py --config.tracker=wandb":
