@@ -52,6 +52,7 @@ from IPython.display import Image, Markdown, display
 
 from txf import viz
 from txf.config import load_experiment
+from txf.sweep import stats
 from txf.train import train
 
 
@@ -71,9 +72,19 @@ def table(rows, header):
 
 
 def mean_and_spread(values):
-  """"m ± s" (sample standard deviation over seeds; "m" alone for one value)."""
-  v = np.asarray(values, np.float64)
-  return f"{v.mean():.3f}" if v.size < 2 else f"{v.mean():.3f} ± {v.std(ddof=1):.3f}"
+  """"m ± s" (sample standard deviation over seeds; "m" alone for one value), by the statistics
+  `txf sweep` reports (txf.sweep.stats)."""
+  summary = stats.summarize(values)
+  return f"{summary.mean:.3f}" if summary.n < 2 else f"{summary.mean:.3f} ± {summary.std:.3f}"
+
+
+def against_base(values, base_values):
+  """Welch's t-test of a variant's values against the base configuration's (txf.sweep.stats):
+  "Δ [95% interval], p", or "—" where either has fewer than two seeds."""
+  test = stats.welch(values, base_values)
+  if not np.isfinite(test.p):
+    return "—"
+  return f"{test.diff:+.3f} [{test.ci_low:+.3f}, {test.ci_high:+.3f}], p = {test.p:.2f}"
 
 # %%
 base = load_experiment("default")
@@ -150,7 +161,10 @@ print(f"{len(runs)} configurations x {len(SEEDS)} seeds in {time.time() - start:
 # %% [markdown]
 # ## Results
 #
-# Mean ± standard deviation over seeds at the last step.
+# Mean ± standard deviation over seeds at the last step, and each variant's difference in eval NLL
+# to the base configuration with its 95% interval and Welch's p-value (the statistics of
+# `txf sweep`: a difference whose interval spans 0 is within the seeds' noise). The same study as a
+# sweep file, run and reported by `txf sweep`, is docs/sweeps.md's subject.
 
 # %%
 def runs_for(field, value):
@@ -162,11 +176,14 @@ for axis, (field, values) in AXES.items():
   for value in values:
     finals = [r["final"] for r in runs_for(field, value)]
     mark = " (base)" if value == base_value(field) else ""
+    base_nll = [r["final"]["nll"] for r in runs[("base", None)]]
     rows.append((axis, f"`{field.split('.')[1]}={value}`{mark}",
                  mean_and_spread([f["nll"] for f in finals]),
+                 "" if mark else against_base([f["nll"] for f in finals], base_nll),
                  mean_and_spread([f["accuracy"] for f in finals]),
                  mean_and_spread([f["exact_match"] for f in finals])))
-display(table(rows, ["axis", "setting", "eval NLL", "token accuracy", "exact match"]))
+display(table(rows, ["axis", "setting", "eval NLL", "Δ NLL vs base [95%], Welch p", "token accuracy",
+                     "exact match"]))
 
 # %%
 fig = viz.new_figure(4.2 * len(AXES), 3.8)
