@@ -133,14 +133,18 @@ def test_a_lost_or_hung_process_is_one_line_and_exit_75_on_the_survivor(victim, 
     assert "the run's last checkpoint: step " in said[0] and said[0].endswith(
         "run the same command again to resume"), said
     assert seconds < HEARTBEAT + 10, seconds
-    if how == "STOP":  # continued, the hung process ends too, and writes nothing
+    if how == "STOP":  # continued, the hung process ends too, and starts no checkpoint
+      # (a save already under way when it was stopped may still be completed)
+      in_flight = {int(n.split(".")[0]) for n in os.listdir(workdir / "checkpoints")
+                   if ".orbax-checkpoint-tmp" in n}
       written = checkpoints(workdir)
       resumed_at = time.time()
       job.signal(victim, signal.SIGCONT)
       status = job.wait(victim, 60)
-      assert status == 75, (status, job.after(victim, resumed_at))
-      assert len(job.after(victim, resumed_at)) == 1, job.after(victim, resumed_at)
-      assert checkpoints(workdir) == written
+      said = job.after(victim, resumed_at)
+      assert status == 75, (status, said)
+      assert len(said) == 1 and said[0].startswith("txf: error: "), said
+      assert set(written) <= set(checkpoints(workdir)) <= set(written) | in_flight
   finally:
     job.end()
   if (victim, how) == (0, "KILL"):  # the same command again resumes, and ends as if never stopped

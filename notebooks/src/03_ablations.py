@@ -162,8 +162,8 @@ print(f"{len(runs)} configurations x {len(SEEDS)} seeds in {time.time() - start:
 # ## Results
 #
 # Mean ± standard deviation over seeds at the last step, and each variant's difference in eval NLL
-# to the base configuration with its 95% interval and Welch's p-value (the statistics of
-# `txf sweep`: a difference whose interval spans 0 is within the seeds' noise). The same study as a
+# to the base configuration with its confidence interval and Welch's p-value (the statistics of
+# `txf sweep`: a difference whose interval spans zero is within the seeds' noise). The same study as a
 # sweep file, run and reported by `txf sweep`, is docs/sweeps.md's subject.
 
 # %%

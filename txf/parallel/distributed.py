@@ -113,11 +113,15 @@ def _peer_lost(status=None, *_) -> None:
   lost = sorted({int(t) for t in found} - {me})
   who = (f"process {', '.join(map(str, lost))}" if lost else
          "process 0 (the coordinator)" if me != 0 else "a process")
-  workdir = _state["workdir"]
-  checkpoint = f"; the run's last checkpoint: {workdir_lib.last_checkpoint(workdir)}" if workdir else ""
   _say_and_exit(f"txf: error: lost {who} of {jax.process_count()} (no heartbeat for "
-                f"{_state['heartbeat']} s, TXF_HEARTBEAT_TIMEOUT){checkpoint}: run the same command "
-                f"again to resume", EXIT_RESUMABLE)
+                f"{_state['heartbeat']} s, TXF_HEARTBEAT_TIMEOUT){_checkpoint_words()}: run the "
+                f"same command again to resume", EXIT_RESUMABLE)
+
+
+def _checkpoint_words() -> str:
+  """'; the run's last checkpoint: step S (DIR)' for the noted workdir ('' without one)."""
+  workdir = _state["workdir"]
+  return f"; the run's last checkpoint: {workdir_lib.last_checkpoint(workdir)}" if workdir else ""
 
 
 def _finished_normally() -> None:
@@ -149,8 +153,15 @@ def start_failure_watch() -> None:
   bound = float(_state["heartbeat"])
 
   def beat():
-    n = 0
+    n, last = 0, time.monotonic()
     while not _state["done"]:
+      now = time.monotonic()
+      if now - last > bound and not _state["done"]:  # this process itself was stopped (kill -STOP)
+        _say_and_exit(f"txf: error: process {me} of {count} was stopped for {now - last:.0f} s, "
+                      f"longer than TXF_HEARTBEAT_TIMEOUT={bound:.0f} s: the others have ended the "
+                      f"run{_checkpoint_words()}: run the same command again to resume",
+                      EXIT_RESUMABLE)
+      last = now
       n += 1
       try:
         client.key_value_set(f"txf/alive/{me}", str(n), allow_overwrite=True)
