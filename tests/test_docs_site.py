@@ -19,6 +19,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import ROOT
+from txf.ops.feedforward import ACTIVATIONS
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 
@@ -174,7 +175,7 @@ def test_the_configuration_reference_gives_each_fields_default_values_and_meanin
   by_field = {r[0]: r[1:] for r in rows if len(r) == 4}
   assert by_field["optimizer.label_smoothing"][0] == "0.1"
   assert "epsilon_ls" in by_field["optimizer.label_smoothing"][2]
-  assert by_field["model.activation"][1] == "relu, gelu, swish"
+  assert by_field["model.activation"][1] == ", ".join(ACTIVATIONS.names())  # the table's names
   assert "decoder_lm" in by_field["model.family"][1]
   # the right-hand contents panel lists the page's sections
   toc = page.inner_text(".md-sidebar--secondary")
