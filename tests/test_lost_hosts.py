@@ -7,7 +7,6 @@ without writing a checkpoint; the killed job, started again, resumes and ends eq
 was never interrupted.
 """
 
-import json
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import EXPERIMENTS, ROOT
+from tests.test_disk_full import metrics as rows  # metrics.jsonl rows without tokens/s
 from tests.test_multiprocess import _env
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
@@ -91,14 +91,6 @@ def wait_for_checkpoint(job, workdir, timeout=240):
     time.sleep(0.2)
   assert checkpoints(workdir), job.lines
   time.sleep(1.0)
-
-
-def rows(workdir):
-  with open(workdir / "metrics.jsonl") as f:
-    out = [json.loads(line) for line in f]
-  for row in out:
-    row.pop("tokens_per_second", None)
-  return out
 
 
 @pytest.fixture(scope="module")
