@@ -39,14 +39,17 @@ def test_interleaved_stays_the_default():
       at, ops.positional_encoding_at(jnp.arange(9)[None], 8, layout="interleaved", offset=0)[0])
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+GELU_TANH = lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish", "gelu_tanh"])
 def test_feed_forward_activations(activation):
   x, w1, b1 = RNG.normal(size=(3, 4)), RNG.normal(size=(4, 6)), RNG.normal(size=6)
   w2, b2 = RNG.normal(size=(6, 4)), RNG.normal(size=4)
   z = x @ w1 + b1
   f = {"relu": lambda v: np.maximum(v, 0),
        "gelu": lambda v: v * 0.5 * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
-       "swish": lambda v: v / (1 + np.exp(-v))}[activation]
+       "swish": lambda v: v / (1 + np.exp(-v)), "gelu_tanh": GELU_TANH}[activation]
   expected = f(z) @ w2 + b2
   args = [jnp.asarray(a, jnp.float32) for a in (x, w1, b1, w2, b2)]
   np.testing.assert_allclose(ops.feed_forward(*args, activation=activation), expected, atol=1e-4)
@@ -260,10 +263,10 @@ def _init(module, *args):
 
 NP_F = {"reglu": lambda v: np.maximum(v, 0),
         "geglu": lambda v: v * 0.5 * (1 + np.vectorize(math.erf)(v / math.sqrt(2))),
-        "swiglu": lambda v: v / (1 + np.exp(-v))}
+        "swiglu": lambda v: v / (1 + np.exp(-v)), "geglu_tanh": GELU_TANH}
 
 
-@pytest.mark.parametrize("activation", ["reglu", "geglu", "swiglu"])
+@pytest.mark.parametrize("activation", ["reglu", "geglu", "swiglu", "geglu_tanh"])
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_gated_feed_forward_against_numpy(activation, use_bias):
   # (f(x W1 + b1) * (x V + c)) W2 + b2 in float64; without biases (f(x W1) * x V) W2

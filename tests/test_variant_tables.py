@@ -82,7 +82,7 @@ def test_a_toy_activation_registered_here_is_validated_and_runs_in_the_model():
     relu = np.maximum(z, 0) @ p["wo"] + p["bo"]
     assert np.abs(expected - relu).max() > 1e-2  # the check tells the toy from the paper's relu
   with pytest.raises(config_lib.ConfigError,
-                     match=r"is not one of \('relu', 'gelu', 'swish', 'reglu', 'geglu', 'swiglu'\)"):
+                     match=r"is not one of \('relu', 'gelu', 'swish', 'reglu', 'geglu', 'swiglu', 'gelu_tanh', 'geglu_tanh'\)"):
     config_lib.validate(cfg)  # gone again with its table line
 
 
@@ -145,7 +145,8 @@ def test_every_table_names_its_configs_allowed_values():
     assert config_lib.allowed_values(table.key) == table.names(), table.key
     section, field = table.key.split(".")
     assert defaults[section][field] in table.names(), table.key
-  assert ACTIVATIONS.names() == ("relu", "gelu", "swish", "reglu", "geglu", "swiglu")
+  assert ACTIVATIONS.names() == ("relu", "gelu", "swish", "reglu", "geglu", "swiglu", "gelu_tanh",
+                                 "geglu_tanh")
   assert POSITIONAL.names() == ("sinusoidal", "learned", "none", "rope", "alibi", "relative")
   assert ATTENTION_IMPLS.names() == ("auto", "reference", "fused")
   assert QK_NORMS.names() == ("none", "layer_norm", "rms_norm")

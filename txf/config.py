@@ -96,7 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.use_bias = True              # biases b1, b2 of the FFN (and a gated FFN's gate bias c); False: none. Attention biases are model.attention_bias; the norms keep theirs
   m.parallel_block = False       # GPT-J/PaLM block: self-attention and FFN read one shared norm, pre-LN x + Attn(N(x)) + FFN(N(x)), post-LN N(x + Attn(x) + FFN(x)); a decoder layer with cross-attention runs its cross-attention sublayer first (as usual, its own norm), then the parallel pair
   # options of Marian (OPUS-MT) models, see `txf import-hf`; the defaults are the paper's
-  m.activation = "relu"          # FFN activation: relu | gelu (exact, erf) | swish (= silu, Marian); gated FFNs (f(x W1 + b1) * (x V + c)) W2 + b2: reglu | geglu | swiglu
+  m.activation = "relu"          # FFN activation: relu | gelu (exact, erf) | swish (= silu, Marian) | gelu_tanh (tanh approximation: GPT-2, T5 v1.1); gated FFNs (f(x W1 + b1) * (x V + c)) W2 + b2: reglu | geglu | swiglu | geglu_tanh
   m.positional_layout = "interleaved"  # sinusoidal PE: interleaved sin/cos pairs (paper) | sin_cos (all sines, then all cosines: Marian, fairseq)
   m.position_offset = 0          # sinusoidal PE at position + this offset (Marian 0)
   m.embed_scale = True           # token embeddings times sqrt(d_model) (paper; Marian scale_embedding)

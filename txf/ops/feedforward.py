@@ -17,8 +17,9 @@ class Gated(NamedTuple):
 # The FFN variants, the allowed values of model.activation: name -> f, the activation of the dense
 # FFN(x) = f(x W1 + b1) W2 + b2, or Gated(f), the gated FFN (f(x W1 + b1) * (x V + c)) W2 + b2 with
 # the extra kernel V [d_model, d_ff] (and bias c). Dense: relu (the paper), gelu (exact, erf),
-# swish = silu (z * sigmoid(z), Marian/OPUS-MT). Gated: reglu (f = relu), geglu (f = the same exact
-# gelu; Shazeer's used the tanh approximation), swiglu (f = swish). One table, not a second field
+# swish = silu (z * sigmoid(z), Marian/OPUS-MT), gelu_tanh (0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715
+# z^3))), GPT-2's and T5 v1.1's "gelu_new"). Gated: reglu (f = relu), geglu (f = the same exact gelu),
+# swiglu (f = swish), geglu_tanh (f = gelu_tanh: Shazeer's GeGLU and T5 v1.1's "gated-gelu"). One table, not a second field
 # model.ffn = dense | gated: the literature names the pair (ReGLU, GeGLU, SwiGLU), one field cannot
 # name a combination txf lacks, and every check (validate, Marian import/export) reads one field.
 # The bf16 CPU kernel (txf.kernels.bf16.feed_forward) applies the same f. jax.nn.relu = max(0, .)
@@ -31,6 +32,8 @@ ACTIVATIONS = Table("model.activation", {
     "reglu": Gated(jax.nn.relu),
     "geglu": Gated(lambda z: jax.nn.gelu(z, approximate=False)),
     "swiglu": Gated(jax.nn.silu),
+    "gelu_tanh": lambda z: jax.nn.gelu(z, approximate=True),
+    "geglu_tanh": Gated(lambda z: jax.nn.gelu(z, approximate=True)),
 })
 
 
