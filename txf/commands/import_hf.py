@@ -15,8 +15,9 @@ from txf.errors import TxfError
 from txf.inference import hf
 
 flags.DEFINE_string("workdir", None, "the new txf workdir (must not exist, or be empty)", required=True)
-flags.DEFINE_string("data_config", "multi30k_en_de", "the experiment whose data fields (source, "
-                    "languages, splits) the imported run gets: what `txf eval` reads; '' = none")
+flags.DEFINE_string("data_config", None, "the experiment whose data fields (source, languages, "
+                    "splits) the imported run gets: what `txf eval` reads; '' = none; default: the "
+                    "architecture's (Marian: multi30k_en_de)")
 flags.DEFINE_integer("max_len", 128, "data.max_input_len / max_target_len: longer source lines are "
                      "truncated by txf translate (at most the model's max_position_embeddings)")
 

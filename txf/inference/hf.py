@@ -16,6 +16,7 @@ tokens (HF: ``max_new_tokens``); the two agree on every output that ends with EO
 """
 
 import contextlib
+import importlib
 import json
 import os
 import re
@@ -37,6 +38,17 @@ from txf.models import marian
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+
+# The architectures beside Marian: a Hugging Face ``model_type`` -> the module that imports and
+# exports it (imported when first used). Each such module has
+#   DEFAULT_DATA_CONFIG: str, the experiment whose data fields an imported run gets by default;
+#   import_run(local, hf, workdir, name, data_config, max_len) -> None: write the txf workdir of the
+#     save_pretrained directory ``local`` (``hf`` its config.json, a dict) into ``workdir``
+#     (``staged_directory``), TxfError naming any option txf cannot represent;
+#   exports(config) -> bool: whether a txf run (its config) is of this architecture;
+#   export_run(workdir, config, output, params_name, say) -> None: write ``output`` for
+#     ``from_pretrained`` (``staged_directory``), TxfError naming what cannot be exported.
+ARCHITECTURES: Dict[str, str] = {}
 
 
 def _safetensors():
@@ -150,12 +162,28 @@ def import_config(hf: Dict[str, Any], fields: Dict[str, Any], name: str, data_co
   return c
 
 
-def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_len: int = 128) -> str:
-  """Write the txf workdir of a Marian model; returns the workdir. Refuses a non-empty workdir."""
+def _architecture(model_type: str):
+  """The module of ``ARCHITECTURES[model_type]``, imported."""
+  return importlib.import_module(ARCHITECTURES[model_type])
+
+
+def import_hf(src: str, workdir: str, data_config: Optional[str] = None, max_len: int = 128) -> str:
+  """Write the txf workdir of a Hugging Face model (Marian, or an architecture of
+  ``ARCHITECTURES``); returns the workdir. Refuses a non-empty workdir. ``data_config`` None: the
+  architecture's default experiment (Marian: multi30k_en_de)."""
   local = resolve_source(src)
   config_path = os.path.join(local, "config.json")
   if not os.path.isfile(config_path):
     raise TxfError(f"{local} has no config.json: give a directory written by save_pretrained")
+  model_type = _read_json(config_path).get("model_type")
+  if model_type in ARCHITECTURES:
+    check_new_workdir(workdir)
+    arch = _architecture(model_type)
+    arch.import_run(local, _read_json(config_path), workdir, os.path.basename(os.path.normpath(src)),
+                    arch.DEFAULT_DATA_CONFIG if data_config is None else data_config, max_len)
+    return workdir
+  if data_config is None:
+    data_config = "multi30k_en_de"
   hf = {**marian.MARIAN_DEFAULTS, **_read_json(config_path)}
   gen_path = os.path.join(local, "generation_config.json")
   if os.path.isfile(gen_path):  # generate()'s settings: beams, never-generated ids
@@ -165,17 +193,14 @@ def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_l
     fields = marian.model_fields(hf)
   except marian.UnsupportedMarianConfig as e:
     raise TxfError(f"{config_path}: txf cannot represent {e}") from None
-  storage.check_filesystem(workdir)
-  where = storage.wpath(workdir)
-  if where.exists() and (not where.is_dir() or any(True for _ in where.iterdir())):
-    raise TxfError(f"--workdir {workdir} exists and is not empty: choose a new directory")
+  check_new_workdir(workdir)
   name = os.path.basename(os.path.normpath(src))
   config = import_config(hf, fields, name, data_config, max_len)
   config_lib.validate(config)
   codec = marian_codec(local, hf, {"tokenizer": "marian", "from": src})
   order = codec.target.order
   params = marian.params_from_state_dict(read_state_dict(local), fields, order)
-  with _staged_directory(workdir, ".import-hf-") as tmp:
+  with staged_directory(workdir, ".import-hf-") as tmp:
     workdir_lib.write_json(os.path.join(tmp, workdir_lib.CONFIG_FILE), workdir_lib.config_to_dict(config))
     codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
     size = codec.source.vocab_size
@@ -187,8 +212,16 @@ def import_hf(src: str, workdir: str, data_config: str = "multi30k_en_de", max_l
   return workdir
 
 
+def check_new_workdir(workdir: str) -> None:
+  """TxfError unless ``workdir`` is absent or an empty directory (an import never overwrites)."""
+  storage.check_filesystem(workdir)
+  where = storage.wpath(workdir)
+  if where.exists() and (not where.is_dir() or any(True for _ in where.iterdir())):
+    raise TxfError(f"--workdir {workdir} exists and is not empty: choose a new directory")
+
+
 @contextlib.contextmanager
-def _staged_directory(target: str, prefix: str):
+def staged_directory(target: str, prefix: str):
   """A new folder beside ``target`` to write every file into; when the block ends without error it
   becomes ``target`` (absent or empty) in one rename, else it is removed. Disk failures inside are
   DiskErrors naming the folder. A bucket ``target`` gets a local temporary folder, copied up at the end."""
@@ -283,9 +316,17 @@ def generation_settings(spec: DecodingSpec, say: Callable[[str], None] = lambda 
 
 def export_hf(workdir: str, output: str, params_name: Optional[str] = None,
               say: Callable[[str], None] = lambda line: None) -> str:
-  """Write ``output``: config.json, generation_config.json, model.safetensors and the Marian
-  tokenizer files of the run in ``workdir``. Raises TxfError naming what cannot be exported."""
+  """Write ``output``: config.json, generation_config.json, model.safetensors and the tokenizer
+  files of the run in ``workdir``, as the architecture of ``ARCHITECTURES`` whose ``exports`` takes
+  the run, else as Marian. Raises TxfError naming what cannot be exported."""
   config = workdir_lib.load_config(workdir)
+  for model_type in ARCHITECTURES:
+    arch = _architecture(model_type)
+    if arch.exports(config):
+      if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise TxfError(f"--output {output} exists and is not empty: choose a new directory")
+      arch.export_run(workdir, config, output, params_name, say)
+      return output
   codec = tok.load_codec(workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR))
   problems = export_problems(config, codec)
   if problems:
@@ -316,7 +357,7 @@ def export_hf(workdir: str, output: str, params_name: Optional[str] = None,
                 "max_length": m.max_len, **generation_settings(DecodingSpec.from_config(config), say)}
   if m.forbid_pad:
     generation["bad_words_ids"] = [[ids["pad"]]]
-  with _staged_directory(output, ".export-hf-") as tmp:
+  with staged_directory(output, ".export-hf-") as tmp:
     workdir_lib.write_json(os.path.join(tmp, "config.json"), hf)
     workdir_lib.write_json(os.path.join(tmp, "generation_config.json"), generation)
     _safetensors().save_file(marian.stored_once(sd, fields), os.path.join(tmp, "model.safetensors"),
