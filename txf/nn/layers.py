@@ -49,6 +49,11 @@ class AddPositions(nn.Module):
   """x + PE followed by dropout; PE is ``POSITIONAL[model.positional].embed`` (txf.nn.positional):
   sinusoidal (the paper), learned, or none (also for the encodings that act inside attention).
 
+  BERT's embeddings (both off by default): ``model.type_vocab_size > 0`` adds row 0 of a learned
+  token-type table T [type_vocab_size, d_model] (``token_type_embedding``, N(0, 0.02^2) at init;
+  txf's inputs are one segment, type 0); ``model.embed_norm`` normalises the sum before the
+  dropout: Dropout(LN(E[x] + PE + T[0])) (``embed_norm``, a ``LayerNorm``).
+
   With ``decode=True`` and ``causal_cache=True`` (the decoder's) the position is read from, and
   advanced in, a cache counter.
   """
@@ -69,6 +74,12 @@ class AddPositions(nn.Module):
     if positions is None:
       positions = jnp.arange(length)[None, :]
     x = POSITIONAL[cfg.positional].embed(self, cfg, x, positions)
+    if cfg.type_vocab_size:  # every token is of type 0 (one segment)
+      types = self.param("token_type_embedding", nn.with_logical_partitioning(
+          nn.initializers.normal(0.02), (None, "embed")), (cfg.type_vocab_size, cfg.d_model))
+      x = x + types[0].astype(x.dtype)
+    if cfg.embed_norm:
+      x = LayerNorm(cfg, name="embed_norm")(x)
     return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
