@@ -101,7 +101,7 @@ def resolve_source(src: str) -> str:
     raise TxfError(f"{src} is not a local directory and huggingface.co cannot be reached ({e}): "
                    f"download it where the network is (save_pretrained) and pass the "
                    f"directory") from None
-  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "model.safetensors"])
+  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "*.txt", "model.safetensors"])
 
 
 def _read_json(path: str) -> Dict[str, Any]:
