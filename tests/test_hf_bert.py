@@ -253,3 +253,56 @@ def test_cli_import_classify_and_fine_tune(saved, tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   run = load_run(str(tmp_path / "runs" / "ft"))
   assert run.model_cfg.pooler and run.model_cfg.embed_norm and run.task.num_classes == 2
+
+
+def test_pretraining_checkpoint_with_old_layer_norm_names(saved, tmp_path):
+  """A BertForPreTraining checkpoint (bert-base-uncased's kind) whose LayerNorms are stored under
+  the old names gamma/beta: as a classifier (the default, sst2) its encoder and pooler are the
+  checkpoint's (txf's pooled vector = torch's pooler_output); with --data_config '' its MLM head
+  gives BertForPreTraining's prediction logits."""
+  import jax
+  from safetensors.numpy import load_file, save_file
+  from txf import workdir as workdir_lib
+  from txf.data.tokenizer import load_codec
+  from txf.models import build_model, model_config_for
+  tokenizer = saved["tokenizer"]
+  directory = tmp_path / "pretraining"
+  torch.manual_seed(3)
+  model = randomize(transformers.BertForPreTraining(bert_config(len(tokenizer.get_vocab()) + 3)), 3)
+  model.save_pretrained(str(directory))
+  tokenizer.save_pretrained(str(directory))
+  path = str(directory / "model.safetensors")
+  renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for k, v in load_file(path).items()}
+  assert any(k.endswith("LayerNorm.gamma") for k in renamed)
+  save_file(renamed, path, metadata={"format": "pt"})
+  enc = tokenizer(TEXTS, return_tensors="pt", padding=True)
+  with torch.no_grad():
+    out = model(**enc)
+  length = enc["input_ids"].shape[1]
+  hf.import_hf(str(directory), str(tmp_path / "cls"), max_len=32)
+  run = load_run(str(tmp_path / "cls"))
+  inputs = jax.numpy.asarray(txf_inputs(run.task.codec, TEXTS, length))
+  pooled = []
+
+  def record(next_fun, args, kwargs, context):  # the pooler Dense's output
+    y = next_fun(*args, **kwargs)
+    if context.module.name == "pooler":
+      pooled.append(np.tanh(np.asarray(y, np.float64)))
+    return y
+
+  import flax.linen as nn
+  with nn.intercept_methods(record):
+    build_model(run.model_cfg, deterministic=True).apply({"params": run.params}, inputs=inputs)
+  expected = model.bert(**enc).pooler_output.detach().double().numpy()
+  np.testing.assert_allclose(pooled[0], expected, rtol=0, atol=1e-5)
+  hf.import_hf(str(directory), str(tmp_path / "mlm"), data_config="", max_len=32)
+  workdir = str(tmp_path / "mlm")
+  codec = load_codec(os.path.join(workdir, "tokenizer"))
+  cfg = model_config_for(workdir_lib.load_config(workdir), codec.source.vocab_size, vocab_multiple=1)
+  logits = build_model(cfg, deterministic=True).apply({"params": workdir_lib.load_params(workdir)},
+                                                      inputs=inputs)
+  got = np.asarray(logits, np.float64)[..., np.argsort(codec.source.order)]
+  valid = enc["attention_mask"].numpy().astype(bool)
+  np.testing.assert_allclose(got[valid], out.prediction_logits.double().numpy()[valid], rtol=0,
+                             atol=1e-5)
