@@ -138,3 +138,23 @@ def test_converter_round_trip_is_the_identity(family):
   assert sorted(back) == sorted(sd)
   for k in sd:
     np.testing.assert_array_equal(back[k], sd[k], err_msg=k)
+
+
+def test_export_of_a_txf_classifier_names_what_bert_needs(tmp_path):
+  """txf export-hf of a classifier trained by txf (sst2's: sinusoidal positions, mean pooling, no
+  embedding norm, SentencePiece) is refused with one TxfError listing each difference."""
+  from txf import config as config_lib
+  from txf.errors import TxfError
+  from txf.inference import hf
+  from txf.workdir import config_to_dict, write_json
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  write_json(str(workdir / "config.json"), config_to_dict(config_lib.load_experiment("sst2")))
+  with pytest.raises(TxfError) as e:
+    hf.export_hf(str(workdir), str(tmp_path / "out"))
+  message = str(e.value)
+  for problem in ("cannot be exported as a BERT model", "model.positional='sinusoidal'",
+                  "model.embed_norm=False", "model.type_vocab_size=0", "model.pooling='mean'",
+                  "its tokenizer (none"):
+    assert problem in message, (problem, message)
+  assert not (tmp_path / "out").exists()
