@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf import kernels
+from txf.errors import TxfError
 from txf.nn import Embed, Encoder, LayerNorm, TransformerConfig
 from txf.nn.attention import xavier
 from txf.ops.feedforward import ACTIVATIONS
@@ -31,8 +32,12 @@ class EncoderMLM(nn.Module):
   def __call__(self, inputs, targets=None, inputs_segmentation=None, inputs_position=None):
     """inputs int [B, S] (0 = padding) -> logits [B, S, V]. ``targets`` (the labels of the masked
     positions) is not read: the loss compares the logits with it (txf.models.forward)."""
-    del targets
     cfg = self.config
+    if targets is not None and targets.shape != inputs.shape:
+      raise TxfError(f"model.family=encoder_mlm predicts the token at each input position: its "
+                     f"targets {tuple(targets.shape)} must have the inputs' shape "
+                     f"{tuple(inputs.shape)} (no txf task masks text for it yet: data.max_input_len "
+                     f"and data.max_target_len must be equal)")
     if cfg.gated_ffn:
       raise ValueError(f"model.activation={cfg.activation!r} is a gated FFN: the MLM head's "
                        f"transform needs a dense activation (gelu, relu, ...)")
