@@ -220,6 +220,12 @@ def test_import_refuses_what_txf_cannot_represent(saved, tmp_path):
     config["position_embedding_type"], config["hidden_act"] = "absolute", "quick_gelu"
     (directory / "config.json").write_text(json.dumps(config))
     hf.import_hf(str(directory), str(tmp_path / "w2"))
+  config["hidden_act"] = "gelu"
+  (directory / "config.json").write_text(json.dumps(config))
+  os.remove(directory / "tokenizer.json")
+  with pytest.raises(TxfError, match="no tokenizer.json or vocab.txt"):
+    hf.import_hf(str(directory), str(tmp_path / "w3"))
+  assert not os.path.exists(tmp_path / "w2") and not os.path.exists(tmp_path / "w3")
 
 
 def test_cli_import_classify_and_fine_tune(saved, tmp_path):
