@@ -3,8 +3,9 @@
 A family is what a run's ``model.family`` names: the module that computes it, the batch keys it
 reads, what it predicts (a token per position or a label per example, which sets the loss
 weighting and the metrics), the data it trains on, whether and how it decodes, and the command
-that serves a trained run. txf's four families are declared below (encoder_mlm only as imported from BERT); a new one is one module plus
-one :func:`register` line (from any Python file the run names in ``config.plugins``)::
+that serves a trained run. txf's four families are declared below (encoder_mlm, BERT's masked LM,
+only as imported from Hugging Face: no task trains it yet); a new one is one module plus one
+:func:`register` line (from any Python file the run names in ``config.plugins``)::
 
     from txf import families
     families.register(families.Family(
