@@ -230,7 +230,8 @@ def test_import_refuses_what_txf_cannot_represent(saved, tmp_path):
 
 def test_cli_import_classify_and_fine_tune(saved, tmp_path):
   """`txf import-hf` of a BertModel (no classifier: a new one) -> `txf classify` runs; `txf train
-  --config sst2 --config.init_from` fine-tunes it on a tiny tsv for two steps."""
+  --config sst2 --config.init_from` fine-tunes it on a tiny tsv for two steps; `txf eval` scores
+  the fine-tuned run."""
   bare = tmp_path / "bare"
   torch.manual_seed(2)
   randomize(transformers.BertModel(bert_config(len(saved["tokenizer"].get_vocab()) + 3,
@@ -259,6 +260,11 @@ def test_cli_import_classify_and_fine_tune(saved, tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   run = load_run(str(tmp_path / "runs" / "ft"))
   assert run.model_cfg.pooler and run.model_cfg.embed_norm and run.task.num_classes == 2
+  proc = run_txf("eval", "--workdir", str(tmp_path / "runs" / "ft"), "--split", "dev",
+                 "--output", str(tmp_path / "eval.json"), env={"TXF_DATA": str(tmp_path / "data")})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = json.loads((tmp_path / "eval.json").read_text())
+  assert report["num_examples"] == len(TEXTS) * 3 and 0.0 <= report["accuracy"] <= 1.0
 
 
 def test_pretraining_checkpoint_with_old_layer_norm_names(saved, tmp_path):
