@@ -30,7 +30,8 @@ WORDS = ("the a movie film was is great good bad awful plot actor acting boring 
 PIECES = ["##s", "##ed", "##ing", "##ly", "##er", "un", "##believ", "##able"]
 TEXTS = ["The movie was great!", "a boring, awful plot .", "I loved it",
          "The acting is unbelievable... really", "not very fun, not very good",
-         "Films endings: unbelievably BORING", "zzz qqq", "the the the the story"]
+         "Films endings: unbelievably BORING", "zzz qqq", "the the the the story",
+         "Café NAÏVE, 中文字!", "a " + "x" * 120 + " film"]  # accents, CJK, a word over 100 chars
 
 
 def write_vocab(path):
