@@ -104,6 +104,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.logits_bias = False          # a vector added to the output logits (Marian's final_logits_bias)
   m.decoder_start_id = 1         # id that starts every decoder input: BOS (1); an imported Marian model starts with its pad (0 in txf)
   m.forbid_pad = False           # decoding never generates PAD (id 0), as Marian's generate
+  m.mask_special_logits = False  # True: the logits of PAD, BOS and UNK (ids 0, 1, 3) are -1e9 in every forward (never predicted, no probability mass): an imported GPT-2, whose vocabulary has no such tokens (txf adds their rows); needs optimizer.label_smoothing=0
   m.remat = "none"               # recompute layer activations in the backward pass: none | full | dots_saveable | nothing_saveable | ... (jax.checkpoint_policies)
   m.scan_layers = False          # run each stack of layers as one nn.scan (params [N, ...] under "layers"): faster compiles
 
@@ -584,6 +585,10 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
                   f"{given.get('model.position_offset')} must be >= 0")
   if given.get("beam_size", 1) < 1:
     errors.append("beam_size must be >= 1")
+  if given.get("model.mask_special_logits", False) and given.get("optimizer.label_smoothing", 0.0):
+    errors.append(f"model.mask_special_logits=True (an imported GPT-2) needs "
+                  f"optimizer.label_smoothing=0, got {given.get('optimizer.label_smoothing')}: "
+                  f"smoothing would spread mass onto the masked ids")
   for logical, value in dict(cfg.get("sharding_rules", {}) or {}).items():
     for axis in rule_axes(str(value or "")):
       if axis not in MESH_AXES:
