@@ -104,3 +104,179 @@ def test_teacher_forced_logits_equal_torch(small, imported):
       - ours.max(-1, keepdims=True)
   torch_log_p = torch.log_softmax(torch.tensor(theirs, dtype=torch.float64), -1).numpy()
   np.testing.assert_allclose(log_p[:, real], torch_log_p[:, order[real]], atol=1e-5)
+
+
+PROMPTS = ["the cat", "a big dog sees", "red", "the old house likes the"]
+
+
+def generate(model, ids, **kw):
+  """generate's new ids after the prompt ``ids`` (a list), greedy unless ``kw`` says otherwise."""
+  with torch.no_grad():
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         do_sample=False, pad_token_id=model.config.eos_token_id, **kw)
+  return out[0, len(ids):].tolist()
+
+
+def cut_at(ids, end):
+  """ids up to the first ``end`` (included)."""
+  return ids[:ids.index(end) + 1] if end in ids else ids
+
+
+def test_greedy_continuations_equal_generate(small, imported):
+  """txf's LM decoding of prompts (the generate command's ragged sampler at temperature 0) gives
+  generate's greedy ids for <|endoftext|> + prompt, token for token."""
+  import jax
+  import jax.numpy as jnp
+  from txf.data.base import pad_batch
+  from txf.decode import compiled_ragged_sampler
+  _, model, tokenizer = small
+  run = load_run(imported)
+  target = run.task.codec.target
+  eot = tokenizer.convert_tokens_to_ids(EOT)
+  new = 24
+  prompts = [run.task.encode_source(p) for p in PROMPTS] + [np.zeros(0, np.int32)]
+  width = max(len(p) for p in prompts)
+  sampler = compiled_ragged_sampler(run.model_cfg, len(prompts), width, new,
+                                    DecodingSpec(temperature=0.0, top_k=0, top_p=1.0))
+  ours = np.asarray(sampler(run.params, jnp.asarray(pad_batch(prompts, width)),
+                            jnp.asarray([len(p) for p in prompts], jnp.int32),
+                            jax.random.split(jax.random.key(0), len(prompts))))
+  ended = 0
+  for p, row in zip(prompts, ours):
+    theirs = cut_at(generate(model, [eot] + target.order[p].tolist(), max_new_tokens=new), eot)
+    ended += theirs[-1] == eot
+    assert target.order[cut_at(row.tolist(), 2)].tolist() == theirs
+  assert ended >= len(prompts) // 2, "the test model should end most continuations"
+
+
+@pytest.mark.parametrize("beams", [2, 4])
+def test_unconditional_beam_search_equals_generate(small, imported, beams):
+  """Beam search from <|endoftext|> alone (txf.decode.translate_ids, the power penalty with alpha 1
+  and early stopping of an imported run) = generate(num_beams, length_penalty=1.0,
+  early_stopping=True) from [<|endoftext|>]."""
+  from txf.decode import translate_ids
+  _, model, tokenizer = small
+  run = load_run(imported)
+  eot = tokenizer.convert_tokens_to_ids(EOT)
+  spec = DecodingSpec.from_config(run.config, beam_size=beams)
+  assert (spec.length_penalty, spec.alpha, spec.early_stopping) == ("power", 1.0, True)
+  ours = translate_ids(run.model_cfg, run.params, [np.asarray([2], np.int32)], 1, 40, spec,
+                       batch_size=1, cut=False)[0]
+  theirs = generate(model, [eot], num_beams=beams, length_penalty=1.0, early_stopping=True,
+                    max_new_tokens=39)
+  assert theirs[-1] == eot, "the test model should end its beam output"
+  assert run.task.codec.target.order[ours].tolist() == theirs
+
+
+def test_tokenizer_ids_and_text_match(small, imported):
+  _, _, tokenizer = small
+  codec = load_run(imported).task.codec
+  for s in PROMPTS + ["zebra café, 42!", " two  spaces", f"a{EOT}b"]:
+    ours = codec.encode_source(s, 0, eos=False)
+    assert codec.target.order[ours].tolist() == hf_ids(tokenizer, s)
+    if EOT not in s:  # (txf's decode_target ends the text at EOS)
+      assert codec.decode_target(ours) == tokenizer.decode(hf_ids(tokenizer, s),
+                                                           skip_special_tokens=True)
+
+
+def test_export_round_trip(small, imported, tmp_path):
+  """HF -> txf -> HF: every stored tensor equal (max |difference| 0), from_pretrained loads model
+  and tokenizer with the same logits and ids, and importing the export gives txf's parameters."""
+  import jax
+  from safetensors.numpy import load_file
+  from txf.workdir import load_params
+  directory, model, tokenizer = small
+  out = str(tmp_path / "exported")
+  hf.export_hf(imported, out)
+  exported = load_file(os.path.join(out, "model.safetensors"))
+  saved = load_file(os.path.join(directory, "model.safetensors"))
+  assert sorted(exported) == sorted(saved)
+  worst = max(float(np.abs(exported[k] - saved[k]).max()) for k in saved)
+  print(f"export round trip: max |difference| = {worst:.3g} over {len(saved)} tensors")
+  assert worst == 0.0
+  again = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+  again_tok = transformers.GPT2TokenizerFast.from_pretrained(out)
+  for s in PROMPTS:
+    assert again_tok(s)["input_ids"] == hf_ids(tokenizer, s)
+  ids = torch.tensor([hf_ids(tokenizer, PROMPTS[3])])
+  with torch.no_grad():
+    assert torch.equal(again(input_ids=ids).logits, model(input_ids=ids).logits)
+  reimported = str(tmp_path / "again")
+  hf.import_hf(out, reimported)  # this time from tokenizer.json
+  for a, b in zip(jax.tree_util.tree_leaves(load_params(imported)),
+                  jax.tree_util.tree_leaves(load_params(reimported))):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("option", ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+                                    "add_cross_attention", "activation_function"])
+def test_import_refuses_what_txf_cannot_represent(small, tmp_path, option):
+  directory = tmp_path / "bad"
+  directory.mkdir()
+  for name in ("vocab.json", "merges.txt", "model.safetensors"):
+    (directory / name).write_bytes(open(os.path.join(small[0], name), "rb").read())
+  config = json.load(open(os.path.join(small[0], "config.json")))
+  config[option] = "silu" if option == "activation_function" else True
+  (directory / "config.json").write_text(json.dumps(config))
+  with pytest.raises(TxfError, match=option) as e:
+    hf.import_hf(str(directory), str(tmp_path / "w"))
+  assert "\n" not in str(e.value)
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_default_decoder_lm_export_names_what_stands_in_the_way(tmp_path):
+  from txf.config import load_experiment
+  from txf.workdir import config_to_dict, write_json
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  write_json(str(workdir / "config.json"), config_to_dict(load_experiment("shakespeare_char")))
+  with pytest.raises(TxfError) as e:
+    hf.export_hf(str(workdir), str(tmp_path / "out"))
+  message = str(e.value)
+  assert "as a GPT-2 model" in message and "model.positional='sinusoidal'" in message
+  assert "model.pre_ln=False" in message and "tokenizer (none" in message
+
+
+def test_cli_import_generate_and_fine_tune(small, tmp_path):
+  """`txf import-hf DIR --workdir W`, `txf generate --workdir W`, then the shakespeare_char
+  experiment fine-tuned from W (init_from) a few steps on a tiny text file, with W's tokenizer."""
+  from txf.config import load_experiment
+  from txf.train import train
+  from txf.workdir import load_params
+  workdir = str(tmp_path / "gpt2")
+  cli = [sys.executable, "-m", "txf.cli"]
+  imp = subprocess.run(cli + ["import-hf", small[0], "--workdir", workdir], capture_output=True,
+                       text=True, env=ENV, timeout=300)
+  assert imp.returncode == 0, imp.stderr
+  gen = subprocess.run(cli + ["generate", "--workdir", workdir, "--prompt", "the big",
+                              "--max_new_tokens", "12", "--temperature", "0"],
+                       capture_output=True, text=True, env=ENV, timeout=300)
+  assert gen.returncode == 0, gen.stderr
+  _, model, tokenizer = small
+  eot = tokenizer.convert_tokens_to_ids(EOT)
+  prompt = hf_ids(tokenizer, "the big")
+  greedy = generate(model, [eot] + prompt, max_new_tokens=12)
+  assert gen.stdout == tokenizer.decode(prompt + greedy, skip_special_tokens=True) + "\n"
+  data = tmp_path / "data" / "tiny"
+  data.mkdir(parents=True)
+  (data / "input.txt").write_text("\n".join(corpus(200, 3)) + "\n")
+  c = load_experiment("shakespeare_char")
+  c.init_from = workdir
+  c.data.source, c.data.path = "text:tiny", str(tmp_path / "data")
+  c.data.data_dir = str(tmp_path / "prepared")
+  c.data.max_target_len = 32
+  c.num_train_steps, c.batch_size, c.log_every, c.eval_every, c.eval_batches = 3, 4, 1, 3, 1
+  c.checkpoint_every, c.num_samples, c.time_limit_minutes = 0, 0, 0.0
+  c.optimizer.warmup_steps, c.optimizer.cooldown_steps = 1, 0
+  ft = str(tmp_path / "ft")
+  train(c, ft)
+  run = load_run(ft)
+  assert run.model_cfg.positional == "learned" and run.model_cfg.mask_special_logits
+  assert run.task.vocab_size == len(small[2]) + 3
+  assert run.task.codec.target.kind == "gpt2"
+  rows = [json.loads(line) for line in open(os.path.join(ft, "metrics.jsonl"))]
+  losses = [r["loss"] for r in rows if "loss" in r]
+  assert losses and all(np.isfinite(losses))
+  before, after = load_params(workdir), load_params(ft)
+  assert not np.array_equal(before["decoder"]["final_norm"]["scale"],
+                            after["decoder"]["final_norm"]["scale"])
