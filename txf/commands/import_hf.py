@@ -2,7 +2,9 @@
 
 SRC is a directory written by Hugging Face's ``MarianMTModel.save_pretrained`` (config.json,
 model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json), or a Hub name such as
-``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub).
+``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub); or a
+GPT-2 (``GPT2LMHeadModel``: config.json, weights, tokenizer.json or vocab.json + merges.txt; Hub
+name ``gpt2``), which becomes a decoder_lm run for ``txf generate`` (README, "GPT-2").
 Writes a complete txf workdir W (config.json, task.json, tokenizer/, params.msgpack) that
 ``txf translate``, ``txf eval``, ``txf export-hf`` and ``txf train --config.init_from=W`` use.
 Its decoding settings are Hugging Face's ``generate(num_beams=K, length_penalty=1.0,
@@ -13,6 +15,7 @@ from absl import flags
 
 from txf.errors import TxfError
 from txf.inference import hf
+from txf.workdir import load_config
 
 flags.DEFINE_string("workdir", None, "the new txf workdir (must not exist, or be empty)", required=True)
 flags.DEFINE_string("data_config", None, "the experiment whose data fields (source, languages, "
@@ -30,4 +33,5 @@ def main(argv):
   if f.max_len < 2:
     raise TxfError(f"--max_len={f.max_len} must be >= 2")
   out = hf.import_hf(argv[1], f.workdir, f.data_config, f.max_len)
-  print(f"imported {argv[1]} -> {out} (txf translate --workdir {out})")
+  use = "generate" if load_config(out).model.family == "decoder_lm" else "translate"
+  print(f"imported {argv[1]} -> {out} (txf {use} --workdir {out})")

@@ -80,11 +80,11 @@ def read_state_dict(src: str) -> Dict[str, np.ndarray]:
 
 
 def resolve_source(src: str) -> str:
-  """A local directory as given; a Hub name (``Helsinki-NLP/opus-mt-en-de``) downloaded with
+  """A local directory as given; a Hub name (``Helsinki-NLP/opus-mt-en-de``, ``gpt2``) downloaded with
   huggingface_hub, failing fast (TxfError) when it is not installed or the Hub cannot be reached."""
   if os.path.isdir(src):
     return src
-  if not re.fullmatch(r"[\w.-]+/[\w.-]+", src) or os.path.exists(src):
+  if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", src) or os.path.exists(src):  # owner/name, or gpt2
     raise TxfError(f"{src} is not a directory: give a save_pretrained directory or a Hub name "
                    f"such as Helsinki-NLP/opus-mt-en-de")
   try:
@@ -101,7 +101,7 @@ def resolve_source(src: str) -> str:
     raise TxfError(f"{src} is not a local directory and huggingface.co cannot be reached ({e}): "
                    f"download it where the network is (save_pretrained) and pass the "
                    f"directory") from None
-  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "model.safetensors"])
+  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "merges.txt", "model.safetensors"])
 
 
 def _read_json(path: str) -> Dict[str, Any]:
