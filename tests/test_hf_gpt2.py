@@ -224,17 +224,27 @@ def test_import_refuses_what_txf_cannot_represent(small, tmp_path, option):
   assert not os.path.exists(tmp_path / "w")
 
 
-def test_default_decoder_lm_export_names_what_stands_in_the_way(tmp_path):
+def test_export_claims_only_runs_from_an_imported_gpt2(imported, tmp_path):
+  """txf's own LM (shakespeare_char) is not taken as GPT-2: the Marian export refuses it naming
+  its family; an imported run with a changed field is refused naming the field."""
   from txf.config import load_experiment
-  from txf.workdir import config_to_dict, write_json
+  from txf.workdir import config_to_dict, load_config, write_json
   workdir = tmp_path / "run"
   workdir.mkdir()
   write_json(str(workdir / "config.json"), config_to_dict(load_experiment("shakespeare_char")))
   with pytest.raises(TxfError) as e:
     hf.export_hf(str(workdir), str(tmp_path / "out"))
-  message = str(e.value)
-  assert "as a GPT-2 model" in message and "model.positional='sinusoidal'" in message
-  assert "model.pre_ln=False" in message and "tokenizer (none" in message
+  assert "model.family='decoder_lm'" in str(e.value) and "imported GPT-2" in str(e.value)
+  changed = tmp_path / "changed"
+  changed.mkdir()
+  for name in os.listdir(imported):
+    if name != "config.json":
+      os.symlink(os.path.join(imported, name), changed / name)
+  config = load_config(imported)
+  config.model.positional = "sinusoidal"
+  write_json(str(changed / "config.json"), config_to_dict(config))
+  with pytest.raises(TxfError, match=r"as a GPT-2 model: model.positional='sinusoidal'"):
+    hf.export_hf(str(changed), str(tmp_path / "out"))
 
 
 def test_cli_import_generate_and_fine_tune(small, tmp_path):

@@ -251,7 +251,8 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
   """What keeps a run from being a Marian model (empty when it can be exported)."""
   m, problems = config.model, []
   if m.family != "encoder_decoder":
-    problems.append(f"model.family={m.family!r} (Marian is a translation model)")
+    problems.append(f"model.family={m.family!r} (Marian is a translation model; a decoder_lm "
+                    f"exports as GPT-2 only when it starts from an imported GPT-2)")
   if m.positional != "sinusoidal" or m.positional_layout != "sin_cos" or m.position_offset:
     problems.append(f"positional encodings {m.positional}/{m.positional_layout}/offset "
                     f"{m.position_offset} (Marian: sinusoidal, sin_cos, offset 0)")

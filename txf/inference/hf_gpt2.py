@@ -14,9 +14,11 @@ unconditional start). Beam search (``txf.decode.translate_ids`` from the start a
 the Marian import: ``length_penalty="power"``, alpha 1, early stopping = ``generate(num_beams=K,
 length_penalty=1.0, early_stopping=True)``, |y| counting the generated tokens (EOS included).
 
-Export rule (``exports``): every ``decoder_lm`` run goes to GPT-2, the one decoder-only export:
-a run that cannot be GPT-2 (sinusoidal positions, post-LN, a character or SentencePiece
-tokenizer, ...) is refused with one TxfError naming each thing that stands in the way.
+Export rule (``exports``): a run is GPT-2's when it is a ``decoder_lm`` with
+``model.mask_special_logits`` (set by this import only, so: an imported GPT-2, fine-tuned or not);
+``export_run`` then checks the rest (a field changed since) and names what stands in the way. txf's
+own language models (sinusoidal positions, post-LN, a character tokenizer) are not claimed: they
+fall to the Marian export, which refuses them naming their family.
 """
 
 import json
@@ -120,8 +122,9 @@ def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_con
 
 
 def exports(config) -> bool:
-  """Whether ``export-hf`` takes a run as GPT-2: every decoder_lm run (see the module docstring)."""
-  return config.model.family == "decoder_lm"
+  """Whether ``export-hf`` takes a run as GPT-2: a decoder_lm with ``model.mask_special_logits``,
+  i.e. started from an imported GPT-2 (see the module docstring)."""
+  return config.model.family == "decoder_lm" and bool(config.model.get("mask_special_logits", False))
 
 
 def export_problems(config, codec: Optional[tok.Codec]) -> list:
