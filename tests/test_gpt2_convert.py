@@ -69,3 +69,14 @@ def test_model_fields_of_the_default_config_and_refusals():
   message = str(e.value)
   for name in ("scale_attn_by_inverse_layer_idx", "activation_function='silu'", "embd_pdrop"):
     assert name in message
+
+
+def test_masked_special_logits_refuse_label_smoothing():
+  import txf.models  # noqa: F401  (the variant tables validate reads)
+  from txf.config import ConfigError, base_config, validate
+  c = base_config()
+  c.model.mask_special_logits = True  # base_config smooths labels (0.1): mass on the masked ids
+  with pytest.raises(ConfigError, match=r"model.mask_special_logits=True .*optimizer.label_smoothing=0, got 0.1"):
+    validate(c)
+  c.optimizer.label_smoothing = 0.0
+  validate(c)

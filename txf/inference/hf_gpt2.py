@@ -56,8 +56,8 @@ def _codec(local: str, hf: Dict[str, Any], source: str) -> tok.Codec:
     tokenizer = bpe.tokenizer_from_files(local, eos_token, bool(conf.get("add_prefix_space", False)))
   except Exception as e:  # DataError (no files) or the tokenizers library refusing them
     raise TxfError(f"{local}: cannot read GPT-2's tokenizer: {e}") from None
-  size, eos = int(hf.get("vocab_size") or gpt2.GPT2_DEFAULTS["vocab_size"]), int(
-      hf.get("eos_token_id", gpt2.GPT2_DEFAULTS["eos_token_id"]))
+  hf = gpt2.with_defaults(hf)
+  size, eos = int(hf["vocab_size"]), int(hf["eos_token_id"])
   if tokenizer.get_vocab_size() > size:
     raise TxfError(f"{local}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model's "
                    f"vocab_size is {size}: give the tokenizer saved with this model")

@@ -40,13 +40,19 @@ class UnsupportedGPT2Config(ValueError):
   """A GPT-2 config option txf cannot represent; the message names it."""
 
 
+def with_defaults(hf: Dict[str, Any]) -> Dict[str, Any]:
+  """A GPT-2 config.json (dict) over ``GPT2_DEFAULTS``: absent or null fields get the default
+  (``n_inner`` null stays null: 4 n_embd)."""
+  return {**GPT2_DEFAULTS, **{k: v for k, v in hf.items() if v is not None or k == "n_inner"}}
+
+
 def model_fields(hf: Dict[str, Any]) -> Dict[str, Any]:
   """``config.model`` fields of txf for a GPT-2 ``config.json`` (a dict, over ``GPT2_DEFAULTS``).
 
   Raises UnsupportedGPT2Config naming every option txf cannot represent.
   """
   problems: List[str] = []
-  hf = {**GPT2_DEFAULTS, **{k: v for k, v in hf.items() if v is not None or k == "n_inner"}}
+  hf = with_defaults(hf)
   activation = ACTIVATIONS.get(str(hf["activation_function"]))
   if activation is None:
     problems.append(f"activation_function={hf['activation_function']!r} (txf has gelu_new, "
