@@ -27,6 +27,8 @@ def random_state_dict(rng, vocab=11, d=8, layers=2, positions=6, tied=True):
 
 
 def test_order_is_a_permutation_with_three_extra_rows():
+  from txf.data.tokenizer import Tokenizer
+  assert issubclass(bpe.GPT2Tokenizer, Tokenizer)
   order = bpe.gpt2_order(7, eos=5)
   assert order.tolist() == [7, 8, 5, 9, 0, 1, 2, 3, 4, 6]
   assert sorted(order.tolist()) == list(range(10))
@@ -63,6 +65,7 @@ def test_model_fields_of_the_default_config_and_refusals():
       (768, 12, 3072, 12, 1024)
   assert f["activation"] == "gelu_tanh" and f["positional"] == "learned" and f["pre_ln"]
   assert f["decoder_start_id"] == 2 and f["mask_special_logits"] and not f["embed_scale"]
+  assert gpt2.model_fields({"n_embd": 8, "n_head": 2, "n_inner": 24})["d_ff"] == 24  # n_inner != 4 d
   with pytest.raises(gpt2.UnsupportedGPT2Config) as e:
     gpt2.model_fields({"scale_attn_by_inverse_layer_idx": True, "activation_function": "silu",
                        "embd_pdrop": 0.0})

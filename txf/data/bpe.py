@@ -9,8 +9,8 @@ inside, so the txf vocabulary is the Hugging Face one plus three rows (``gpt2_or
     logits, ``model.mask_special_logits``; an export drops them);
   txf 2 (EOS): ``<|endoftext|>``;
   txf 4, 5, ...: the other Hugging Face ids in increasing order.
-This class has the interface of ``txf.data.tokenizer.Tokenizer`` (kind, vocab_size, encode,
-encode_batch, decode, to_json); txf.data.tokenizer loads it by its kind.
+``GPT2Tokenizer`` has the interface of ``txf.data.tokenizer.Tokenizer`` (kind, vocab_size, encode,
+encode_batch, decode, to_json), is registered there as one, and is loaded there by its kind.
 """
 
 import json

@@ -62,6 +62,10 @@ class Tokenizer(abc.ABC):
     return [self.encode(t) for t in texts]
 
 
+# an imported GPT-2's byte-level BPE (txf.data.bpe, which cannot import this module) is a Tokenizer
+Tokenizer.register(GPT2Tokenizer)
+
+
 class SentencePieceTokenizer(Tokenizer):
   """A trained SentencePiece model (serialized proto bytes)."""
   kind = "sentencepiece"
