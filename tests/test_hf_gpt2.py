@@ -279,7 +279,7 @@ def test_cli_import_generate_and_fine_tune(small, tmp_path):
   c.data.data_dir = str(tmp_path / "prepared")
   c.data.max_target_len = 32
   c.num_train_steps, c.batch_size, c.log_every, c.eval_every, c.eval_batches = 3, 4, 1, 3, 1
-  c.checkpoint_every, c.num_samples, c.time_limit_minutes = 0, 0, 0.0
+  c.checkpoint_every, c.num_samples, c.time_limit_minutes = 0, 1, 0.0  # one in-loop sample
   c.optimizer.warmup_steps, c.optimizer.cooldown_steps = 1, 0
   ft = str(tmp_path / "ft")
   train(c, ft)
