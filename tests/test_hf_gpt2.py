@@ -1,7 +1,8 @@
 """Hugging Face GPT-2 in txf, against transformers' GPT2LMHeadModel as the reference.
 
 A small GPT-2 (n_embd 32, 2 layers, 4 heads, 64 positions) is built here with random weights over
-a byte-level BPE trained here with ``tokenizers`` (vocab.json + merges.txt, what GPT2TokenizerFast
+a byte-level BPE trained here with ``tokenizers`` (vocab.json + merges.txt, <|endoftext|> the last id as in
+GPT-2, what GPT2TokenizerFast
 reads), trained briefly in torch so that its outputs end with <|endoftext|>, and saved with
 save_pretrained. Then: teacher-forced logits equal torch's (to 1e-5) with no probability on txf's
 extra ids; greedy continuations of prompts and the beam-4 unconditional output equal
@@ -46,10 +47,15 @@ def small(tmp_path_factory):
   os.makedirs(directory)
   lines = corpus(300, 0)
   bpe = tokenizers.ByteLevelBPETokenizer()
-  bpe.train_from_iterator(lines, vocab_size=300, min_frequency=2, special_tokens=[EOT])
+  bpe.train_from_iterator(lines, vocab_size=300, min_frequency=2)
   bpe.save_model(directory)  # vocab.json + merges.txt
+  vocab_path = os.path.join(directory, "vocab.json")
+  vocab = json.load(open(vocab_path))
+  vocab[EOT] = len(vocab)  # <|endoftext|> the last id, as GPT-2's 50256
+  json.dump(vocab, open(vocab_path, "w"))
   tokenizer = transformers.GPT2TokenizerFast.from_pretrained(directory)
   eot = tokenizer.convert_tokens_to_ids(EOT)
+  assert eot == len(tokenizer) - 1 and tokenizer.eos_token == EOT
   config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4,
                                    n_positions=64, bos_token_id=eot, eos_token_id=eot,
                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
