@@ -1,15 +1,15 @@
 """Hugging Face GPT-2 in txf, against transformers' GPT2LMHeadModel as the reference.
 
 A small GPT-2 (n_embd 32, 2 layers, 4 heads, 64 positions) is built here with random weights over
-a byte-level BPE trained here with ``tokenizers`` (vocab.json + merges.txt, <|endoftext|> the last id as in
-GPT-2, what GPT2TokenizerFast
-reads), trained briefly in torch so that its outputs end with <|endoftext|>, and saved with
-save_pretrained. Then: teacher-forced logits equal torch's (to 1e-5) with no probability on txf's
-extra ids; greedy continuations of prompts and the beam-4 unconditional output equal
-GPT2LMHeadModel.generate's ids; export -> the state dict equals the original exactly, from_pretrained
-loads model and tokenizer, and re-importing the export gives the same parameters; the CLI imports,
-generates, and a Tiny-Shakespeare-style init_from fine-tune runs; unsupported options are one error
-line. Skipped when torch or transformers are absent (pip install '.[hf]').
+a byte-level BPE trained here with ``tokenizers`` (vocab.json + merges.txt, <|endoftext|> the last
+id as in GPT-2, what GPT2TokenizerFast reads), trained briefly in torch so that its outputs end
+with <|endoftext|>, and saved with save_pretrained. Then: teacher-forced logits equal torch's (to
+1e-5) with no probability on txf's extra ids; greedy continuations of prompts and the beam-2/4
+unconditional outputs equal GPT2LMHeadModel.generate's ids; export -> the state dict equals the
+original exactly, from_pretrained loads model and tokenizer, and re-importing the export gives the
+same parameters; the CLI imports and generates, and the shakespeare_char experiment fine-tunes
+from the import (init_from) on a tiny text file; unsupported options are one error line. Skipped
+when torch or transformers are absent (pip install '.[hf]').
 """
 
 import json
