@@ -79,7 +79,8 @@ def test_masked_special_logits_refuse_label_smoothing():
   from txf.config import ConfigError, base_config, validate
   c = base_config()
   c.model.mask_special_logits = True  # base_config smooths labels (0.1): mass on the masked ids
-  with pytest.raises(ConfigError, match=r"model.mask_special_logits=True .*optimizer.label_smoothing=0, got 0.1"):
+  with pytest.raises(ConfigError,
+                     match=r"model.mask_special_logits=True .*optimizer.label_smoothing=0, got 0.1"):
     validate(c)
   c.optimizer.label_smoothing = 0.0
   validate(c)

@@ -7,7 +7,7 @@ every projection, GELU's tanh approximation (``gelu_new`` = txf ``gelu_tanh``), 
 ``layer_norm_epsilon`` (1e-5) and a tied output. Its vocabulary has one special token,
 ``<|endoftext|>``; txf's has three more rows (PAD 0, BOS 1, UNK 3: txf.data.bpe.gpt2_order, whose
 ``order[txf_id] = hf_id`` permutes the tables both ways) whose logits the model masks
-(``model.mask_special_logits``; txf.data.bpe holds the same permutation), and every decoder input starts with ``<|endoftext|>``
+(``model.mask_special_logits``), and every decoder input starts with ``<|endoftext|>``
 (``model.decoder_start_id`` = EOS 2), as Hugging Face's unconditional generation does.
 
 GPT-2's ``Conv1D`` weights are already [in, out]:
