@@ -22,7 +22,9 @@ flags.DEFINE_string("data_config", None, "the experiment whose data fields (sour
                     "splits) the imported run gets: what `txf eval` reads; '' = none; default: the "
                     "architecture's (Marian: multi30k_en_de)")
 flags.DEFINE_integer("max_len", 128, "data.max_input_len / max_target_len: longer source lines are "
-                     "truncated by txf translate (at most the model's max_position_embeddings)")
+                     "truncated by txf translate (at most the model's max_position_embeddings); "
+                     "GPT-2: data.max_target_len, the context of txf generate and eval (at most "
+                     "n_positions)")
 
 
 def main(argv):
