@@ -84,6 +84,8 @@ RUN = {
 
 A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag changed: tests/test_train_e2e.py"
 HUB = "a Hub download: tests/test_hf_marian.py imports, translates, fine-tunes and exports a small local Marian model"
+HUB_GPT2 = ("a Hub download: tests/test_hf_gpt2.py imports, generates with, fine-tunes (shakespeare_char, "
+            "init_from) and exports a small local GPT-2")
 VARIANT = ("the copy run with variant switches; each variant is tested in tests/test_kv_cache.py, "
            "tests/test_positions*.py, tests/test_gqa.py, tests/test_model_options.py and "
            "tests/test_optimizers.py")
@@ -113,6 +115,12 @@ NOT_RUN = {
     "--config.optimizer.warmup_steps=200": HUB_BERT,
     "TXF_DATA=../shared/data txf eval --workdir runs/bert-sst2 --split dev": HUB_BERT,
     "txf export-hf --workdir runs/bert-sst2 --output exported/bert-sst2": HUB_BERT,
+    "txf import-hf gpt2 --workdir runs/gpt2": HUB_GPT2,
+    'txf generate --workdir runs/gpt2 --prompt "ROMEO:" --max_new_tokens 60 --temperature 0': HUB_GPT2,
+    "TXF_DATA=../shared/data txf train --config shakespeare_char --workdir runs/gpt2-shakespeare "
+    "--config.init_from=runs/gpt2 --config.num_train_steps=300 --config.batch_size=8": HUB_GPT2,
+    "TXF_DATA=../shared/data txf eval --workdir runs/gpt2-shakespeare": HUB_GPT2,
+    "txf export-hf --workdir runs/gpt2-shakespeare --output exported/gpt2-shakespeare": HUB_GPT2,
     "txf train --config experiments/default.py --workdir runs/data --config.parallelism=mesh "
     "--config.mesh_shape='(-1,1,1)'": "a mesh run: tests/test_parallel.py and tests/test_matrix.py",
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 txf train --workdir runs/pmap8 --config.parallelism=pmap": EIGHT,

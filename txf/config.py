@@ -108,6 +108,7 @@ def base_config() -> ml_collections.ConfigDict:
   # options of BERT models, see `txf import-hf`; the defaults leave the paper's model as it is
   m.type_vocab_size = 0          # rows of a learned token-type (segment) table added to the embeddings (BERT: 2); 0 = none. txf's inputs are one segment: every token adds row 0
   m.embed_norm = False           # a LayerNorm (model.norm, its own gain and bias) on embeddings + positions (+ token type), before the embedding dropout (BERT)
+  m.mask_special_logits = False  # True: the logits of PAD, BOS and UNK (ids 0, 1, 3) are -1e9 in every forward (never predicted, no probability mass): an imported GPT-2, whose vocabulary has no such tokens (txf adds their rows); needs optimizer.label_smoothing=0
   m.remat = "none"               # recompute layer activations in the backward pass: none | full | dots_saveable | nothing_saveable | ... (jax.checkpoint_policies)
   m.scan_layers = False          # run each stack of layers as one nn.scan (params [N, ...] under "layers"): faster compiles
 
@@ -591,6 +592,10 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
                   f">= 0 (0 = no token-type table; BERT: 2)")
   if given.get("beam_size", 1) < 1:
     errors.append("beam_size must be >= 1")
+  if given.get("model.mask_special_logits", False) and given.get("optimizer.label_smoothing", 0.0):
+    errors.append(f"model.mask_special_logits=True (an imported GPT-2) needs "
+                  f"optimizer.label_smoothing=0, got {given.get('optimizer.label_smoothing')}: "
+                  f"smoothing would spread mass onto the masked ids")
   for logical, value in dict(cfg.get("sharding_rules", {}) or {}).items():
     for axis in rule_axes(str(value or "")):
       if axis not in MESH_AXES:

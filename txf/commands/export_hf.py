@@ -8,7 +8,9 @@ SentencePiece tokenizer and Marian's options (model.positional_layout=sin_cos,
 model.layer_norm_eps=1e-5, post-LN); anything else is refused with what stands in the way. An
 imported BERT (encoder_classifier or encoder_mlm with its WordPiece tokenizer, fine-tuned or not)
 is written as ``BertForSequenceClassification`` / ``BertForMaskedLM`` with tokenizer.json,
-vocab.txt and tokenizer_config.json (``AutoTokenizer.from_pretrained(DIR)``).
+vocab.txt and tokenizer_config.json (``AutoTokenizer.from_pretrained(DIR)``). A decoder_lm run is
+exported as GPT-2 (GPT2LMHeadModel, GPT2TokenizerFast: tokenizer.json, vocab.json, merges.txt),
+which only a run started from an imported GPT-2 can be (README, "GPT-2").
 """
 
 import sys
@@ -19,7 +21,7 @@ from txf import workdir as workdir_lib
 from txf.errors import TxfError
 from txf.inference import hf
 
-flags.DEFINE_string("workdir", None, "run directory of a translation run (or of an imported BERT)", required=True)
+flags.DEFINE_string("workdir", None, "run directory of a translation run (or of an imported BERT or GPT-2)", required=True)
 flags.DEFINE_string("output", None, "the new Hugging Face model directory (must not exist, or be empty)",
                     required=True)
 flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack)")
@@ -34,5 +36,6 @@ def main(argv):
   family = workdir_lib.load_config(f.workdir).model.family
   kind, tokenizer = {"encoder_decoder": ("MarianMTModel", "MarianTokenizer"),
                      "encoder_classifier": ("BertForSequenceClassification", "AutoTokenizer"),
-                     "encoder_mlm": ("BertForMaskedLM", "AutoTokenizer")}.get(family, ("AutoModel", "AutoTokenizer"))
+                     "encoder_mlm": ("BertForMaskedLM", "AutoTokenizer"),
+                     "decoder_lm": ("GPT2LMHeadModel", "GPT2TokenizerFast")}.get(family, ("AutoModel", "AutoTokenizer"))
   print(f"exported {f.workdir} -> {out} ({kind}.from_pretrained / {tokenizer}.from_pretrained)")

@@ -2,7 +2,9 @@
 
 SRC is a directory written by Hugging Face's ``MarianMTModel.save_pretrained`` (config.json,
 model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json), or a Hub name such as
-``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub).
+``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub); or a
+GPT-2 (``GPT2LMHeadModel``: config.json, weights, tokenizer.json or vocab.json + merges.txt; Hub
+name ``gpt2``), which becomes a decoder_lm run for ``txf generate`` (README, "GPT-2").
 Writes a complete txf workdir W (config.json, task.json, tokenizer/, params.msgpack) that
 ``txf translate``, ``txf eval``, ``txf export-hf`` and ``txf train --config.init_from=W`` use.
 Its decoding settings are Hugging Face's ``generate(num_beams=K, length_penalty=1.0,
@@ -23,7 +25,9 @@ flags.DEFINE_string("data_config", None, "the experiment whose data fields (sour
                     "splits) the imported run gets: what `txf eval` reads; '' = none; default: the "
                     "architecture's (Marian: multi30k_en_de, BERT: sst2)")
 flags.DEFINE_integer("max_len", 128, "data.max_input_len / max_target_len: longer source lines are "
-                     "truncated by txf translate (at most the model's max_position_embeddings)")
+                     "truncated by txf translate (at most the model's max_position_embeddings); "
+                     "GPT-2: data.max_target_len, the context of txf generate and eval (at most "
+                     "n_positions)")
 
 
 def main(argv):

@@ -31,6 +31,7 @@ import tokenizers
 
 from txf import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
+from txf.data.bpe import CLEAN_UP, GPT2Tokenizer
 
 NUM_SPECIALS = 4
 _SPECIAL_SET = (PAD_ID, BOS_ID, EOS_ID)
@@ -61,6 +62,10 @@ class Tokenizer(abc.ABC):
   def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
     """Several texts -> a list of id lists."""
     return [self.encode(t) for t in texts]
+
+
+# an imported GPT-2's byte-level BPE (txf.data.bpe, which cannot import this module) is a Tokenizer
+Tokenizer.register(GPT2Tokenizer)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -142,9 +147,6 @@ def marian_order(vocab_size: int, pad: int, eos: int, unk: int) -> np.ndarray:
                     np.int64)
 
 
-# Hugging Face's clean_up_tokenization_spaces, in its order (a tokenizer_config.json option)
-CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 class MarianTokenizer(Tokenizer):
@@ -362,6 +364,8 @@ class Codec:
 
 
 def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
+  if desc["kind"] == GPT2Tokenizer.kind:  # an imported GPT-2's byte-level BPE (txf.data.bpe)
+    return GPT2Tokenizer.from_json(directory, desc)
   if desc["kind"] == "char":
     return CharTokenizer(desc["chars"])
   if desc["kind"] == "marian":
