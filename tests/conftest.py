@@ -6,6 +6,9 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# torch (the Hugging Face reference models of tests/test_hf_*.py) on one thread: their matmuls are
+# tiny, and two xdist workers share the cores; XLA's CPU thread pool does not read this variable
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
