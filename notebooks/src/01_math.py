@@ -23,7 +23,9 @@ if SMALL:
   add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
-print(f"small mode: {SMALL}; figures in {OUT}")
+# the folder named as set (the site's build sets it), so no machine path is printed
+print(f"small mode: {SMALL}; figures in "
+      + ("$TXF_NOTEBOOK_OUT" if os.environ.get("TXF_NOTEBOOK_OUT") else OUT))
 
 import jax
 import jax.numpy as jnp
@@ -234,4 +236,4 @@ auto = jax.jacobian(jax.nn.softmax)(xv)
 err = float(jnp.abs(jacobians.softmax_jacobian(xv) - auto).max())
 print(f"softmax Jacobian: max |diag(w) - w wT - jax.jacobian| = {err:.1e}")
 assert err < 1e-6
-print("figures in", OUT, ":", sorted(f for f in os.listdir(OUT) if f.startswith("01_")))
+print("figures written:", sorted(f for f in os.listdir(OUT) if f.startswith("01_")))

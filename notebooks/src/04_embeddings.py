@@ -30,7 +30,9 @@ if SMALL:
   add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
-print(f"small mode: {SMALL}; figures in {OUT}")
+# the folder named as set (the site's build sets it), so no machine path is printed
+print(f"small mode: {SMALL}; figures in "
+      + ("$TXF_NOTEBOOK_OUT" if os.environ.get("TXF_NOTEBOOK_OUT") else OUT))
 
 import jax
 
@@ -95,7 +97,8 @@ else:
   root = tempfile.mkdtemp(prefix="txf-notebook-04-data-")
   NAME = "toy-subject-number"
   print(f"NO REAL DATA: {why}. To use the movie reviews, set TXF_DATA to the folder that holds "
-        f"rt-polarity/. Using a toy corpus instead: {root}/{NAME}")
+        f"rt-polarity/. Using a toy corpus instead, {NAME}, written to a "
+        "temporary folder")
   rng = np.random.default_rng(0)
   os.makedirs(os.path.join(root, NAME))
   for split, n in (("train", pick(8000, 2000)), ("dev", pick(1000, 256))):
@@ -325,4 +328,4 @@ ax.set_title(f"{NAME}: embedding initialisation")
 ax.grid(alpha=0.3)
 ax.legend()
 show(viz.save_figure(fig, os.path.join(OUT, "04_init_comparison.png"), tight=True))
-print("figures in", OUT, ":", sorted(f for f in os.listdir(OUT) if f.startswith("04_")))
+print("figures written:", sorted(f for f in os.listdir(OUT) if f.startswith("04_")))
