@@ -176,17 +176,52 @@ def formula_rows():
 API_HEADING = re.compile(r'(<h([1-6]) id="(txf\.[\w.]+)"[^>]*>.*?</h\2>)', re.S)
 
 
-def _maths_links(html, page_dir):
-  """After each API object's heading that the maths table names, a line linking its rows."""
+def source_url(path, repo_url, ref="main"):
+  """``REPO/blob/REF/txf/x/y.py#Lstart-Lend`` of the object named by ``path`` (txf.x.y.name), or None
+  when it is not a function, class or method defined in a file of the repository."""
+  import importlib
+  import inspect
+  parts = path.split(".")
+  for i in range(len(parts), 0, -1):  # the longest importable module prefix, then attributes
+    try:
+      obj = importlib.import_module(".".join(parts[:i]))
+    except ImportError:
+      continue
+    try:
+      for name in parts[i:]:
+        obj = getattr(obj, name)
+      obj = inspect.unwrap(obj)
+      file = inspect.getsourcefile(obj)
+      lines, start = inspect.getsourcelines(obj)
+    except (AttributeError, TypeError, OSError):
+      return None
+    break
+  else:
+    return None
+  rel = os.path.relpath(file, ROOT).replace(os.sep, "/")
+  if rel.startswith(".."):
+    return None
+  url = f"{repo_url.rstrip('/')}/blob/{ref}/{rel}"
+  return url if inspect.ismodule(obj) else f"{url}#L{start}-L{start + len(lines) - 1}"
+
+
+def _api_links(html, page_dir, repo_url):
+  """After each API object's heading: a link to its source in the repository (when the site has a
+  ``repo_url``) and, when the maths table names it, links to its rows there."""
   rows = formula_rows()
   formulas = posixpath.relpath("formulas/", page_dir)
+  ref = os.environ.get("TXF_REPO_REF", "main")
 
   def add(m):
+    out = m.group(1)
+    url = source_url(m.group(3), repo_url, ref) if repo_url else None
+    if url:
+      out += f'\n<p class="txf-source"><a href="{url}">source</a></p>'
     found = rows.get(m.group(3))
-    if not found:
-      return m.group(1)
-    links = ", ".join(f'<a href="{formulas}/#formula-{r}">{r}</a>' for r in found)
-    return f'{m.group(1)}\n<p class="txf-maths">The maths: formula {links}</p>'
+    if found:
+      links = ", ".join(f'<a href="{formulas}/#formula-{r}">{r}</a>' for r in found)
+      out += f'\n<p class="txf-maths">The maths: formula {links}</p>'
+    return out
   return API_HEADING.sub(add, html)
 
 
@@ -284,11 +319,11 @@ def download_links(name, page_dir):
 
 
 def on_page_content(html, page, config, files):
-  """Each notebook page starts with its download link; each API object the maths page names links
-  back to its rows there."""
+  """Each notebook page starts with its download link; each API object links to its source in the
+  repository (with ``repo_url``) and back to its rows of the maths table."""
   src = page.file.src_uri
   if src.startswith("api/"):
-    return _maths_links(html, posixpath.dirname(page.file.dest_uri))
+    return _api_links(html, posixpath.dirname(page.file.dest_uri), config.get("repo_url"))
   if src.startswith("notebooks/") and src.endswith(".ipynb"):
     name = posixpath.basename(src)[:-len(".ipynb")]
     # the page is served at notebooks/NN_name/ (directory URLs)
