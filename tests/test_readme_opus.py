@@ -14,11 +14,13 @@ exported/opus-ft-en-de. One thing is appended, to the fine-tuning only (``EXTRA`
 ``--config.num_train_steps=300`` (the later value wins), since 300 steps of 4,096 tokens take
 minutes on CI's 2 cores; the README's 300 is still passed and parsed.
 
-Checked: each command exits 0 with no traceback; stderr holds no library log line (absl format)
-(txf's own absl lines included: the
-"dropped N of M examples" line is INFO, not shown) nor warning; the import and the fine-tuning start from the stand-in's
-weights; the export's model.safetensors is no larger than the stand-in's; generation_config.json
-carries the fine-tuned run's beam settings (its config.json); transformers loads the export.
+Checked: each command exits 0 with no traceback; its output holds no library log line, and its
+stderr no absl-format line at all (txf's own included: the "dropped N of M examples" line is INFO,
+not shown) nor a warning; the fine-tuned run's init_from is the README's relative path and its
+exported weights moved from the stand-in's, by less than 0.01 (fine-tuned from them, not from a
+fresh initialisation); the export's model.safetensors is no larger than the stand-in's;
+generation_config.json carries the fine-tuned run's beam settings (its config.json);
+transformers loads the export.
 Needs torch and transformers (`pip install -e '.[hf]'`).
 """
 
@@ -137,7 +139,9 @@ def test_the_opus_mt_section_runs_as_written(tmp_path):
   assert set(exported) <= set(original), sorted(set(exported) - set(original))
   assert all(exported[k].shape == original[k].shape for k in exported)
   moved = max(float(np.abs(exported[k] - original[k]).max()) for k in exported)
-  assert 0 < moved < 1.0, moved  # fine-tuned from the stand-in, not from a fresh initialisation
+  # fine-tuned from the stand-in: 10 Adam steps at warmup learning rates (< 1e-4, an update at most a
+  # few times that) move no weight by 0.01; a fresh initialisation would differ by far more
+  assert 0 < moved < 0.01, moved
   # each tied table once: no larger than the original
   size = os.path.getsize(exported_dir / "model.safetensors")
   assert size <= os.path.getsize(hub / "model.safetensors"), size
