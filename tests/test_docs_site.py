@@ -152,6 +152,22 @@ def test_docstring_formulas_render_as_maths_in_the_api_pages(server, browser):
   assert not errors
 
 
+def test_notebook_formulas_render_as_maths(server, browser):
+  """The $...$ and $$...$$ of a notebook's Markdown cells (01: PE, the rotation, attention, the
+  Jacobians) typeset by MathJax, none left as raw TeX."""
+  page, errors, _ = _open(browser, server + "/notebooks/01_math/")
+  page.wait_for_function("document.querySelectorAll('.jp-RenderedMarkdown mjx-container').length > 0",
+                         timeout=TIMEOUT_MS)
+  typeset = page.evaluate("document.querySelectorAll('.jp-RenderedMarkdown mjx-container').length")
+  # raw TeX left in the text (code spans, such as `$TXF_NOTEBOOK_OUT`, are not maths)
+  raw = page.evaluate("""[...document.querySelectorAll('.jp-RenderedMarkdown')].filter(e => {
+      const c = e.cloneNode(true); c.querySelectorAll('code, pre, mjx-container').forEach(x => x.remove());
+      return /\\$|\\\\(sin|frac|omega)/.test(c.textContent); }).length""")
+  assert typeset >= 15 and raw == 0, (typeset, raw)
+  assert page.evaluate("document.querySelectorAll('.jp-RenderedMarkdown mjx-mfrac').length") >= 2
+  assert not errors
+
+
 @pytest.mark.parametrize("name", sorted(NOTEBOOK_FIGURES))
 def test_notebook_page_shows_its_figures(server, browser, name):
   page, _, _ = _open(browser, server + f"/notebooks/{name}/")

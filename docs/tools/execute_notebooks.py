@@ -79,8 +79,12 @@ def execute(name):
       # the kernel talks over local sockets in cwd (IPC), not TCP: no "running over TCP without
       # encryption" warning from each kernel in the build's log, and nothing left behind
       km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(cwd, "kernel-ipc"))
-      nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                              resources={"metadata": {"path": cwd}}).execute()
+      try:
+        nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                                resources={"metadata": {"path": cwd}}).execute()
+      finally:  # a kernel manager passed in is the caller's to shut down (nbclient leaves it running)
+        if km.has_kernel:
+          km.shutdown_kernel(now=True)
   finally:
     os.environ.clear()
     os.environ.update(env_before)

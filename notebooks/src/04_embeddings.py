@@ -129,9 +129,9 @@ print(f"{NAME}: {len(train_texts)} train / {len(dev_labels)} dev sentences; "
 # frequent word is one piece, `▁good`, shown without its `▁`); the other pieces, byte pieces
 # included, become `<unk>` here. Specials first.
 # `C[i, j]` counts how often word j occurs within `window` positions of word i (sentences never
-# mix); each column is standardised (`Z`), `S = ZᵀZ/(V−1)` is the covariance of the context
-# features, and power iteration with deflation `A' = A − λ v vᵀ` gives its top-k eigenpairs
-# `(λ, W_k)`; a word's embedding is its row of `E = Z W_k` (shape `[V, k]`).
+# mix); each column is standardised ($Z$), $S = Z^\top Z/(V-1)$ is the covariance of the context
+# features, and power iteration with deflation $A' = A - \lambda v v^\top$ gives its top-k eigenpairs
+# $(\lambda, W_k)$; a word's embedding is its row of $E = Z W_k$ (shape `[V, k]`).
 # `k = 51` (= the classifier's d_model, see `experiments/sentiment_seed.py`; small mode: 12).
 
 # %%
