@@ -85,11 +85,15 @@ RUN = {
 A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag changed: tests/test_train_e2e.py"
 OPUS = ("a Hub download: tests/test_readme_opus.py runs the section's commands as written, in order, with a "
         "small local Marian model at Helsinki-NLP/opus-mt-en-de (needs .[hf])")
+HUB_GPT2 = ("a Hub download: tests/test_hf_gpt2.py imports, generates with, fine-tunes (shakespeare_char, "
+            "init_from) and exports a small local GPT-2")
 VARIANT = ("the copy run with variant switches; each variant is tested in tests/test_kv_cache.py, "
            "tests/test_positions*.py, tests/test_gqa.py, tests/test_model_options.py and "
            "tests/test_optimizers.py")
 SWEEP = ("a sweep of 6 copy runs (minutes): tests/test_sweep.py::test_a_tiny_sweep_end_to_end_through_the_cli "
          "runs 2 arms x 2 seeds of a few steps through the CLI, then the report")
+HUB_BERT = ("a Hub download: tests/test_hf_bert.py imports, classifies, fine-tunes (init_from, "
+            "config sst2) and exports small local BERTs")
 EIGHT = "8 fake devices: tests/test_matrix.py runs every runner with every family"
 NOT_RUN = {
     "txf train --config.plugins=my_attention.py --config.model.attention=cosine":
@@ -104,6 +108,20 @@ NOT_RUN = {
     "TXF_DATA=../shared/data txf train --config multi30k_en_de --workdir runs/opus-ft "
     "--config.init_from=runs/opus-mt-en-de --config.num_train_steps=300": OPUS,
     "txf export-hf --workdir runs/opus-ft --output exported/opus-ft-en-de": OPUS,
+    "txf import-hf google-bert/bert-base-uncased --workdir runs/bert": HUB_BERT,
+    'echo "a gripping, funny film" | txf classify --workdir runs/bert': HUB_BERT,
+    "TXF_DATA=../shared/data txf train --config sst2 --workdir runs/bert-sst2 "
+    "--config.init_from=runs/bert --config.num_train_steps=2000 --config.model.dropout_rate=0.1 "
+    "--config.optimizer.schedule=constant --config.optimizer.learning_rate=3e-5 "
+    "--config.optimizer.warmup_steps=200": HUB_BERT,
+    "TXF_DATA=../shared/data txf eval --workdir runs/bert-sst2 --split dev": HUB_BERT,
+    "txf export-hf --workdir runs/bert-sst2 --output exported/bert-sst2": HUB_BERT,
+    "txf import-hf gpt2 --workdir runs/gpt2": HUB_GPT2,
+    'txf generate --workdir runs/gpt2 --prompt "ROMEO:" --max_new_tokens 60 --temperature 0': HUB_GPT2,
+    "TXF_DATA=../shared/data txf train --config shakespeare_char --workdir runs/gpt2-shakespeare "
+    "--config.init_from=runs/gpt2 --config.num_train_steps=300 --config.batch_size=8": HUB_GPT2,
+    "TXF_DATA=../shared/data txf eval --workdir runs/gpt2-shakespeare": HUB_GPT2,
+    "txf export-hf --workdir runs/gpt2-shakespeare --output exported/gpt2-shakespeare": HUB_GPT2,
     "txf train --config experiments/default.py --workdir runs/data --config.parallelism=mesh "
     "--config.mesh_shape='(-1,1,1)'": "a mesh run: tests/test_parallel.py and tests/test_matrix.py",
     "XLA_FLAGS=--xla_force_host_platform_device_count=8 txf train --workdir runs/pmap8 --config.parallelism=pmap": EIGHT,

@@ -55,11 +55,12 @@ WARNING = re.compile(r"Warning\b|\bWARNING\b|^\S+\.py:\d+: ")
 
 
 def section_commands():
-  """[(line, command)] of the README's OPUS-MT section, in README order."""
+  """[(line, command)] of the README's OPUS-MT section (up to its next heading: the BERT and GPT-2
+  subsections are tests/test_hf_bert.py's and tests/test_hf_gpt2.py's), in README order."""
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     lines = f.read().splitlines()
   start = lines.index(SECTION) + 1
-  end = next(i for i in range(start, len(lines)) if lines[i].startswith("## ")) + 1
+  end = next(i for i in range(start, len(lines)) if re.match(r"#{1,6} ", lines[i])) + 1
   return [(line, cmd) for line, cmd in rc.shell_commands(os.path.join(ROOT, "README.md"))
           if start < line < end]
 

@@ -66,7 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   m = c.model
-  m.family = "encoder_decoder"   # encoder_decoder (translation) | encoder_classifier | decoder_lm
+  m.family = "encoder_decoder"   # encoder_decoder (translation) | encoder_classifier | decoder_lm | encoder_mlm (masked LM: imported BERT, no training task yet)
   m.d_model = 512                # model width d_model
   m.num_heads = 8                # h; d_k = d_v = d_model / h
   m.num_kv_heads = 0             # key/value heads h_kv: 0 = num_heads (multi-head attention); a divisor of num_heads = grouped-query attention (1 = multi-query), query head i reads key/value head i // (h / h_kv)
@@ -86,6 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.max_len = 256                # longest sequence the model accepts (learned PE size, decode cache)
   m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | max over real tokens (per feature) | first token
+  m.pooler = False               # encoder_classifier: a dense layer and tanh on the pooled vector, tanh(W pool(h) + b) (BERT's pooler: with pooling=first)
   m.attention = "scaled_dot_product"  # the attention formula, a name of txf.kernels.attention.ATTENTION: scaled_dot_product (the paper's)
   m.norm = "layer_norm"          # Add & Norm's normalisation, a name of txf.nn.layers.NORMS: layer_norm (the paper's) | rms_norm (no mean, no beta)
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
@@ -104,6 +105,10 @@ def base_config() -> ml_collections.ConfigDict:
   m.logits_bias = False          # a vector added to the output logits (Marian's final_logits_bias)
   m.decoder_start_id = 1         # id that starts every decoder input: BOS (1); an imported Marian model starts with its pad (0 in txf)
   m.forbid_pad = False           # decoding never generates PAD (id 0), as Marian's generate
+  # options of BERT models, see `txf import-hf`; the defaults leave the paper's model as it is
+  m.type_vocab_size = 0          # rows of a learned token-type (segment) table added to the embeddings (BERT: 2); 0 = none. txf's inputs are one segment: every token adds row 0
+  m.embed_norm = False           # a LayerNorm (model.norm, its own gain and bias) on embeddings + positions (+ token type), before the embedding dropout (BERT)
+  m.mask_special_logits = False  # True: the logits of PAD, BOS and UNK (ids 0, 1, 3) are -1e9 in every forward (never predicted, no probability mass): an imported GPT-2, whose vocabulary has no such tokens (txf adds their rows); needs optimizer.label_smoothing=0
   m.remat = "none"               # recompute layer activations in the backward pass: none | full | dots_saveable | nothing_saveable | ... (jax.checkpoint_policies)
   m.scan_layers = False          # run each stack of layers as one nn.scan (params [N, ...] under "layers"): faster compiles
 
@@ -582,8 +587,15 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   if given.get("model.decoder_start_id", 1) < 0 or given.get("model.position_offset", 0) < 0:
     errors.append(f"model.decoder_start_id={given.get('model.decoder_start_id')} and model.position_offset="
                   f"{given.get('model.position_offset')} must be >= 0")
+  if not isinstance(given.get("model.type_vocab_size", 0), int) or given.get("model.type_vocab_size", 0) < 0:
+    errors.append(f"model.type_vocab_size={given.get('model.type_vocab_size')!r} must be an integer "
+                  f">= 0 (0 = no token-type table; BERT: 2)")
   if given.get("beam_size", 1) < 1:
     errors.append("beam_size must be >= 1")
+  if given.get("model.mask_special_logits", False) and given.get("optimizer.label_smoothing", 0.0):
+    errors.append(f"model.mask_special_logits=True (an imported GPT-2) needs "
+                  f"optimizer.label_smoothing=0, got {given.get('optimizer.label_smoothing')}: "
+                  f"smoothing would spread mass onto the masked ids")
   for logical, value in dict(cfg.get("sharding_rules", {}) or {}).items():
     for axis in rule_axes(str(value or "")):
       if axis not in MESH_AXES:

@@ -3,8 +3,9 @@
 A family is what a run's ``model.family`` names: the module that computes it, the batch keys it
 reads, what it predicts (a token per position or a label per example, which sets the loss
 weighting and the metrics), the data it trains on, whether and how it decodes, and the command
-that serves a trained run. txf's three families are declared below; a new one is one module plus
-one :func:`register` line (from any Python file the run names in ``config.plugins``)::
+that serves a trained run. txf's four families are declared below (encoder_mlm, BERT's masked LM,
+only as imported from Hugging Face: no task trains it yet); a new one is one module plus one
+:func:`register` line (from any Python file the run names in ``config.plugins``)::
 
     from txf import families
     families.register(families.Family(
@@ -127,7 +128,7 @@ def unregister(name: str) -> None:
 
 
 def names() -> Tuple[str, ...]:
-  """Every registered family's name, in registration order (txf's three first)."""
+  """Every registered family's name, in registration order (txf's four first)."""
   return tuple(_REGISTRY)
 
 
@@ -221,3 +222,8 @@ register(Family(
     name="decoder_lm", module="txf.models.decoder_lm:DecoderLM",
     inputs=("targets", "targets_segmentation", "targets_position"),
     predicts="targets", data_kind="plain", decoding="lm", command="txf generate", encoder=False))
+register(Family(
+    name="encoder_mlm", module="txf.models.encoder_mlm:EncoderMLM",
+    # targets: the original token at each masked position (0 elsewhere), read by the loss only
+    inputs=("inputs", "targets", "inputs_segmentation", "inputs_position"),
+    predicts="targets", data_kind=None, decoding=None, command="txf eval", encoder=True))

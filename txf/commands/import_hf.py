@@ -2,24 +2,32 @@
 
 SRC is a directory written by Hugging Face's ``MarianMTModel.save_pretrained`` (config.json,
 model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json), or a Hub name such as
-``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub).
+``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub); or a
+GPT-2 (``GPT2LMHeadModel``: config.json, weights, tokenizer.json or vocab.json + merges.txt; Hub
+name ``gpt2``), which becomes a decoder_lm run for ``txf generate`` (README, "GPT-2").
 Writes a complete txf workdir W (config.json, task.json, tokenizer/, params.msgpack) that
 ``txf translate``, ``txf eval``, ``txf export-hf`` and ``txf train --config.init_from=W`` use.
 Its decoding settings are Hugging Face's ``generate(num_beams=K, length_penalty=1.0,
-early_stopping=True)`` (README, "OPUS-MT / Hugging Face").
+early_stopping=True)`` (README, "OPUS-MT / Hugging Face"). A BERT directory (``model_type: bert``,
+with tokenizer.json or vocab.txt) becomes an ``encoder_classifier`` run that ``txf classify`` serves
+(or, with ``--data_config ''``, an ``encoder_mlm`` of its MLM head): txf.inference.hf_bert.
 """
 
 from absl import flags
 
+from txf import families
+from txf import workdir as workdir_lib
 from txf.errors import TxfError
 from txf.inference import hf
 
 flags.DEFINE_string("workdir", None, "the new txf workdir (must not exist, or be empty)", required=True)
 flags.DEFINE_string("data_config", None, "the experiment whose data fields (source, languages, "
                     "splits) the imported run gets: what `txf eval` reads; '' = none; default: the "
-                    "architecture's (Marian: multi30k_en_de)")
+                    "architecture's (Marian: multi30k_en_de, BERT: sst2)")
 flags.DEFINE_integer("max_len", 128, "data.max_input_len / max_target_len: longer source lines are "
-                     "truncated by txf translate (at most the model's max_position_embeddings)")
+                     "truncated by txf translate (at most the model's max_position_embeddings); "
+                     "GPT-2: data.max_target_len, the context of txf generate and eval (at most "
+                     "n_positions)")
 
 
 def main(argv):
@@ -30,4 +38,5 @@ def main(argv):
   if f.max_len < 2:
     raise TxfError(f"--max_len={f.max_len} must be >= 2")
   out = hf.import_hf(argv[1], f.workdir, f.data_config, f.max_len)
-  print(f"imported {argv[1]} -> {out} (txf translate --workdir {out})")
+  family = families.get(workdir_lib.load_config(out).model.family)
+  print(f"imported {argv[1]} -> {out} ({family.command} --workdir {out})")

@@ -50,6 +50,8 @@ def main(argv):
   from txf.config import ConfigError, validate
   import txf.models  # noqa: F401  the model's variant tables declare the allowed values validate checks
   config = f.config
+  from txf.train.init_from import apply_init_from
+  apply_init_from(config)  # config.init_from (an imported GPT-2, ...): plan the model it starts
   validate(config)
   if f.devices < 0 or f.mfu <= 0 or f.mfu > 1 or f.device_peak_tflops < 0:
     raise ConfigError("--devices must be >= 0, --mfu in (0, 1], --device_peak_tflops >= 0")

@@ -54,6 +54,15 @@ class LocalTextConfig(tfds.core.BuilderConfig):
     return json.loads(self.spec_json)
 
 
+class _LocalInfo(tfds.core.DatasetInfo):
+  """The DatasetInfo of local text: nothing is fetched from tfds' bucket of pre-computed infos (the
+  base class makes an empty temporary folder for that on every new, unprepared builder and leaves
+  it behind)."""
+
+  def initialize_from_bucket(self) -> None:
+    return None
+
+
 class _LocalTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Shared machinery: info with metadata, one generator per split, records in file order."""
   VERSION = tfds.core.Version("1.0.0")
@@ -67,7 +76,7 @@ class _LocalTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
     raise NotImplementedError
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return _LocalInfo(
         builder=self, description=f"txf local text: {self.builder_config.description}",
         features=self._features(), disable_shuffling=True, metadata=tfds.core.MetadataDict())
 

@@ -80,7 +80,7 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
     directory = workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR)
     codec = tokenizer.load_codec(directory)
     if codec is not None:
-      if codec.settings != wanted and codec.settings.get("tokenizer") != "marian":
+      if codec.settings != wanted and codec.settings.get("tokenizer") not in ("marian", "wordpiece", "gpt2"):
         logging.warning("using the run's tokenizer in %s (built with %s); the config asks for %s",
                         directory, codec.settings, wanted)
       return codec

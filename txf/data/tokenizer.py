@@ -2,7 +2,8 @@
 
 Special ids are the same for every tokenizer (txf.data.base):
   PAD=0 "<pad>", BOS=1 "<s>", EOS=2 "</s>", UNK=3 "<unk>".
-``encode`` returns ids WITHOUT EOS (the task appends it); ``decode`` drops PAD/BOS/EOS.
+``encode`` returns ids WITHOUT EOS (the task appends it; an imported BERT WordPiece tokenizer's
+starts with its [CLS] = BOS); ``decode`` drops PAD/BOS/EOS.
 
 SentencePiece is trained with byte fallback (no UNK for unseen characters: they become byte pieces),
 ``hard_vocab_limit=False`` (a small corpus may give fewer pieces than asked; ``vocab_size`` reports
@@ -26,9 +27,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import sentencepiece as spm
+import tokenizers
 
 from txf import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
+from txf.data.bpe import CLEAN_UP, GPT2Tokenizer
 
 NUM_SPECIALS = 4
 _SPECIAL_SET = (PAD_ID, BOS_ID, EOS_ID)
@@ -59,6 +62,10 @@ class Tokenizer(abc.ABC):
   def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
     """Several texts -> a list of id lists."""
     return [self.encode(t) for t in texts]
+
+
+# an imported GPT-2's byte-level BPE (txf.data.bpe, which cannot import this module) is a Tokenizer
+Tokenizer.register(GPT2Tokenizer)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -140,9 +147,6 @@ def marian_order(vocab_size: int, pad: int, eos: int, unk: int) -> np.ndarray:
                     np.int64)
 
 
-# Hugging Face's clean_up_tokenization_spaces, in its order (a tokenizer_config.json option)
-CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 class MarianTokenizer(Tokenizer):
@@ -210,6 +214,70 @@ class MarianTokenizer(Tokenizer):
     return {"kind": self.kind, "model_file": name, "vocab_file": "vocab.json",
             "specials": self.specials, "vocab_size": self.vocab_size,
             "clean_up_tokenization_spaces": self.clean_up, **extra}
+
+
+def special_order(vocab_size: int, specials: Dict[int, int]) -> np.ndarray:
+  """The model id of every txf id: int [V], ``order[txf_id] = model_id``, where ``specials`` maps
+  txf ids to the model's ids ({0: pad, 1: cls, 2: sep, 3: unk} for BERT) and the other model ids
+  fill the remaining txf ids in increasing order."""
+  ids = list(specials.values())
+  if len(set(ids)) != len(ids) or not all(0 <= m < vocab_size for m in ids):
+    raise DataError(f"special ids {specials} must be distinct ids below the vocabulary size "
+                    f"{vocab_size}")
+  rest = iter(m for m in range(vocab_size) if m not in ids)
+  return np.asarray([specials[t] if t in specials else next(rest) for t in range(vocab_size)],
+                    np.int64)
+
+
+class WordPieceTokenizer(Tokenizer):
+  """BERT's WordPiece tokenizer: a ``tokenizers`` pipeline (tokenizer.json: normalizer,
+  pre-tokenizer, WordPiece model) whose ids are permuted to txf's by ``order`` ([PAD] 0, [CLS] =
+  BOS 1, [SEP] = EOS 2, [UNK] 3, the rest in BERT's order). ``encode`` starts every text with
+  [CLS] (BOS) and the task appends EOS ([SEP]): the input is BERT's [CLS] text [SEP].
+  ``decode`` drops the specials and joins the pieces with the pipeline's decoder (and Hugging
+  Face's clean-up of spaces when ``clean_up``)."""
+  kind = "wordpiece"
+
+  def __init__(self, pipeline_json: str, specials: Dict[str, int], vocab_size: int,
+               clean_up: bool = False):
+    self.pipeline_json, self.specials, self.clean_up = pipeline_json, dict(specials), bool(clean_up)
+    self._tok = tokenizers.Tokenizer.from_str(pipeline_json)
+    self._tok.no_truncation()
+    self._tok.no_padding()
+    self._size = int(vocab_size)
+    self.order = special_order(self._size, {PAD_ID: specials["pad"], BOS_ID: specials["cls"],
+                                            EOS_ID: specials["sep"], UNK_ID: specials["unk"]})
+    self._txf_of = np.empty(self._size, np.int64)
+    self._txf_of[self.order] = np.arange(self._size)
+    self._special_txf = {int(self._txf_of[m]) for m in self.specials.values()}
+
+  @property
+  def vocab_size(self) -> int:
+    return self._size
+
+  def encode(self, text: str) -> List[int]:
+    ids = self._tok.encode(text, add_special_tokens=False).ids
+    return [BOS_ID] + [int(self._txf_of[i]) for i in ids]
+
+  def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+    out = self._tok.encode_batch(list(texts), add_special_tokens=False)
+    return [[BOS_ID] + self._txf_of[e.ids].tolist() for e in out]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    keep = [int(self.order[int(i)]) for i in ids
+            if 0 <= int(i) < self._size and int(i) not in self._special_txf]
+    text = self._tok.decode(keep, skip_special_tokens=True)
+    if self.clean_up:  # Hugging Face's clean_up_tokenization_spaces
+      for a, b in CLEAN_UP:
+        text = text.replace(a, b)
+    return text
+
+  def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
+    name = f"{prefix}.wordpiece.json"
+    with open(os.path.join(directory, name), "w") as f:
+      f.write(self.pipeline_json)
+    return {"kind": self.kind, "model_file": name, "specials": self.specials,
+            "vocab_size": self.vocab_size, "clean_up_tokenization_spaces": self.clean_up}
 
 
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
@@ -296,6 +364,8 @@ class Codec:
 
 
 def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
+  if desc["kind"] == GPT2Tokenizer.kind:  # an imported GPT-2's byte-level BPE (txf.data.bpe)
+    return GPT2Tokenizer.from_json(directory, desc)
   if desc["kind"] == "char":
     return CharTokenizer(desc["chars"])
   if desc["kind"] == "marian":
@@ -309,6 +379,10 @@ def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
         decode_proto = f.read()
     return MarianTokenizer(proto, vocab, desc["specials"], desc["vocab_size"], decode_proto,
                            desc.get("clean_up_tokenization_spaces", False))
+  if desc["kind"] == "wordpiece":
+    with open(os.path.join(directory, desc["model_file"])) as f:
+      return WordPieceTokenizer(f.read(), desc["specials"], desc["vocab_size"],
+                                desc.get("clean_up_tokenization_spaces", False))
   with open(os.path.join(directory, desc["model_file"]), "rb") as f:
     return SentencePieceTokenizer(f.read())
 

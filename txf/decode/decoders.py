@@ -117,7 +117,8 @@ def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len:
   def run_sampler(params, prompts, rng):
     cache = init_cache(model_cfg, params, num_samples, prompt_len + max_new_tokens)
     return sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, rng,
-                  max_new_tokens, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p)
+                  max_new_tokens, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+                  bos_id=model_cfg.decoder_start_id)
 
   return jax.jit(run_sampler)
 
@@ -130,7 +131,8 @@ def greedy_continuation(model_cfg: TransformerConfig, prompt_len: int, max_new_t
   def run(params, prompts):
     cache = init_cache(model_cfg, params, prompts.shape[0], prompt_len + max_new_tokens)
     return sample(make_logits_fn(model_cfg, params), cache, prompts, jax.random.key(0),
-                  max_new_tokens, temperature=0.0, top_k=0, top_p=1.0)
+                  max_new_tokens, temperature=0.0, top_k=0, top_p=1.0,
+                  bos_id=model_cfg.decoder_start_id)
 
   return run
 
@@ -147,6 +149,6 @@ def compiled_ragged_sampler(model_cfg: TransformerConfig, rows: int, prompt_len:
     cache = init_cache(model_cfg, params, rows, prompt_len + max_new_tokens)
     return sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, keys,
                   max_new_tokens, temperature=spec.temperature, top_k=spec.top_k,
-                  top_p=spec.top_p, prompt_lengths=lengths)
+                  top_p=spec.top_p, prompt_lengths=lengths, bos_id=model_cfg.decoder_start_id)
 
   return jax.jit(run_sampler)

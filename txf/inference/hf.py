@@ -48,7 +48,7 @@ TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 #   exports(config) -> bool: whether a txf run (its config) is of this architecture;
 #   export_run(workdir, config, output, params_name, say) -> None: write ``output`` for
 #     ``from_pretrained`` (``staged_directory``), TxfError naming what cannot be exported.
-ARCHITECTURES: Dict[str, str] = {}
+ARCHITECTURES: Dict[str, str] = {"bert": "txf.inference.hf_bert", "gpt2": "txf.inference.hf_gpt2"}
 
 
 def _safetensors():
@@ -80,11 +80,11 @@ def read_state_dict(src: str) -> Dict[str, np.ndarray]:
 
 
 def resolve_source(src: str) -> str:
-  """A local directory as given; a Hub name (``Helsinki-NLP/opus-mt-en-de``) downloaded with
+  """A local directory as given; a Hub name (``Helsinki-NLP/opus-mt-en-de``, ``gpt2``) downloaded with
   huggingface_hub, failing fast (TxfError) when it is not installed or the Hub cannot be reached."""
   if os.path.isdir(src):
     return src
-  if not re.fullmatch(r"[\w.-]+/[\w.-]+", src) or os.path.exists(src):
+  if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", src) or os.path.exists(src):  # owner/name, or gpt2
     raise TxfError(f"{src} is not a directory: give a save_pretrained directory or a Hub name "
                    f"such as Helsinki-NLP/opus-mt-en-de")
   try:
@@ -101,7 +101,7 @@ def resolve_source(src: str) -> str:
     raise TxfError(f"{src} is not a local directory and huggingface.co cannot be reached ({e}): "
                    f"download it where the network is (save_pretrained) and pass the "
                    f"directory") from None
-  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "model.safetensors"])
+  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "*.txt", "model.safetensors"])
 
 
 def _read_json(path: str) -> Dict[str, Any]:
@@ -251,7 +251,8 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
   """What keeps a run from being a Marian model (empty when it can be exported)."""
   m, problems = config.model, []
   if m.family != "encoder_decoder":
-    problems.append(f"model.family={m.family!r} (Marian is a translation model)")
+    problems.append(f"model.family={m.family!r} (Marian is a translation model; a decoder_lm "
+                    f"exports as GPT-2 only when it starts from an imported GPT-2)")
   if m.positional != "sinusoidal" or m.positional_layout != "sin_cos" or m.position_offset:
     problems.append(f"positional encodings {m.positional}/{m.positional_layout}/offset "
                     f"{m.position_offset} (Marian: sinusoidal, sin_cos, offset 0)")

@@ -1,5 +1,6 @@
-"""The three model families, built from one set of txf.nn modules (``build``: modules, parameters,
-forward, the run's model config, vocabulary padding) and the default training objective (``loss``).
+"""The model families (translation, classification, language modelling; BERT's masked LM), built
+from one set of txf.nn modules (``build``: modules, parameters, forward, the run's model config,
+vocabulary padding) and the default training objective (``loss``).
 Which module a ``model.family`` names, and what the rest of txf knows of it, is its record in
 ``txf.families``."""
 

@@ -20,9 +20,11 @@ class DecoderLM(nn.Module):
 
   def __call__(self, targets, targets_segmentation=None, targets_position=None,
                project: bool = True):
-    """targets int [B, T] (0-padded) -> next-token logits [B, T, V] over shift_right(targets).
+    """targets int [B, T] (0-padded) -> next-token logits [B, T, V] over shift_right(targets)
+    (the row starts with ``model.decoder_start_id``: BOS, or an imported GPT-2's <|endoftext|>).
 
     ``project=False``: (final states h [B, T, d], output table W [V, d]), logits = h W^T.
     """
-    return self.decoder(shift_right(targets, targets_segmentation), None, None,
+    return self.decoder(shift_right(targets, targets_segmentation, self.config.decoder_start_id),
+                        None, None,
                         targets_segmentation, targets_position, project=project)

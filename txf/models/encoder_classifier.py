@@ -38,7 +38,8 @@ class EncoderClassifier(nn.Module):
 
   pool (``model.pooling``, a name of ``POOLINGS``): ``mean`` = sum_t m_t h_t / sum_t m_t over real tokens (m_t = 1, padding 0);
   ``max`` = max_t h_t per feature over real tokens (max-over-time, as CNN sentence classifiers);
-  ``first`` = h_0.
+  ``first`` = h_0. With ``model.pooler`` the pooled vector p becomes tanh(W_p p + b_p) first
+  (``pooler``, a Dense d_model -> d_model: BERT's pooler, with pooling ``first``).
   """
   config: TransformerConfig
 
@@ -49,6 +50,11 @@ class EncoderClassifier(nn.Module):
     embed = Embed(cfg, cfg.vocab_size, name="embed")
     encoded, valid = Encoder(cfg, embed, name="encoder")(inputs, inputs_segmentation, inputs_position)
     pooled = POOLINGS[cfg.pooling](encoded, valid)
+    if cfg.pooler:  # BERT's pooler: tanh(W_p p + b_p)
+      pooled = jnp.tanh(nn.Dense(
+          cfg.d_model, name="pooler",
+          kernel_init=nn.with_logical_partitioning(nn.linear.default_kernel_init, ("embed", "act_embed")),
+          bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",)))(pooled))
     pooled = nn.Dropout(cfg.dropout_rate)(pooled, deterministic=cfg.deterministic)
     classifier = nn.Dense(
         cfg.num_classes, name="classifier",

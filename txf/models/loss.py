@@ -38,8 +38,9 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
   """
 
   def use_fused(model) -> bool:
-    if fused is False or type(model) not in TOKEN_HEAD_FAMILIES or model.config.logits_bias:
-      return False  # (the fused head has no logits bias)
+    if (fused is False or type(model) not in TOKEN_HEAD_FAMILIES or model.config.logits_bias
+        or model.config.mask_special_logits):
+      return False  # (the fused head has no logits bias and masks no ids)
     return bool(fused) or model.config.tgt_vocab_size >= FUSED_HEAD_MIN_VOCAB
 
   def loss_fn(model, params, batch, rng):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from txf import kernels, ops
 from txf.nn import kv_cache
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
-from txf.nn.config import TransformerConfig, padded_size
+from txf.nn.config import BOS_ID, PAD_ID, UNK_ID, TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
 from txf.nn.positional import (POSITIONAL, attention_positions, learned_positions,  # noqa: F401
                                no_positions, sinusoidal_positions)
@@ -49,6 +49,11 @@ class AddPositions(nn.Module):
   """x + PE followed by dropout; PE is ``POSITIONAL[model.positional].embed`` (txf.nn.positional):
   sinusoidal (the paper), learned, or none (also for the encodings that act inside attention).
 
+  BERT's embeddings (both off by default): ``model.type_vocab_size > 0`` adds row 0 of a learned
+  token-type table T [type_vocab_size, d_model] (``token_type_embedding``, N(0, 0.02^2) at init;
+  txf's inputs are one segment, type 0); ``model.embed_norm`` normalises the sum before the
+  dropout: Dropout(LN(E[x] + PE + T[0])) (``embed_norm``, a ``LayerNorm``).
+
   With ``decode=True`` and ``causal_cache=True`` (the decoder's) the position is read from, and
   advanced in, a cache counter.
   """
@@ -69,6 +74,12 @@ class AddPositions(nn.Module):
     if positions is None:
       positions = jnp.arange(length)[None, :]
     x = POSITIONAL[cfg.positional].embed(self, cfg, x, positions)
+    if cfg.type_vocab_size:  # every token is of type 0 (one segment)
+      types = self.param("token_type_embedding", nn.with_logical_partitioning(
+          nn.initializers.normal(0.02), (None, "embed")), (cfg.type_vocab_size, cfg.d_model))
+      x = x + types[0].astype(x.dtype)
+    if cfg.embed_norm:
+      x = LayerNorm(cfg, name="embed_norm")(x)
     return Dropout(cfg.dropout_rate)(x, deterministic=cfg.deterministic)
 
 
@@ -258,6 +269,12 @@ def untied_head(module: nn.Module, cfg: TransformerConfig, y: jnp.ndarray, proje
   return kernels.dense(y, w.astype(y.dtype))
 
 
+# ``model.mask_special_logits``: these ids' logits are set to this value (exp underflows to 0 in
+# float32, yet a weight-0 padding target keeps a finite loss term, unlike -inf).
+MASKED_IDS = (PAD_ID, BOS_ID, UNK_ID)
+MASKED_LOGIT = -1e9
+
+
 # The output heads (the pre-softmax linear layer), name -> f(decoder, cfg, h, project); the
 # config's ``model.tie_output`` (a bool) picks "tied" (True) or "untied" (False).
 HEADS = Table(None, {"tied": tied_head, "untied": untied_head})
@@ -308,4 +325,6 @@ class Decoder(nn.Module):
     if cfg.logits_bias:  # Marian's final_logits_bias: logits = h W^T + b
       logits = logits + self.param("logits_bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("vocab",)), (cfg.tgt_vocab_size,))
+    if cfg.mask_special_logits:  # an imported GPT-2: txf's extra PAD/BOS/UNK rows get no mass
+      logits = logits.at[..., jnp.asarray(MASKED_IDS)].set(MASKED_LOGIT)
     return logits
