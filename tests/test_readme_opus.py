@@ -60,7 +60,12 @@ def section_commands():
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     lines = f.read().splitlines()
   start = lines.index(SECTION) + 1
-  end = next(i for i in range(start, len(lines)) if re.match(r"#{1,6} ", lines[i])) + 1
+  fenced, end = False, len(lines)
+  for i in range(start, len(lines)):
+    fenced ^= lines[i].startswith("```")
+    if not fenced and re.match(r"#{1,6} ", lines[i]):  # a heading (a "# comment" in a block is not)
+      end = i + 1
+      break
   return [(line, cmd) for line, cmd in rc.shell_commands(os.path.join(ROOT, "README.md"))
           if start < line < end]
 
