@@ -9,7 +9,9 @@ show a console error here.
 
 import functools
 import http.server
+import json
 import os
+import re
 import shutil
 import threading
 import urllib.error
@@ -29,7 +31,7 @@ CHROMIUM = next((p for p in (os.environ.get("TXF_CHROMIUM"), shutil.which("chrom
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage"]
 TIMEOUT_MS = 180_000  # generous: a loaded 2-core machine starts Chromium slowly
-NOTEBOOK_FIGURES = {"01_math": 4, "02_attention_maps": 4, "03_ablations": 2, "04_embeddings": 3}
+NOTEBOOK_FIGURES = {"01_math": 4, "02_attention_maps": 4, "03_ablations": 3, "04_embeddings": 3}
 
 if not os.path.isfile(os.path.join(SITE, "index.html")):
   pytest.skip("no built site: run `pip install -e '.[docs]' && mkdocs build --strict` first",
@@ -150,12 +152,55 @@ def test_docstring_formulas_render_as_maths_in_the_api_pages(server, browser):
   assert not errors
 
 
+def test_notebook_formulas_render_as_maths(server, browser):
+  """The $...$ and $$...$$ of a notebook's Markdown cells (01: PE, the rotation, attention, the
+  Jacobians) typeset by MathJax, none left as raw TeX."""
+  page, errors, _ = _open(browser, server + "/notebooks/01_math/")
+  page.wait_for_function("document.querySelectorAll('.jp-RenderedMarkdown mjx-container').length > 0",
+                         timeout=TIMEOUT_MS)
+  typeset = page.evaluate("document.querySelectorAll('.jp-RenderedMarkdown mjx-container').length")
+  # raw TeX left in the text (code spans, such as `$TXF_NOTEBOOK_OUT`, are not maths)
+  raw = page.evaluate("""[...document.querySelectorAll('.jp-RenderedMarkdown')].filter(e => {
+      const c = e.cloneNode(true); c.querySelectorAll('code, pre, mjx-container').forEach(x => x.remove());
+      return /\\$|\\\\(sin|frac|omega)/.test(c.textContent); }).length""")
+  assert typeset >= 15 and raw == 0, (typeset, raw)
+  assert page.evaluate("document.querySelectorAll('.jp-RenderedMarkdown mjx-mfrac').length") >= 2
+  assert not errors
+
+
 @pytest.mark.parametrize("name", sorted(NOTEBOOK_FIGURES))
 def test_notebook_page_shows_its_figures(server, browser, name):
   page, _, _ = _open(browser, server + f"/notebooks/{name}/")
   shown = page.evaluate("[...document.querySelectorAll('.jp-OutputArea-output img')]"
                         ".filter(i => i.complete && i.naturalWidth > 100 && i.naturalHeight > 100).length")
   assert shown >= NOTEBOOK_FIGURES[name], f"{name}: {shown} figures shown (built with outputs?)"
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOK_FIGURES))
+def test_notebook_page_has_a_download_link_and_no_machine_path(server, browser, name):
+  page, errors, _ = _open(browser, server + f"/notebooks/{name}/")
+  href = page.get_attribute(".txf-download a[download]", "href")
+  url = urllib.parse.urljoin(server + f"/notebooks/{name}/", href)
+  with urllib.request.urlopen(url, timeout=30) as r:  # the committed notebook: cells, no outputs
+    nb = json.loads(r.read())
+  assert nb["cells"] and all(not c.get("outputs") for c in nb["cells"]), url
+  text = page.inner_text("article")
+  assert "/tmp/" not in text and ROOT not in text, [l for l in text.splitlines() if "/tmp/" in l or ROOT in l]
+  if name == "03_ablations":  # the site's copy runs in small mode: it says so, and shows a full study
+    assert "Reduced run" in text and "A measured study" in text, text[:2000]
+  assert not errors
+
+
+def test_api_objects_show_their_source_and_link_back_to_the_maths(server, browser):
+  page, errors, _ = _open(browser, server + "/api/ops/")
+  assert page.evaluate("document.querySelectorAll('details.mkdocstrings-source').length") >= 10  # "Source code in"
+  assert "txf/ops/attention.py" in page.inner_text("article")
+  links = page.eval_on_selector_all(".txf-maths a", "as => as.map(a => a.href)")
+  assert len(links) >= 10, links
+  maths, _, _ = _open(browser, links[0])
+  anchor = urllib.parse.urlparse(links[0]).fragment
+  assert anchor.startswith("formula-") and maths.evaluate(f"!!document.getElementById('{anchor}')"), links[0]
+  assert not errors
 
 
 def test_search_finds_beam_search(server, browser):
@@ -212,3 +257,21 @@ def test_the_contents_panel_lists_the_pages_sections(server, browser, path, sect
   toc = page.inner_text(".md-sidebar--secondary")
   assert all(s in toc for s in sections), (path, toc)
   assert page.evaluate("document.querySelectorAll('article h1').length") == 1, path
+
+
+DEVELOPMENT_LOG = re.compile(r"issue \d|\bround\b|\bsitting\b|\bsession\b", re.I)
+
+
+@pytest.mark.parametrize("path", ["/", "/benchmarks/", "/known-numbers/", "/layout/"])
+def test_pages_read_for_a_reader_not_as_a_development_log(server, browser, path):
+  """Headings name topics, not issues, rounds or dated sittings (those are in the changelog); the
+  benchmarks page opens with the current figures."""
+  page, _, _ = _open(browser, server + path)
+  headings = page.eval_on_selector_all("article h1, article h2, article h3, article h4",
+                                       "hs => hs.map(h => h.innerText)")
+  assert headings and not [h for h in headings if DEVELOPMENT_LOG.search(h)], headings
+  if path == "/benchmarks/":
+    toc = page.inner_text(".md-sidebar--secondary")
+    assert "Current figures" in toc and toc.index("Current figures") < toc.index("Side by side"), toc
+    history, _, _ = _open(browser, server + "/changelog/")
+    assert "Benchmark history" in history.inner_text("article")

@@ -83,7 +83,8 @@ RUN = {
 }
 
 A_RUN_WITH_ONE_FLAG = "the same shortened run as the default one with one flag changed: tests/test_train_e2e.py"
-HUB = "a Hub download: tests/test_hf_marian.py imports, translates, fine-tunes and exports a small local Marian model"
+OPUS = ("a Hub download: tests/test_readme_opus.py runs the section's commands as written, in order, with a "
+        "small local Marian model at Helsinki-NLP/opus-mt-en-de (needs .[hf])")
 HUB_GPT2 = ("a Hub download: tests/test_hf_gpt2.py imports, generates with, fine-tunes (shakespeare_char, "
             "init_from) and exports a small local GPT-2")
 VARIANT = ("the copy run with variant switches; each variant is tested in tests/test_kv_cache.py, "
@@ -101,12 +102,12 @@ NOT_RUN = {
     "txf train --config experiments/sst2.py --config.plugins=my_family.py --config.model.family=bag_of_words":
         "a recipe: my_family.py is the reader's own file (tests/test_family_registry.py trains a "
         "family registered the same way through the commands)",
-    "txf import-hf Helsinki-NLP/opus-mt-en-de --workdir runs/opus-mt-en-de": HUB,
-    'echo "A man is riding a bike." | txf translate --workdir runs/opus-mt-en-de --beam 4': HUB,
-    "TXF_DATA=../shared/data txf eval --workdir runs/opus-mt-en-de --split test_2016_flickr --beam 4": HUB,
+    "txf import-hf Helsinki-NLP/opus-mt-en-de --workdir runs/opus-mt-en-de": OPUS,
+    'echo "A man is riding a bike." | txf translate --workdir runs/opus-mt-en-de --beam 4': OPUS,
+    "TXF_DATA=../shared/data txf eval --workdir runs/opus-mt-en-de --split test_2016_flickr --beam 4": OPUS,
     "TXF_DATA=../shared/data txf train --config multi30k_en_de --workdir runs/opus-ft "
-    "--config.init_from=runs/opus-mt-en-de --config.num_train_steps=300": HUB,
-    "txf export-hf --workdir runs/opus-ft --output exported/opus-ft-en-de": HUB,
+    "--config.init_from=runs/opus-mt-en-de --config.num_train_steps=300": OPUS,
+    "txf export-hf --workdir runs/opus-ft --output exported/opus-ft-en-de": OPUS,
     "txf import-hf google-bert/bert-base-uncased --workdir runs/bert": HUB_BERT,
     'echo "a gripping, funny film" | txf classify --workdir runs/bert': HUB_BERT,
     "TXF_DATA=../shared/data txf train --config sst2 --workdir runs/bert-sst2 "

@@ -64,6 +64,7 @@ def execute(name):
   """Run notebooks/NN_name.ipynb in small mode; write docs/notebooks/NN_name.ipynb with its outputs."""
   import nbclient
   import nbformat
+  from jupyter_client.manager import KernelManager
   figures = os.path.join(OUT, "figures", name)
   shutil.rmtree(figures, ignore_errors=True)
   os.makedirs(figures)
@@ -75,8 +76,15 @@ def execute(name):
     with open(os.path.join(NOTEBOOKS, f"{name}.ipynb"), encoding="utf-8") as f:
       nb = nbformat.read(f, as_version=4)
     with tempfile.TemporaryDirectory() as cwd:
-      nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                              resources={"metadata": {"path": cwd}}).execute()
+      # the kernel talks over local sockets in cwd (IPC), not TCP: no "running over TCP without
+      # encryption" warning from each kernel in the build's log, and nothing left behind
+      km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(cwd, "kernel-ipc"))
+      try:
+        nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                                resources={"metadata": {"path": cwd}}).execute()
+      finally:  # a kernel manager passed in is the caller's to shut down (nbclient leaves it running)
+        if km.has_kernel:
+          km.shutdown_kernel(now=True)
   finally:
     os.environ.clear()
     os.environ.update(env_before)

@@ -8,7 +8,7 @@
 3. cross_attention.png: every cross-attention head of that run for one held-out sentence with an
    adverb and an adjective (both move in translation), by ``txf.viz.attention_maps``.
 4. benchmark_ratios.png: txf and the peers' tokens/s relative to the best float32 peer, read from
-   the first table after "### After" in BENCHMARKS.md (train step and beam-4 decoding).
+   the first table after "### The figures" in BENCHMARKS.md (train step and beam-4 decoding).
 5. bf16_loss_curves.png: the default run in float32 beside the same run with
    ``--config.model.dtype=bfloat16`` (trained into ``--bf16_workdir`` when it is not there).
 
@@ -100,10 +100,11 @@ def bf16_curves(workdir32, workdir16, path):
 
 
 def _after_table(text):
-  """Rows (dicts by column name) of the first Markdown table after the '### After' heading."""
-  start = re.search(r"^### After.*$", text, re.M)
+  """Rows (dicts by column name) of the first Markdown table after the peers section's
+  '### The figures' heading."""
+  start = re.search(r"^### The figures$", text, re.M)
   if not start:
-    raise ValueError("BENCHMARKS.md has no '### After' section")
+    raise ValueError("BENCHMARKS.md has no '### The figures' section")
   rows, header = [], None
   for line in text[start.end():].splitlines():
     if line.startswith("|"):

@@ -23,7 +23,9 @@ if SMALL:
   add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
-print(f"small mode: {SMALL}; figures in {OUT}")
+# the folder named as set (the site's build sets it), so no machine path is printed
+print(f"small mode: {SMALL}; figures in "
+      + ("$TXF_NOTEBOOK_OUT" if os.environ.get("TXF_NOTEBOOK_OUT") else OUT))
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +46,10 @@ def show(path):
 # %% [markdown]
 # ## 1. Sinusoidal positional encoding
 #
-# `PE[pos, 2i] = sin(pos · ω_i)`, `PE[pos, 2i+1] = cos(pos · ω_i)` with `ω_i = 10000^(-2i/d)`: each
-# (sin, cos) pair shares one frequency, from `ω_0 = 1` (period 2π positions) down to `10000^(-(d-2)/d)`
-# (period ≈ 2π·10000). txf builds it in float64 and stores float32; below it is rebuilt independently.
+# $PE_{pos,\,2i} = \sin(pos\,\omega_i)$, $PE_{pos,\,2i+1} = \cos(pos\,\omega_i)$ with
+# $\omega_i = 10000^{-2i/d}$: each (sin, cos) pair shares one frequency, from $\omega_0 = 1$ (period
+# $2\pi$ positions) down to $10000^{-(d-2)/d}$ (period $\approx 2\pi \cdot 10000$). txf builds it in
+# float64 and stores float32; below it is rebuilt independently.
 
 # %%
 L, d = pick((100, 64), (40, 16))
@@ -64,18 +67,20 @@ show(viz.plot_positional_encoding(pe, os.path.join(OUT, "01_positional_encoding.
 # %% [markdown]
 # ### The relative-position property
 #
-# With `a = pos·ω_i` and `b = k·ω_i`, the angle-sum identities give
+# With $a = pos\,\omega_i$ and $b = k\,\omega_i$, the angle-sum identities give
 #
-# `sin(a + b) = cos(b)·sin(a) + sin(b)·cos(a)`, `cos(a + b) = −sin(b)·sin(a) + cos(b)·cos(a)`,
+# $$\sin(a + b) = \cos b \sin a + \sin b \cos a, \qquad \cos(a + b) = -\sin b \sin a + \cos b \cos a,$$
 #
-# so each pair moves by a 2×2 rotation that depends on the offset `k` and not on `pos`:
+# so each pair moves by a 2×2 rotation that depends on the offset $k$ and not on $pos$:
 #
-# `[PE[pos+k, 2i], PE[pos+k, 2i+1]]ᵀ = [[cos kω_i, sin kω_i], [−sin kω_i, cos kω_i]] · [PE[pos, 2i], PE[pos, 2i+1]]ᵀ`.
+# $$\begin{pmatrix} PE_{pos+k,\,2i} \\ PE_{pos+k,\,2i+1} \end{pmatrix} =
+# \begin{pmatrix} \cos k\omega_i & \sin k\omega_i \\ -\sin k\omega_i & \cos k\omega_i \end{pmatrix}
+# \begin{pmatrix} PE_{pos,\,2i} \\ PE_{pos,\,2i+1} \end{pmatrix}.$$
 #
-# Stacking the d/2 blocks on the diagonal gives one matrix `M_k` with `PE[pos+k] = M_k PE[pos]` for
-# every position: a linear map that a layer can learn once to "look k positions away". Consequences
-# checked below: `M_k` is orthogonal, `M_j M_k = M_{j+k}`, and `PE[p]·PE[p+k] = Σ_i cos(k ω_i)` depends
-# on `k` alone (the Gram matrix is Toeplitz).
+# Stacking the $d/2$ blocks on the diagonal gives one matrix $M_k$ with $PE_{pos+k} = M_k\,PE_{pos}$
+# for every position: a linear map that a layer can learn once to "look $k$ positions away".
+# Consequences checked below: $M_k$ is orthogonal, $M_j M_k = M_{j+k}$, and
+# $PE_p \cdot PE_{p+k} = \sum_i \cos(k\,\omega_i)$ depends on $k$ alone (the Gram matrix is Toeplitz).
 
 # %%
 def offset_matrix(k: int, omega: np.ndarray) -> np.ndarray:
@@ -117,9 +122,11 @@ show(viz.save_figure(fig, os.path.join(OUT, "01_relative_position.png"), tight=T
 # %% [markdown]
 # ## 2. Attention on a toy sentence
 #
-# `Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V`, computed by hand for one sentence, then with
-# `txf.ops.scaled_dot_product_attention`; then two heads with `txf.ops.multi_head_attention`,
-# `MultiHead = Concat(head_1, head_2) W^O` with `d_k = d_v = d_model / h`. The embeddings and
+# $\operatorname{Attention}(Q, K, V) = \operatorname{softmax}\!\big(QK^\top/\sqrt{d_k}\big)\,V$,
+# computed by hand for one sentence, then with `txf.ops.scaled_dot_product_attention`; then two heads
+# with `txf.ops.multi_head_attention`,
+# $\operatorname{MultiHead} = \operatorname{Concat}(\text{head}_1, \text{head}_2)\,W^O$ with
+# $d_k = d_v = d_\text{model}/h$. The embeddings and
 # projections are random (seeded): this shows the mechanics, not a trained model.
 
 # %%
@@ -217,9 +224,13 @@ print("causal: outputs before the changed position are identical; the last one c
 # %% [markdown]
 # ## 4. The normalisation and softmax Jacobians
 #
-# For the normalisation `n(x) = (x − μ)/s`, `s = √(σ² + ε)`:
-# `J = (N·I − 1·1ᵀ)/(N s) − (x − μ)(x − μ)ᵀ/(N s³)` (`s = σ` when ε = 0),
-# and for softmax `∂w_j/∂x_k = w_j (δ_jk − w_k)`, i.e. `diag(w) − w wᵀ`. `jax.jacobian` must agree.
+# For the normalisation $n(x) = (x - \mu)/s$, $s = \sqrt{\sigma^2 + \varepsilon}$:
+#
+# $$J = \frac{N I - \mathbf{1}\mathbf{1}^\top}{N s} - \frac{(x - \mu)(x - \mu)^\top}{N s^3}$$
+#
+# ($s = \sigma$ when $\varepsilon = 0$), and for softmax
+# $\partial w_j/\partial x_k = w_j(\delta_{jk} - w_k)$, i.e. $\operatorname{diag}(w) - w w^\top$.
+# `jax.jacobian` must agree.
 
 # %%
 from txf.analysis import jacobians
@@ -234,4 +245,4 @@ auto = jax.jacobian(jax.nn.softmax)(xv)
 err = float(jnp.abs(jacobians.softmax_jacobian(xv) - auto).max())
 print(f"softmax Jacobian: max |diag(w) - w wT - jax.jacobian| = {err:.1e}")
 assert err < 1e-6
-print("figures in", OUT, ":", sorted(f for f in os.listdir(OUT) if f.startswith("01_")))
+print("figures written:", sorted(f for f in os.listdir(OUT) if f.startswith("01_")))

@@ -24,7 +24,9 @@ if SMALL:
   add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
-print(f"small mode: {SMALL}; figures in {OUT}")
+# the folder named as set (the site's build sets it), so no machine path is printed
+print(f"small mode: {SMALL}; figures in "
+      + ("$TXF_NOTEBOOK_OUT" if os.environ.get("TXF_NOTEBOOK_OUT") else OUT))
 
 import numpy as np
 from IPython.display import Image, Markdown, display
@@ -176,4 +178,4 @@ display(Markdown(
     f"cross-attention head, layer {best[0]} head {best[1]}, puts its largest weight on the source word "
     f"being translated for {rate[best]:.0%} of {total} content words; a monotone aligner scores "
     f"{monotone / max(total, 1):.0%}."))
-print("figures in", OUT, ":", sorted(f for f in os.listdir(OUT) if f.startswith("02_")))
+print("figures written:", sorted(f for f in os.listdir(OUT) if f.startswith("02_")))

@@ -37,7 +37,9 @@ if SMALL:
   add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
-print(f"small mode: {SMALL}; figures in {OUT}")
+# the folder named as set (the site's build sets it), so no machine path is printed
+print(f"small mode: {SMALL}; figures in "
+      + ("$TXF_NOTEBOOK_OUT" if os.environ.get("TXF_NOTEBOOK_OUT") else OUT))
 
 import jax
 
@@ -171,6 +173,18 @@ def runs_for(field, value):
   return runs[("base", None) if value == base_value(field) else (field, value)]
 
 
+all_em = [r["final"]["exact_match"] for rs in runs.values() for r in rs]
+if SMALL:  # the site's copy: say what this run is before its table
+  display(Markdown(
+      f"**Reduced run** (`TXF_NOTEBOOK_SMALL=1`, the copy the documentation site shows): {STEPS} steps "
+      f"of a d_model={base.model.d_model}, {base.model.num_encoder_layers}+{base.model.num_decoder_layers}"
+      f"-layer model, {len(SEEDS)} seed(s), {len(runs)} configurations. "
+      + ("Too short to learn the task: exact match is zero in every arm, so the bar chart is empty. "
+         if not any(all_em) else "Far too short to compare the arms. ")
+      + "It shows what the notebook computes and draws, not a result: run the notebook without "
+        "`TXF_NOTEBOOK_SMALL` for the full grid. A study that was run in full is shown at the end "
+        "(*A measured study*)."))
+
 rows = []
 for axis, (field, values) in AXES.items():
   for value in values:
@@ -213,7 +227,8 @@ ax.bar(range(len(labels)), means, yerr=spreads, color="tab:blue", alpha=0.8, cap
 ax.set_xticks(range(len(labels)))
 ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=8)
 ax.set_ylabel("held-out exact match")
-ax.set_title(f"after {STEPS} steps ({len(SEEDS)} seed(s); base configuration repeated per axis)")
+ax.set_title(("reduced run: " if SMALL else "") +
+             f"after {STEPS} steps ({len(SEEDS)} seed(s); base configuration repeated per axis)")
 show(viz.save_figure(fig, os.path.join(OUT, "03_exact_match.png"), tight=True))
 
 # %% [markdown]
@@ -230,6 +245,31 @@ for axis, (field, values) in AXES.items():
   worst = min(values, key=lambda v: em[v])
   lines.append(f"* **{axis}**: best `{field.split('.')[1]}={best}` ({em[best]:.2f}), worst "
                f"`{worst}` ({em[worst]:.2f}); base {base_em:.2f}")
-display(Markdown(f"After {STEPS} steps, {len(SEEDS)} seed(s), exact match on {EVAL_EXAMPLES} held-out "
+display(Markdown(("**Reduced run**, not a result. " if SMALL else "")
+                 + f"After {STEPS} steps, {len(SEEDS)} seed(s), exact match on {EVAL_EXAMPLES} held-out "
                  f"sentences:\n\n" + "\n".join(lines)))
-print("figures in", OUT, ":", sorted(f for f in os.listdir(OUT) if f.startswith("03_")))
+print("figures written:", sorted(f for f in os.listdir(OUT) if f.startswith("03_")))
+
+# %% [markdown]
+# ## A measured study: gated FFNs on Tiny Shakespeare
+#
+# The grid above, run in full, takes tens of minutes, and the site shows its reduced run. A study run
+# in full with `txf sweep` (`experiments/sweeps/shakespeare_glu.py`): ReLU against SwiGLU and GeGLU
+# at equal parameter count, five seeds each, scored by the validation loss in nats per character.
+# Its report is on the Sweeps page of the documentation (`docs/sweeps.md`, "A published direction,
+# reproduced with its noise"); the cell below shows that table and figure as the repository holds
+# them (they are read, not recomputed here).
+
+# %%
+import txf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(txf.__file__)))
+SWEEPS_PAGE = os.path.join(REPO, "docs", "sweeps.md")
+STUDY_FIGURE = os.path.join(REPO, "docs", "figures", "sweep_shakespeare_glu.png")
+if os.path.isfile(SWEEPS_PAGE) and os.path.isfile(STUDY_FIGURE):
+  with open(SWEEPS_PAGE, encoding="utf-8") as f:
+    page = f.read().split("## A published direction", 1)[1].split("\n## ", 1)[0]
+  display(Markdown("\n".join(line for line in page.splitlines() if line.startswith("|"))))
+  show(STUDY_FIGURE)
+else:
+  print("docs/sweeps.md is not beside this txf (an installed copy): see the Sweeps page of the site")

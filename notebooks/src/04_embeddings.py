@@ -30,7 +30,9 @@ if SMALL:
   add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
-print(f"small mode: {SMALL}; figures in {OUT}")
+# the folder named as set (the site's build sets it), so no machine path is printed
+print(f"small mode: {SMALL}; figures in "
+      + ("$TXF_NOTEBOOK_OUT" if os.environ.get("TXF_NOTEBOOK_OUT") else OUT))
 
 import jax
 
@@ -95,7 +97,8 @@ else:
   root = tempfile.mkdtemp(prefix="txf-notebook-04-data-")
   NAME = "toy-subject-number"
   print(f"NO REAL DATA: {why}. To use the movie reviews, set TXF_DATA to the folder that holds "
-        f"rt-polarity/. Using a toy corpus instead: {root}/{NAME}")
+        f"rt-polarity/. Using a toy corpus instead, {NAME}, written to a "
+        "temporary folder")
   rng = np.random.default_rng(0)
   os.makedirs(os.path.join(root, NAME))
   for split, n in (("train", pick(8000, 2000)), ("dev", pick(1000, 256))):
@@ -126,9 +129,9 @@ print(f"{NAME}: {len(train_texts)} train / {len(dev_labels)} dev sentences; "
 # frequent word is one piece, `▁good`, shown without its `▁`); the other pieces, byte pieces
 # included, become `<unk>` here. Specials first.
 # `C[i, j]` counts how often word j occurs within `window` positions of word i (sentences never
-# mix); each column is standardised (`Z`), `S = ZᵀZ/(V−1)` is the covariance of the context
-# features, and power iteration with deflation `A' = A − λ v vᵀ` gives its top-k eigenpairs
-# `(λ, W_k)`; a word's embedding is its row of `E = Z W_k` (shape `[V, k]`).
+# mix); each column is standardised ($Z$), $S = Z^\top Z/(V-1)$ is the covariance of the context
+# features, and power iteration with deflation $A' = A - \lambda v v^\top$ gives its top-k eigenpairs
+# $(\lambda, W_k)$; a word's embedding is its row of $E = Z W_k$ (shape `[V, k]`).
 # `k = 51` (= the classifier's d_model, see `experiments/sentiment_seed.py`; small mode: 12).
 
 # %%
@@ -325,4 +328,4 @@ ax.set_title(f"{NAME}: embedding initialisation")
 ax.grid(alpha=0.3)
 ax.legend()
 show(viz.save_figure(fig, os.path.join(OUT, "04_init_comparison.png"), tight=True))
-print("figures in", OUT, ":", sorted(f for f in os.listdir(OUT) if f.startswith("04_")))
+print("figures written:", sorted(f for f in os.listdir(OUT) if f.startswith("04_")))
