@@ -87,7 +87,18 @@ VARIANTS = [("encoder_decoder", dict(layers=2)),
             # a score bias with grouped-query heads: folded per head group like the mask
             ("encoder_decoder", dict(positional="alibi", num_heads=4, num_kv_heads=2)),
             ("decoder_lm", dict(positional="relative", num_heads=4, num_kv_heads=1,
-                                relative_buckets=8, relative_max_distance=16))]
+                                relative_buckets=8, relative_max_distance=16)),
+            # T5's layout: one relative table per stack, unscaled attention, heads of d_k = 8 wider
+            # than d_model / h (3 heads: inner width 24 != 16), pre-LN RMSNorm without biases,
+            # the tied head's logits scale; with a gated tanh-GELU FFN (T5 v1.1) in the LM
+            ("encoder_decoder", dict(positional="relative", relative_shared=True, relative_buckets=8,
+                                     relative_max_distance=16, attention="dot_product",
+                                     num_heads=3, head_dim=8, pre_ln=True, norm="rms_norm",
+                                     use_bias=False, logits_scale=0.25, layers=2)),
+            ("decoder_lm", dict(positional="relative", relative_shared=True, relative_buckets=8,
+                                relative_max_distance=16, attention="dot_product", num_heads=3,
+                                head_dim=8, pre_ln=True, norm="rms_norm", use_bias=False,
+                                activation="geglu_tanh", layers=2))]
 
 
 # The paper's model and its first variants in the quick tier; the ablation bench's variants (FFN,

@@ -68,7 +68,8 @@ def base_config() -> ml_collections.ConfigDict:
   m = c.model
   m.family = "encoder_decoder"   # encoder_decoder (translation) | encoder_classifier | decoder_lm | encoder_mlm (masked LM: imported BERT, no training task yet)
   m.d_model = 512                # model width d_model
-  m.num_heads = 8                # h; d_k = d_v = d_model / h
+  m.num_heads = 8                # h; d_k = d_v = d_model / h (unless model.head_dim)
+  m.head_dim = 0                 # d_k = d_v of each attention head: 0 = d_model / num_heads (the paper's); > 0 = that width, the projections then [d_model, h * head_dim] (T5 v1.1 small: d_model 512, 6 heads of 64)
   m.num_kv_heads = 0             # key/value heads h_kv: 0 = num_heads (multi-head attention); a divisor of num_heads = grouped-query attention (1 = multi-query), query head i reads key/value head i // (h / h_kv)
   m.qk_norm = "none"             # normalise each query and key head over d_k before Q K^T (a gain [d_k] each for q and k, shared by the heads): none | layer_norm | rms_norm
   m.d_ff = 2048                  # inner width of the position-wise FFN
@@ -82,12 +83,13 @@ def base_config() -> ml_collections.ConfigDict:
   m.positional = "sinusoidal"    # sinusoidal | learned | none (added to the embeddings) | rope | alibi | relative (inside self-attention), a name of txf.nn.positional.POSITIONAL
   m.rope_base = 10000.0          # positional=rope: theta_i = rope_base^(-2i/d_k), the rotation frequencies of the pairs (x_2i, x_2i+1)
   m.relative_buckets = 32        # positional=relative: rows of each layer's learned T5 bias table [buckets, h] (encoder: half per sign)
+  m.relative_shared = False      # positional=relative: False = each self-attention layer has its own table; True = one table per stack (parameter relative_bias of the encoder / decoder), read by all its layers, as T5's
   m.relative_max_distance = 128  # positional=relative: distances >= this share the last (logarithmic) bucket
   m.max_len = 256                # longest sequence the model accepts (learned PE size, decode cache)
   m.layer_norm_eps = 1e-6        # epsilon inside LayerNorm
   m.pooling = "mean"             # encoder_classifier: mean over real tokens | max over real tokens (per feature) | first token
   m.pooler = False               # encoder_classifier: a dense layer and tanh on the pooled vector, tanh(W pool(h) + b) (BERT's pooler: with pooling=first)
-  m.attention = "scaled_dot_product"  # the attention formula, a name of txf.kernels.attention.ATTENTION: scaled_dot_product (the paper's)
+  m.attention = "scaled_dot_product"  # the attention formula, a name of txf.kernels.attention.ATTENTION: scaled_dot_product (the paper's) | dot_product (no 1/sqrt(d_k): softmax(Q K^T + B + M) V, T5's)
   m.norm = "layer_norm"          # Add & Norm's normalisation, a name of txf.nn.layers.NORMS: layer_norm (the paper's) | rms_norm (no mean, no beta)
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
   m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
@@ -103,6 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.embed_scale = True           # token embeddings times sqrt(d_model) (paper; Marian scale_embedding)
   m.attention_bias = False       # biases on the Q, K, V and output projections of attention (Marian: True)
   m.logits_bias = False          # a vector added to the output logits (Marian's final_logits_bias)
+  m.logits_scale = 1.0           # output logits = (logits_scale * h) W^T with h the final decoder states: 1.0 = none (the paper); T5 v1.0's tied head: d_model^-0.5
   m.decoder_start_id = 1         # id that starts every decoder input: BOS (1); an imported Marian model starts with its pad (0 in txf)
   m.forbid_pad = False           # decoding never generates PAD (id 0), as Marian's generate
   # options of BERT models, see `txf import-hf`; the defaults leave the paper's model as it is
@@ -454,10 +457,11 @@ def _positional_errors(m) -> List[str]:
   """The impossible settings of the position variants that act inside attention."""
   errors, kind = [], m.get("positional")
   h, dm = m.get("num_heads", 1), m.get("d_model", 1)
+  dk = m.get("head_dim", 0) or (dm // h if h > 0 and dm % h == 0 else 0)
   if kind == "rope":
-    if h > 0 and dm % h == 0 and (dm // h) % 2:
-      errors.append(f"model.positional=rope rotates pairs of columns: d_k = d_model / num_heads = "
-                    f"{dm // h} must be even")
+    if isinstance(dk, int) and dk % 2:
+      errors.append(f"model.positional=rope rotates pairs of columns: d_k (model.head_dim, or "
+                    f"d_model / num_heads) = {dk} must be even")
     if not m.get("rope_base", 1.0) > 1:
       errors.append(f"model.rope_base={m.get('rope_base')!r} must be > 1 (RoPE's frequencies "
                     f"theta_i = base^(-2i/d_k); the paper's is 10000)")
@@ -550,7 +554,19 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   for n in ["num_encoder_layers", "num_decoder_layers"]:
     if m.get(n, 0) < 0:
       errors.append(f"model.{n}={m.get(n)} must be >= 0")
-  if m.get("d_model", 1) > 0 and m.get("num_heads", 1) > 0 and m["d_model"] % m["num_heads"]:
+  head_dim = m.get("head_dim", 0)
+  if not isinstance(head_dim, int) or head_dim < 0:
+    errors.append(f"model.head_dim={head_dim!r} must be an integer >= 0 (0 = d_model / num_heads)")
+  scale = m.get("logits_scale", 1.0)
+  if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+    errors.append(f"model.logits_scale={scale!r} must be a finite number > 0 (1.0 = none; T5's "
+                  f"tied head: d_model ** -0.5)")
+  if m.get("relative_shared", False) and m.get("positional") != "relative":
+    errors.append(f"model.relative_shared=True shares T5's relative bias table, which "
+                  f"model.positional={m.get('positional')!r} has not: set model.positional=relative "
+                  f"or model.relative_shared=False")
+  if (not head_dim and m.get("d_model", 1) > 0 and m.get("num_heads", 1) > 0
+      and m["d_model"] % m["num_heads"]):
     h, dm = m["num_heads"], m["d_model"]
     ok = [k for k in range(1, dm + 1) if dm % k == 0 and abs(k - h) <= max(h, 4)]
     errors.append(f"model.d_model={dm} is not divisible by model.num_heads={h}: d_k = d_model / h must be "

@@ -38,8 +38,9 @@ def fused_kernel(backend_name: str, dtype, causal: bool) -> dict:
   return {"implementation": "xla"}
 
 
-def fused_attention(q, k, v, mask, causal: bool = False, bias=None):
-  """softmax(Q K^T / sqrt(d_k) + B + M) V by ``jax.nn.dot_product_attention`` on q [B, L, H, d_k]
+def fused_attention(q, k, v, mask, causal: bool = False, bias=None, scale=None):
+  """softmax(s Q K^T + B + M) V, s = ``scale`` (None: 1 / sqrt(d_k)), by
+  ``jax.nn.dot_product_attention`` on q [B, L, H, d_k]
   and k, v [B, L_k, H_kv, d_k] (H_kv divides H: grouped-query attention, natively): cuDNN on GPU
   for the half-precision inputs it supports, XLA otherwise. ``bias`` B [B|1, H, L_q, L_k] (heads
   before positions, as that function takes it) or None (B = 0).
@@ -51,6 +52,8 @@ def fused_attention(q, k, v, mask, causal: bool = False, bias=None):
     mask = jnp.broadcast_to(mask, (q.shape[0], q.shape[2], q.shape[1], k.shape[1]))
   out = None
   extra = {} if bias is None else {"bias": bias.astype(q.dtype)}
+  if scale is not None:  # the unscaled formula (dot_product): scale 1
+    extra["scale"] = scale
   kernel = fused_kernel(backend(), q.dtype, causal and q.shape[1] == k.shape[1])
   if kernel["implementation"] == "cudnn":
     try:
@@ -62,6 +65,12 @@ def fused_attention(q, k, v, mask, causal: bool = False, bias=None):
   if mask is not None:
     out = out * mask.any(-1).transpose(0, 2, 1)[..., None].astype(out.dtype)
   return out
+
+
+def fused_unscaled_attention(q, k, v, mask, causal: bool = False, bias=None):
+  """softmax(Q K^T + B + M) V (``model.attention="dot_product"``, T5's): :func:`fused_attention`
+  with scale 1. Shapes as that function's."""
+  return fused_attention(q, k, v, mask, causal, bias=bias, scale=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +97,9 @@ class Attention:
 ATTENTION = Table("model.attention", {
     "scaled_dot_product": Attention(ops.scaled_dot_product_attention,
                                     bf16=bf16.scaled_dot_product_attention, fused=fused_attention),
+    # T5's: no 1/sqrt(d_k), softmax(Q K^T + B + M) V
+    "dot_product": Attention(ops.dot_product_attention, bf16=bf16.dot_product_attention,
+                             fused=fused_unscaled_attention),
 })
 
 

@@ -32,6 +32,20 @@ def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   return dots.weighted(weights, v), weights
 
 
+def dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                          mask: Optional[jnp.ndarray] = None,
+                          bias: Optional[jnp.ndarray] = None
+                          ) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """softmax(Q K^T + B + M) V (``txf.ops.dot_product_attention``, T5's unscaled attention) with
+  float32 logits from :func:`txf.kernels.dots.scores` and the output from
+  :func:`~txf.kernels.dots.weighted`. Shapes as :func:`scaled_dot_product_attention`."""
+  logits = dots.scores(q, k)
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  weights = attention_weights(logits, mask, v.dtype)
+  return dots.weighted(weights, v), weights
+
+
 def grouped_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                       mask: Optional[jnp.ndarray] = None
                       ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:

@@ -75,7 +75,8 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x: jnp.ndarray, memory: Optional[jnp.ndarray] = None,
                mask: Optional[jnp.ndarray] = None,
                memory_valid: Optional[jnp.ndarray] = None,
-               positions: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+               positions: Optional[jnp.ndarray] = None,
+               shared_table: Optional[jnp.ndarray] = None) -> jnp.ndarray:
     """Args:
       x: [B, L_q, d_model] queries (and keys/values unless cross).
       memory: [B, L_k, d_model] encoder output, for ``cross`` (None at cached decode steps).
@@ -83,11 +84,13 @@ class MultiHeadAttention(nn.Module):
       memory_valid: bool [B, L_k] real memory positions, for ``cross``.
       positions: int [B|1, L_q] the queries' positions for an encoding inside self-attention
         (``model.positional`` rope | alibi | relative; None: 0..L_q-1, at cached steps the cache's).
+      shared_table: [model.relative_buckets, h] the stack's relative bias table
+        (``model.relative_shared``); None: the layer's own (positional=relative) or none.
     Returns:
       [B, L_q, d_model].
     """
     cfg = self.config
-    h, dk, dt = cfg.num_heads, cfg.head_dim, cfg.compute_dtype
+    h, dk, dt = cfg.num_heads, cfg.d_k, cfg.compute_dtype
     proj = lambda name, shape: self.param(name, OUT_INIT if name == "out" else QKV_INIT, shape).astype(dt)
     hk = cfg.num_kv_heads or h
     kv_proj = proj if hk == h else (
@@ -133,7 +136,7 @@ class MultiHeadAttention(nn.Module):
                     formula=cfg.attention, bias=bias)
 
     if self.kind != "cross" and POSITIONAL[cfg.positional].in_attention:
-      kv_hook, attention_fn = self._with_positions(positions, kv_hook, attention_fn)
+      kv_hook, attention_fn = self._with_positions(positions, kv_hook, attention_fn, shared_table)
 
     grouping = {} if hk == h else {"num_kv_heads": hk}  # grouped-query attention
     norms = {} if cfg.qk_norm == "none" else {"qk_hook": qk_norm.qk_hook(cfg)}
@@ -181,7 +184,7 @@ class MultiHeadAttention(nn.Module):
     valid = self.variable("cache", kv_cache.CROSS_VALID, lambda: memory_valid).value
     return k, v, valid[:, None, None, :]
 
-  def _with_positions(self, positions, kv_hook, attention_fn):
+  def _with_positions(self, positions, kv_hook, attention_fn, shared_table=None):
     """The hooks of self-attention wrapped for an encoding inside attention
     (``POSITIONAL[model.positional]``, txf.nn.positional): the new keys are rotated (RoPE) at
     their positions before ``kv_hook`` (so a decode cache holds rotated keys), the queries at
@@ -191,6 +194,7 @@ class MultiHeadAttention(nn.Module):
     Positions: ``positions`` (packed rows) or 0..L-1; at a cached decode step the queries are at
     cache_index + p and the keys are the cache's slots 0..T-1 (beam search's layout [B, h, G*T,
     d_k]: slot g*T + u holds position u, and the bias is laid out for the G beams' folded queries).
+    ``shared_table``: the stack's relative bias table (``model.relative_shared``) or None.
     Returns (kv_hook, attention_fn).
     """
     cfg, entry = self.config, POSITIONAL[self.config.positional]
@@ -219,7 +223,8 @@ class MultiHeadAttention(nn.Module):
         if k.shape[0] != q.shape[0]:  # beam layout: G beams' queries folded, G slots of T keys
           g = q.shape[0] // k.shape[0]
           q_pos, k_pos = jnp.tile(q_pos, (1, g)), k_pos % (k.shape[2] // g)
-        bias = entry.bias(self, cfg, q_pos, k_pos, self.kind)
+        table = {} if shared_table is None else {"table": shared_table}  # T5's shared table
+        bias = entry.bias(self, cfg, q_pos, k_pos, self.kind, **table)
       return attention_fn(q, k, v, mask, bias=bias)
 
     return positioned_kv_hook, positioned_attention_fn

@@ -86,8 +86,10 @@ class _TransformerConfigBase:
     return self.d_ff
 
   @property
-  def head_dim(self) -> int:
-    return self.d_model // self.num_heads
+  def d_k(self) -> int:
+    """The width d_k = d_v of one attention head: ``head_dim`` when set (> 0), else
+    d_model / num_heads (the paper's)."""
+    return self.head_dim or self.d_model // self.num_heads
 
 
 TransformerConfig = dataclasses.make_dataclass(

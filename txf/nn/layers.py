@@ -176,18 +176,19 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, mask: Optional[jnp.ndarray],
-               positions: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+               positions: Optional[jnp.ndarray] = None,
+               shared_table: Optional[jnp.ndarray] = None) -> jnp.ndarray:
     """x [B, S, d_model]; mask bool [B, 1, S, S]; positions int [B, S] for an encoding inside
-    attention (None: 0..S-1)."""
+    attention (None: 0..S-1); shared_table the stack's relative bias table
+    (``model.relative_shared``) or None."""
     cfg = self.config
     attention = MultiHeadAttention(cfg, "self", name="self_attention")
+    attend = lambda h: attention(h, mask=mask, positions=positions, shared_table=shared_table)
     if cfg.parallel_block:  # x + Attn(N(x)) + FFN(N(x)), one norm
       x = parallel_residual(cfg, LayerNorm(cfg, name="norm_1"),
-                            (lambda h: attention(h, mask=mask, positions=positions),
-                             FeedForward(cfg, name="ffn")), x)
+                            (attend, FeedForward(cfg, name="ffn")), x)
     else:
-      x = residual(cfg, LayerNorm(cfg, name="norm_1"),
-                   lambda h: attention(h, mask=mask, positions=positions), x)
+      x = residual(cfg, LayerNorm(cfg, name="norm_1"), attend, x)
       x = residual(cfg, LayerNorm(cfg, name="norm_2"), FeedForward(cfg, name="ffn"), x)
     return (x, None) if self.scanned else x
 
@@ -203,11 +204,14 @@ class DecoderLayer(nn.Module):
   scanned: bool = False                # True: return (y, None), the carry form of nn.scan
 
   @nn.compact
-  def __call__(self, y, self_mask, memory=None, cross_mask=None, memory_valid=None, positions=None):
+  def __call__(self, y, self_mask, memory=None, cross_mask=None, memory_valid=None, positions=None,
+               shared_table=None):
     """y [B, T, d_model]; self_mask bool [B|1, 1, T, T]; memory [B, S, d_model]; cross_mask [B, 1, T, S];
-    positions int [B, T] for an encoding inside self-attention (None: 0..T-1, or the cache's)."""
+    positions int [B, T] for an encoding inside self-attention (None: 0..T-1, or the cache's);
+    shared_table the stack's relative bias table (``model.relative_shared``) or None."""
     cfg = self.config
-    self_attention = MultiHeadAttention(cfg, "causal", name="self_attention")
+    causal = MultiHeadAttention(cfg, "causal", name="self_attention")
+    self_attention = lambda h, **kw: causal(h, **kw, shared_table=shared_table)
 
     def add_cross(y):  # cross-attention and its Add & Norm (norm_2)
       attend = MultiHeadAttention(cfg, "cross", name="cross_attention")
@@ -242,7 +246,7 @@ class Encoder(nn.Module):
             else ops.segment_mask(segmentation, segmentation))
     x = AddPositions(cfg, name="positions")(self.embed(inputs), positions)
     x = apply_layers(EncoderLayer, cfg, cfg.num_encoder_layers, x,
-                     (mask,) + attention_positions(cfg, positions))
+                     (mask,) + attention_positions(cfg, positions, self))
     if cfg.pre_ln:
       x = LayerNorm(cfg, name="final_norm")(x)
     return x, valid
@@ -282,7 +286,7 @@ HEADS = Table(None, {"tied": tied_head, "untied": untied_head})
 
 class Decoder(nn.Module):
   """Embedding (+PE, dropout), N decoder layers, final linear (``HEADS``: tied h E^T, or its own
-  kernel)."""
+  kernel) of the final states times ``model.logits_scale`` (when not 1)."""
   config: TransformerConfig
   embed: nn.Module
   cross: bool = True
@@ -311,9 +315,11 @@ class Decoder(nn.Module):
     y = AddPositions(cfg, causal_cache=True, name="positions")(self.embed(decoder_inputs), positions)
     y = apply_layers(DecoderLayer, cfg, cfg.num_decoder_layers, y,
                      (self_mask, memory, cross_mask, memory_valid)
-                     + attention_positions(cfg, positions), cross=self.cross)
+                     + attention_positions(cfg, positions, self), cross=self.cross)
     if cfg.pre_ln:
       y = LayerNorm(cfg, name="final_norm")(y)
+    if cfg.logits_scale != 1.0:  # T5's tied head: logits = (d_model^-0.5 h) E^T
+      y = y * cfg.logits_scale
     y = y.astype(cfg.compute_dtype)  # the output projection runs in the compute dtype
     head = HEADS["tied" if cfg.tie_output else "untied"](self, cfg, y, project)
     if not project:

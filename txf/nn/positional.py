@@ -63,16 +63,26 @@ def alibi(module: nn.Module, cfg: TransformerConfig, q_positions: jnp.ndarray,
   return ops.alibi_bias(q_positions, k_positions, ops.alibi_slopes(cfg.num_heads))
 
 
+def relative_table(module: nn.Module, cfg: TransformerConfig) -> jnp.ndarray:
+  """T5's learned bias table T [model.relative_buckets, h]: the parameter ``relative_bias`` of
+  ``module`` (a self-attention layer's own, or with ``model.relative_shared`` the stack's: the
+  encoder's / decoder's), N(0, d_model^-1) at init as T5's."""
+  return module.param("relative_bias", nn.with_logical_partitioning(
+      nn.initializers.normal(cfg.d_model ** -0.5), (None, "heads")),
+                      (cfg.relative_buckets, cfg.num_heads))
+
+
 def relative_bias(module: nn.Module, cfg: TransformerConfig, q_positions: jnp.ndarray,
-                  k_positions: jnp.ndarray, kind: str) -> jnp.ndarray:
+                  k_positions: jnp.ndarray, kind: str, table: Optional[jnp.ndarray] = None
+                  ) -> jnp.ndarray:
   """T5's learned bias B[h, i, j] = T[bucket(p_j - p_i), h] (txf.ops.relative_position_bias):
   bidirectional buckets for the encoder's self-attention, unidirectional for the decoder's causal
-  one. The table T [model.relative_buckets, h] is a parameter ``relative_bias`` of ``module`` (each
-  self-attention layer has its own; T5 shares the first layer's across its stack), N(0, d_model^-1)
-  at init as T5's. q_positions int [B|1, L_q], k_positions int [B|1, L_k] -> [B|1, h, L_q, L_k]."""
-  table = module.param("relative_bias", nn.with_logical_partitioning(
-      nn.initializers.normal(cfg.d_model ** -0.5), (None, "heads")),
-                       (cfg.relative_buckets, cfg.num_heads))
+  one. The table T [model.relative_buckets, h] is ``table`` when given (``model.relative_shared``:
+  the stack's one table, T5's layout), else a parameter of ``module`` (:func:`relative_table`:
+  each self-attention layer its own). q_positions int [B|1, L_q], k_positions int [B|1, L_k] ->
+  [B|1, h, L_q, L_k]."""
+  if table is None:
+    table = relative_table(module, cfg)
   return ops.relative_position_bias(table, q_positions, k_positions, bidirectional=kind == "self",
                                     max_distance=cfg.relative_max_distance)
 
@@ -113,8 +123,15 @@ POSITIONAL = Table("model.positional", {
 })
 
 
-def attention_positions(cfg: TransformerConfig, positions: Optional[jnp.ndarray]) -> tuple:
-  """The extra argument a stack's layers take for the position encoding: (positions,) (int
+def attention_positions(cfg: TransformerConfig, positions: Optional[jnp.ndarray],
+                        stack: Optional[nn.Module] = None) -> tuple:
+  """The extra arguments a stack's layers take for the position encoding: (positions,) (int
   [B, L], or None for 0..L-1) when ``model.positional`` acts inside attention, () otherwise (the
-  layers' calls then stay as they were)."""
-  return (positions,) if POSITIONAL[cfg.positional].in_attention else ()
+  layers' calls then stay as they were); with ``model.relative_shared`` (positions, T) where T is
+  the stack's one relative bias table (:func:`relative_table` of ``stack``, the calling Encoder or
+  Decoder), read by every layer's self-attention."""
+  if not POSITIONAL[cfg.positional].in_attention:
+    return ()
+  if cfg.relative_shared and cfg.positional == "relative":
+    return (positions, relative_table(stack, cfg))
+  return (positions,)

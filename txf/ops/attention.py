@@ -111,6 +111,24 @@ def scaled_dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
   return jnp.einsum("...qk,...kd->...qd", weights, v), weights
 
 
+def dot_product_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
+                          mask: Optional[jnp.ndarray] = None,
+                          bias: Optional[jnp.ndarray] = None
+                          ) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  r"""Unscaled attention (T5's, ``model.attention="dot_product"``): softmax(Q K^T + B + M) V.
+
+  $$\operatorname{Attention}(Q, K, V) = \operatorname{softmax}\big(QK^\top + B + M\big)V$$
+
+  :func:`scaled_dot_product_attention` without the 1/sqrt(d_k): T5 folds that factor into the
+  initialisation of W^Q instead. Same softmax (float32, masked keys exactly 0), shapes and return.
+  """
+  logits = jnp.einsum("...qd,...kd->...qk", q, k)
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  weights = attention_weights(logits, mask, v.dtype)
+  return jnp.einsum("...qk,...kd->...qd", weights, v), weights
+
+
 def split_heads(x: jnp.ndarray, num_heads: int) -> jnp.ndarray:
   """[B, L, H*d_k] -> [B, H, L, d_k]."""
   b, l, d = x.shape
