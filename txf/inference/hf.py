@@ -48,7 +48,8 @@ TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 #   exports(config) -> bool: whether a txf run (its config) is of this architecture;
 #   export_run(workdir, config, output, params_name, say) -> None: write ``output`` for
 #     ``from_pretrained`` (``staged_directory``), TxfError naming what cannot be exported.
-ARCHITECTURES: Dict[str, str] = {"bert": "txf.inference.hf_bert", "gpt2": "txf.inference.hf_gpt2"}
+ARCHITECTURES: Dict[str, str] = {"bert": "txf.inference.hf_bert", "gpt2": "txf.inference.hf_gpt2",
+                                 "t5": "txf.inference.hf_t5"}
 
 
 def _safetensors():
