@@ -152,7 +152,7 @@ def test_every_table_names_its_configs_allowed_values():
   assert QK_NORMS.names() == ("none", "layer_norm", "rms_norm")
   # the head has no config field of its own (model.tie_output picks it)
   assert tuple(NORMS) == ("layer_norm", "rms_norm") and tuple(HEADS) == ("tied", "untied")
-  assert tuple(ATTENTION) == ("scaled_dot_product",)
+  assert tuple(ATTENTION) == ("scaled_dot_product", "dot_product")
   assert ATTENTION["scaled_dot_product"].fused is kernels.fused_attention
 
 

@@ -33,8 +33,8 @@ COMMANDS = {
     "info": ("txf.commands.info", "print jax, devices, CPU features and the malloc in use"),
     "sweep": ("txf.commands.sweep", "train arms x seeds of a sweep file (or emit them) and compare the arms (t-tests)"),
     "plan": ("txf.commands.plan", "size a job before launch: per-device memory and step time on N devices"),
-    "import-hf": ("txf.commands.import_hf", "import a Hugging Face Marian (OPUS-MT) model as a txf workdir"),
-    "export-hf": ("txf.commands.export_hf", "export a translation run as a Hugging Face Marian model"),
+    "import-hf": ("txf.commands.import_hf", "import a Hugging Face Marian (OPUS-MT) or T5 model as a txf workdir"),
+    "export-hf": ("txf.commands.export_hf", "export a translation run as a Hugging Face Marian or T5 model"),
     "prepare-data": ("txf.commands.prepare_data", "download and prepare a tfds catalog dataset for offline use"),
 }
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull")

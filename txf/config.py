@@ -460,8 +460,9 @@ def _positional_errors(m) -> List[str]:
   dk = m.get("head_dim", 0) or (dm // h if h > 0 and dm % h == 0 else 0)
   if kind == "rope":
     if isinstance(dk, int) and dk % 2:
-      errors.append(f"model.positional=rope rotates pairs of columns: d_k (model.head_dim, or "
-                    f"d_model / num_heads) = {dk} must be even")
+      width = "model.head_dim" if m.get("head_dim", 0) else "d_model / num_heads"
+      errors.append(f"model.positional=rope rotates pairs of columns: d_k = {width} = {dk} must "
+                    f"be even")
     if not m.get("rope_base", 1.0) > 1:
       errors.append(f"model.rope_base={m.get('rope_base')!r} must be > 1 (RoPE's frequencies "
                     f"theta_i = base^(-2i/d_k); the paper's is 10000)")

@@ -10,7 +10,9 @@ imported BERT (encoder_classifier or encoder_mlm with its WordPiece tokenizer, f
 is written as ``BertForSequenceClassification`` / ``BertForMaskedLM`` with tokenizer.json,
 vocab.txt and tokenizer_config.json (``AutoTokenizer.from_pretrained(DIR)``). A decoder_lm run is
 exported as GPT-2 (GPT2LMHeadModel, GPT2TokenizerFast: tokenizer.json, vocab.json, merges.txt),
-which only a run started from an imported GPT-2 can be (README, "GPT-2").
+which only a run started from an imported GPT-2 can be (README, "GPT-2"). A run with T5's layout
+(an imported T5, fine-tuned or not) is written as a T5 model (config.json, model.safetensors,
+spiece.model, tokenizer_config.json: txf.inference.hf_t5).
 """
 
 import sys

@@ -4,7 +4,9 @@ SRC is a directory written by Hugging Face's ``MarianMTModel.save_pretrained`` (
 model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json), or a Hub name such as
 ``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub); or a
 GPT-2 (``GPT2LMHeadModel``: config.json, weights, tokenizer.json or vocab.json + merges.txt; Hub
-name ``gpt2``), which becomes a decoder_lm run for ``txf generate`` (README, "GPT-2").
+name ``gpt2``), which becomes a decoder_lm run for ``txf generate`` (README, "GPT-2"); or a T5
+(``T5ForConditionalGeneration.save_pretrained``: config.json, model.safetensors, spiece.model;
+txf.inference.hf_t5), an encoder_decoder run (README, "T5").
 Writes a complete txf workdir W (config.json, task.json, tokenizer/, params.msgpack) that
 ``txf translate``, ``txf eval``, ``txf export-hf`` and ``txf train --config.init_from=W`` use.
 Its decoding settings are Hugging Face's ``generate(num_beams=K, length_penalty=1.0,
