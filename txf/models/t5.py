@@ -25,8 +25,8 @@ from typing import Any, Dict, List
 import numpy as np
 
 # Hugging Face's activation name (T5Config.dense_act_fn) -> txf's, dense and gated
-_ACTIVATIONS = {"relu": ("relu", "reglu"), "gelu": ("gelu", "geglu"), "gelu_python": ("gelu", "geglu"),
-                "gelu_new": ("gelu_tanh", "geglu_tanh"),
+_ACTIVATIONS = {"relu": ("relu", "reglu"), "gelu": ("gelu", "geglu"),
+                "gelu_python": ("gelu", "geglu"), "gelu_new": ("gelu_tanh", "geglu_tanh"),
                 "gelu_pytorch_tanh": ("gelu_tanh", "geglu_tanh"),
                 "silu": ("swish", "swiglu"), "swish": ("swish", "swiglu")}
 # txf's activation -> T5Config.feed_forward_proj
