@@ -21,6 +21,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Sequence
@@ -280,6 +281,35 @@ class WordPieceTokenizer(Tokenizer):
             "vocab_size": self.vocab_size, "clean_up_tokenization_spaces": self.clean_up}
 
 
+class T5Tokenizer(MarianTokenizer):
+  """A T5 tokenizer (txf.inference.hf_t5): one SentencePiece model with ``vocab`` its pieces at
+  their ids plus the sentinels ``<extra_id_N>`` above them, ids txf's as for Marian. The sentinels
+  are special tokens, as in Hugging Face's T5Tokenizer: written in the text each is one id (the
+  text around it encoded on its own, surrounding spaces dropped), and ``decode`` drops them with
+  PAD, EOS and UNK (``skip_special_tokens``)."""
+  kind = "t5"
+  SENTINEL = re.compile(r"(<extra_id_\d+>)")
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._sentinels = {int(self._txf_of[m]) for p, m in self.vocab.items()
+                       if self.SENTINEL.fullmatch(p) and 0 <= m < self._size}
+
+  def encode(self, text: str) -> List[int]:
+    """text -> txf ids: each ``<extra_id_N>`` one id, the text between encoded by SentencePiece."""
+    ids: List[int] = []
+    for part in self.SENTINEL.split(text):
+      if self.SENTINEL.fullmatch(part) and part in self.vocab:
+        ids.append(int(self._txf_of[self.vocab[part]]))
+      elif part.strip():
+        ids += [int(self._txf_of[self.vocab[p]]) if p in self.vocab else self._unk
+                for p in self._sp.encode(part.strip(), out_type=str)]
+    return ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return super().decode([i for i in ids if int(i) not in self._sentinels])
+
+
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
                         num_threads: int = 1, character_coverage: float = 0.9999
                         ) -> SentencePieceTokenizer:
@@ -368,7 +398,7 @@ def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
     return GPT2Tokenizer.from_json(directory, desc)
   if desc["kind"] == "char":
     return CharTokenizer(desc["chars"])
-  if desc["kind"] == "marian":
+  if desc["kind"] in ("marian", "t5"):
     with open(os.path.join(directory, desc["model_file"]), "rb") as f:
       proto = f.read()
     with open(os.path.join(directory, desc["vocab_file"])) as f:
@@ -377,8 +407,9 @@ def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
     if desc.get("decode_model_file"):
       with open(os.path.join(directory, desc["decode_model_file"]), "rb") as f:
         decode_proto = f.read()
-    return MarianTokenizer(proto, vocab, desc["specials"], desc["vocab_size"], decode_proto,
-                           desc.get("clean_up_tokenization_spaces", False))
+    kind = T5Tokenizer if desc["kind"] == "t5" else MarianTokenizer
+    return kind(proto, vocab, desc["specials"], desc["vocab_size"], decode_proto,
+                desc.get("clean_up_tokenization_spaces", False))
   if desc["kind"] == "wordpiece":
     with open(os.path.join(directory, desc["model_file"])) as f:
       return WordPieceTokenizer(f.read(), desc["specials"], desc["vocab_size"],

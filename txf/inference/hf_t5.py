@@ -67,8 +67,8 @@ def t5_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.Code
   vocab.update({f"<extra_id_{n}>": pieces + extra - 1 - n for n in range(extra)})
   specials = {"pad": int(hf["pad_token_id"]), "eos": int(hf["eos_token_id"]),
               "unk": int(sp.unk_id())}
-  side = tok.MarianTokenizer(proto, vocab, specials, size,
-                             clean_up=bool(tconf.get("clean_up_tokenization_spaces", False)))
+  side = tok.T5Tokenizer(proto, vocab, specials, size,
+                         clean_up=bool(tconf.get("clean_up_tokenization_spaces", False)))
   return tok.Codec(side, side, {**settings, "extra_ids": extra})
 
 
@@ -148,7 +148,7 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
   if m.decoder_start_id != 0 or m.forbid_pad:
     problems.append(f"model.decoder_start_id={m.decoder_start_id} / forbid_pad={m.forbid_pad} "
                     f"(T5 starts with its pad, id 0, and may generate it)")
-  if (codec is None or not isinstance(codec.target, tok.MarianTokenizer)
+  if (codec is None or not isinstance(codec.target, tok.T5Tokenizer)
       or codec.settings.get("tokenizer") != "t5"):
     kind = "none" if codec is None else codec.target.kind
     problems.append(f"its tokenizer ({kind}): export-hf writes the spiece.model of a T5 model "
