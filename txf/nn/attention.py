@@ -60,7 +60,8 @@ def per_source_attention(attend_fn, q, k, v, mask, bias=None):
 
 
 class MultiHeadAttention(nn.Module):
-  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with d_k = d_v = d_model / h.
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with d_k = d_v = d_model / h, or
+  ``model.head_dim`` when set (T5's d_kv: the inner width h d_k need not be d_model).
 
   Parameters: query/key/value kernels [d_model, h, d_k] (W^Q, W^K, W^V, no bias, as in the paper)
   and out kernel [h, d_v, d_model] (W^O). With ``num_kv_heads`` h_kv < h (grouped-query
