@@ -234,3 +234,36 @@ def test_import_refuses_what_txf_cannot_represent(small, tmp_path):
   assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
   assert "txf: error:" in proc.stderr and "feed_forward_proj='gated-tanh'" in proc.stderr
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_fine_tune_from_imported(small, imported, tmp_path):
+  """init_from: the imported T5 parameters, options and tokenizer start a txf run (lr 1e-30: the
+  parameters stay as they are to 1e-25), whose model is T5's."""
+  if small[0] != "v1.1":
+    pytest.skip("one fine-tuning run is enough (v1.1: head_dim, gated FFN, untied head)")
+  from txf.config import base_config
+  from txf.train import train
+  from txf.workdir import load_params
+  import jax
+  data = tmp_path / "data"
+  data.mkdir()
+  src, tgt = corpus(40, 2)
+  for split in ("train", "val", "test"):
+    (data / f"{split}.en").write_text("\n".join(src) + "\n")
+    (data / f"{split}.de").write_text("\n".join(tgt) + "\n")
+  c = base_config()
+  c.init_from = imported
+  c.num_train_steps, c.batch_size, c.log_every, c.eval_every = 2, 8, 1, 0
+  c.checkpoint_every, c.decode_examples, c.eval_batches = 0, 2, 1
+  c.optimizer.schedule, c.optimizer.learning_rate, c.optimizer.warmup_steps = "constant", 1e-30, 1
+  c.data.source, c.data.data_dir = f"text:{data}", str(tmp_path / "prepared")
+  c.data.max_input_len = c.data.max_target_len = 40
+  workdir = str(tmp_path / "ft")
+  train(c, workdir)
+  run = load_run(workdir)
+  m = run.model_cfg
+  assert (m.attention, m.relative_shared, m.head_dim, m.activation, m.tie_output,
+          m.decoder_start_id) == ("dot_product", True, 8, "geglu_tanh", False, 0)
+  for a, b in zip(jax.tree_util.tree_leaves(load_params(imported)),
+                  jax.tree_util.tree_leaves(load_params(workdir))):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-25)
