@@ -10,9 +10,9 @@
   both with its message).
 """
 
-import os
 import inspect
 import json
+import os
 import sys
 
 import jax
