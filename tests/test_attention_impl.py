@@ -122,7 +122,10 @@ def test_model_loss_and_gradients_agree(family):
     np.testing.assert_allclose(g_f, g_r, atol=ATOL, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family,heads", [("encoder_decoder", {}), ("decoder_lm", {}),
+# the language model in the quick tier; translation's (~10 s of compiles; cached = full forward
+# for translation stays quick in tests/test_kv_cache.py) and GQA's in the end-to-end tier
+@pytest.mark.parametrize("family,heads", [pytest.param("encoder_decoder", {}, marks=pytest.mark.slow),
+                                          ("decoder_lm", {}),
                                           pytest.param("encoder_decoder", dict(num_heads=4, num_kv_heads=2),
                                                        marks=pytest.mark.slow)])
 def test_cached_decode_steps_agree(family, heads):

@@ -5,24 +5,38 @@ import math
 
 import pytest
 
-from tests.conftest import run_txf
+from tests.conftest import apply_overrides, run_txf
 from txf import config as config_lib
 from txf.config import ConfigError, base_config, validate
 
 
-@pytest.mark.parametrize("flag, needle", [
-    ("--config.optimizer.learning_rate_scale=0", "optimizer.learning_rate_scale=0.0 must be > 0"),
-    ("--config.optimizer.learning_rate_scale=-1", "optimizer.learning_rate_scale=-1.0 must be > 0"),
-    ("--config.optimizer.b1=1.0", "optimizer.b1=1.0 must be in [0, 1)"),
-    ("--config.optimizer.b2=-0.1", "optimizer.b2=-0.1 must be in [0, 1)"),
-    ("--config.optimizer.eps=0", "optimizer.eps=0.0 must be > 0"),
-    ("--config.grad_accum_steps=3", "batch_size=64 is not divisible by grad_accum_steps=3"),
-    ("--config.best_metric=bleu_score", "best_metric='bleu_score' is never logged by a "
+# (field, value, the refusal's words): the default experiment, as `txf train` without --config
+SILENTLY_WRONG = [
+    ("optimizer.learning_rate_scale", 0.0, "optimizer.learning_rate_scale=0.0 must be > 0"),
+    ("optimizer.learning_rate_scale", -1.0, "optimizer.learning_rate_scale=-1.0 must be > 0"),
+    ("optimizer.b1", 1.0, "optimizer.b1=1.0 must be in [0, 1)"),
+    ("optimizer.b2", -0.1, "optimizer.b2=-0.1 must be in [0, 1)"),
+    ("optimizer.eps", 0.0, "optimizer.eps=0.0 must be > 0"),
+    ("grad_accum_steps", 3, "batch_size=64 is not divisible by grad_accum_steps=3"),
+    ("best_metric", "bleu_score", "best_metric='bleu_score' is never logged by a "
      "encoder_decoder run with this config (its evaluations log loss, nll, accuracy, perplexity, "
      "exact_match, bleu)"),
-])
-def test_train_refuses_silently_wrong_configs(flag, needle, tmp_path):
-  r = run_txf("train", "--workdir", str(tmp_path / "w"), flag, "--progress=false")
+]
+
+
+@pytest.mark.parametrize("field, value, needle", SILENTLY_WRONG)
+def test_silently_wrong_configs_are_refused(field, value, needle):
+  config = apply_overrides(config_lib.load_experiment("default"), {field: value})
+  with pytest.raises(ConfigError) as e:
+    validate(config)
+  assert needle in str(e.value)
+
+
+def test_train_refuses_a_silently_wrong_config_in_one_line_before_writing(tmp_path):
+  # the command's path for every refusal above: one line, exit 2, no traceback, no workdir
+  field, value, needle = SILENTLY_WRONG[2]
+  r = run_txf("train", "--workdir", str(tmp_path / "w"), f"--config.{field}={value}",
+              "--progress=false")
   assert r.returncode == 2, r.stdout + r.stderr
   assert needle in r.stderr, r.stderr
   assert "Traceback" not in r.stderr

@@ -47,7 +47,10 @@ def _self_attention_weights(cfg, params, batch):
   return out
 
 
-@pytest.mark.parametrize("positional", ["rope", "alibi", "relative"])
+# alibi in the quick tier; rope and relative (their formulas: tests/test_positions.py, quick) in the
+# end-to-end tier: the model-level compiles cost the quick tier ~10 s
+@pytest.mark.parametrize("positional", [pytest.param("rope", marks=pytest.mark.slow), "alibi",
+                                        pytest.param("relative", marks=pytest.mark.slow)])
 def test_positions_inside_attention_give_numpy_weights_on_packed_rows(positional):
   """Every self-attention's weights equal softmax(q'k'^T / sqrt(d_k) + B + M) in numpy float64,
   with q', k' RoPE's rotations and B ALiBi's / T5's bias at the packed rows' own positions
