@@ -158,6 +158,7 @@ def test_muon_takes_the_attention_and_ffn_matrices_of_a_model_and_leaves_the_res
   assert (leaves[next(k for k in leaves if k.endswith("['wi']"))].ndim == 3) == scan
 
 
+@pytest.mark.slow  # four trainings' compiles (~7 s); each optimizer's update is checked against numpy above
 def test_each_optimizers_paper_settings_validate_and_train_a_step():
   """PAPER_SETTINGS: each optimizer with its paper's settings (the warmup shortened to 5 steps)
   is a valid config whose optimizer lowers the loss of a small least-squares problem in 20 steps."""

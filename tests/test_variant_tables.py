@@ -55,6 +55,17 @@ def _model_batch_params(cfg, seed):
   return model_cfg, batch, init_params(model_cfg, jax.random.PRNGKey(0), batch)
 
 
+def test_a_toy_activation_is_valid_only_while_its_table_line_is_registered():
+  cfg = _small_config(activation="toy")
+  with pytest.raises(config_lib.ConfigError, match=r"model.activation='toy' is not one of"):
+    config_lib.validate(cfg)
+  with ACTIVATIONS.registered("toy", toy_activation):
+    config_lib.validate(cfg)
+  with pytest.raises(config_lib.ConfigError, match=r"model.activation='toy' is not one of"):
+    config_lib.validate(cfg)
+
+
+@pytest.mark.slow  # a model's compiles (~7 s); the validation alone is the quick test above
 def test_a_toy_activation_registered_here_is_validated_and_runs_in_the_model():
   cfg = _small_config(activation="toy")
   with pytest.raises(config_lib.ConfigError, match=r"model.activation='toy' is not one of"):
