@@ -12,6 +12,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -397,8 +398,14 @@ def test_wandb_offline_logs_the_metric_rows_and_a_resumed_run_keeps_its_id(tmp_p
   run_id = json.load(open(os.path.join(workdir, workdir_lib.WANDB_RUN_FILE)))["id"]
   runs = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
   assert len(runs) == 1 and runs[0].name.endswith("-" + run_id)
-  data = (runs[0] / f"run-{run_id}.wandb").read_bytes()
-  for key in (b"train/loss", b"eval/loss", b"eval/bleu", b"d_model"):
+  keys = (b"train/loss", b"eval/loss", b"eval/bleu", b"d_model")
+  deadline = time.time() + 30  # wandb's service process may still be writing the records file
+  while True:
+    data = (runs[0] / f"run-{run_id}.wandb").read_bytes()
+    if all(key in data for key in keys) or time.time() > deadline:
+      break
+    time.sleep(0.2)
+  for key in keys:
     assert key in data  # the rows' keys and the config are in the offline run's records
   # the same rows went to metrics.jsonl
   assert [json.loads(l)["split"] for l in open(os.path.join(workdir, "metrics.jsonl"))] == ["train", "eval"]
