@@ -92,10 +92,17 @@ VARIANT = ("the copy run with variant switches; each variant is tested in tests/
            "tests/test_optimizers.py")
 SWEEP = ("a sweep of 6 copy runs (minutes): tests/test_sweep.py::test_a_tiny_sweep_end_to_end_through_the_cli "
          "runs 2 arms x 2 seeds of a few steps through the CLI, then the report")
+HUB_T5 = ("a Hub download: tests/test_hf_t5.py imports, translates with, fine-tunes (init_from) and "
+          "exports small local T5 models (v1.0 and v1.1 shapes)")
 HUB_BERT = ("a Hub download: tests/test_hf_bert.py imports, classifies, fine-tunes (init_from, "
             "config sst2) and exports small local BERTs")
 EIGHT = "8 fake devices: tests/test_matrix.py runs every runner with every family"
 NOT_RUN = {
+    "txf import-hf google-t5/t5-small --workdir runs/t5-small": HUB_T5,
+    'echo "translate English to German: A man is riding a bike." | txf translate --workdir runs/t5-small --beam 4': HUB_T5,
+    "TXF_DATA=../shared/data txf train --config multi30k_en_de --workdir runs/t5-m30k "
+    "--config.init_from=runs/t5-small --config.num_train_steps=300": HUB_T5,
+    "txf export-hf --workdir runs/t5-m30k --output exported/t5-m30k": HUB_T5,
     "txf train --config.plugins=my_attention.py --config.model.attention=cosine":
         "a recipe: my_attention.py is the reader's own file (tests/test_variant_tables.py runs a "
         "formula registered the same way through a built model)",

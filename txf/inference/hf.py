@@ -102,7 +102,9 @@ def resolve_source(src: str) -> str:
     raise TxfError(f"{src} is not a local directory and huggingface.co cannot be reached ({e}): "
                    f"download it where the network is (save_pretrained) and pass the "
                    f"directory") from None
-  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "*.txt", "model.safetensors"])
+  # configs, tokenizers (Marian's *.spm, BERT's vocab.txt, GPT-2's merges.txt, T5's spiece.model)
+  return snapshot_download(src, allow_patterns=["*.json", "*.spm", "*.txt", "*.model",
+                                                "model.safetensors"])
 
 
 def _read_json(path: str) -> Dict[str, Any]:
