@@ -31,7 +31,7 @@ from txf import config as config_lib
 from txf import storage
 from txf import workdir as workdir_lib
 from txf.data import tokenizer as tok
-from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from txf.data.base import BOS_ID, EOS_ID, PAD_ID
 from txf.decode.spec import DecodingSpec
 from txf.errors import TxfError
 from txf.models import marian
@@ -144,20 +144,40 @@ _OWN_DATA_FIELDS = ("tokenizer", "vocab_size", "spm_model_type", "joint_vocab", 
                     "max_target_len")
 
 
-def import_config(hf: Dict[str, Any], fields: Dict[str, Any], name: str, data_config: str,
-                  max_len: int):
-  """The txf run config of an imported Marian model (decoding as Hugging Face's generate); its
-  data fields (what `txf eval` and fine-tuning read) are those of the experiment ``data_config``
-  ("" = base_config's), but for the tokenizer and lengths."""
+def imported_config(name: str, data_config: str, fields: Dict[str, Any],
+                    own_data_fields=_OWN_DATA_FIELDS):
+  """``base_config()`` of an imported run named ``name``: ``fields`` as config.model, and the data
+  fields of the experiment ``data_config`` ("" = base_config's) but for ``own_data_fields``, which
+  the caller sets from the checkpoint (its tokenizer and lengths)."""
   c = config_lib.base_config()
   c.name = name
   if data_config:
     theirs = config_lib.load_experiment(data_config).data
     for k, v in theirs.items():
-      if k not in _OWN_DATA_FIELDS:
+      if k not in own_data_fields:
         c.data[k] = v
   for k, v in fields.items():
     c.model[k] = v
+  return c
+
+
+def write_imported_run(workdir: str, config, codec: tok.Codec, params, task: Dict[str, Any]) -> None:
+  """Write an imported run into ``workdir`` in one step (``staged_directory``): config.json, the
+  codec's tokenizer/, task.json (``task``: family, vocabulary sizes, classes, lengths) and
+  params.msgpack."""
+  with staged_directory(workdir, ".import-hf-") as tmp:
+    workdir_lib.write_json(os.path.join(tmp, workdir_lib.CONFIG_FILE), workdir_lib.config_to_dict(config))
+    codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
+    workdir_lib.write_json(os.path.join(tmp, workdir_lib.TASK_FILE), task)
+    workdir_lib.save_params(tmp, params)
+
+
+def import_config(hf: Dict[str, Any], fields: Dict[str, Any], name: str, data_config: str,
+                  max_len: int):
+  """The txf run config of an imported Marian model (decoding as Hugging Face's generate); its
+  data fields (what `txf eval` and fine-tuning read) are those of the experiment ``data_config``
+  ("" = base_config's), but for the tokenizer and lengths."""
+  c = imported_config(name, data_config, fields)
   c.data.tokenizer, c.data.vocab_size, c.data.joint_vocab = "sentencepiece", int(hf["vocab_size"]), False
   c.data.max_input_len = c.data.max_target_len = min(max_len, fields["max_len"])
   c.beam_size = int(hf.get("num_beams") or 4)
@@ -203,16 +223,16 @@ def import_hf(src: str, workdir: str, data_config: Optional[str] = None, max_len
   codec = marian_codec(local, hf, {"tokenizer": "marian", "from": src})
   order = codec.target.order
   params = marian.params_from_state_dict(read_state_dict(local), fields, order)
-  with staged_directory(workdir, ".import-hf-") as tmp:
-    workdir_lib.write_json(os.path.join(tmp, workdir_lib.CONFIG_FILE), workdir_lib.config_to_dict(config))
-    codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
-    size = codec.source.vocab_size
-    workdir_lib.write_json(os.path.join(tmp, workdir_lib.TASK_FILE), {
-        "family": "encoder_decoder", "vocab_size": size, "target_vocab_size": size,
-        "num_classes": 0, "max_input_len": config.data.max_input_len,
-        "max_target_len": config.data.max_target_len})
-    workdir_lib.save_params(tmp, params)
+  write_imported_run(workdir, config, codec, params, translation_task(config, codec))
   return workdir
+
+
+def translation_task(config, codec: tok.Codec) -> Dict[str, Any]:
+  """task.json of an imported translation model: one joint vocabulary, the config's lengths."""
+  size = codec.source.vocab_size
+  return {"family": "encoder_decoder", "vocab_size": size, "target_vocab_size": size,
+          "num_classes": 0, "max_input_len": config.data.max_input_len,
+          "max_target_len": config.data.max_target_len}
 
 
 def check_new_workdir(workdir: str) -> None:

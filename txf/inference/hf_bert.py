@@ -157,16 +157,11 @@ def _num_labels(hf_config: Dict[str, Any]) -> int:
 def run_config(fields: Dict[str, Any], name: str, data_config: str, vocab_size: int, max_len: int):
   """The txf run config of an imported BERT: ``fields`` as config.model, the data fields of
   ``data_config``'s experiment ("" = base_config's) but for the tokenizer and the length."""
-  c = config_lib.base_config()
-  c.name = name
+  c = hf.imported_config(name, data_config, fields,
+                         ("tokenizer", "vocab_size", "max_input_len", "max_target_len"))
   if data_config:
     theirs = config_lib.load_experiment(data_config)
-    for k, v in theirs.data.items():
-      if k not in ("tokenizer", "vocab_size", "max_input_len", "max_target_len"):
-        c.data[k] = v
     c.best_metric = theirs.best_metric if fields["family"] == bert.CLASSIFIER else ""
-  for k, v in fields.items():
-    c.model[k] = v
   # the run's tokenizer is its tokenizer/ directory (WordPiece); "sentencepiece" marks real text
   c.data.tokenizer, c.data.vocab_size = "sentencepiece", vocab_size
   c.data.max_input_len = c.data.max_target_len = min(max_len, fields["max_len"])
@@ -197,15 +192,10 @@ def import_run(local: str, hf_config: Dict[str, Any], workdir: str, name: str, d
   except KeyError as e:
     raise TxfError(f"{local}: {e.args[0]} (is it a BERT checkpoint of this config.json?)") from None
   classes = params["classifier"]["bias"].shape[0] if family == bert.CLASSIFIER else 0
-  with hf.staged_directory(workdir, ".import-hf-") as tmp:
-    workdir_lib.write_json(os.path.join(tmp, workdir_lib.CONFIG_FILE),
-                           workdir_lib.config_to_dict(config))
-    codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
-    workdir_lib.write_json(os.path.join(tmp, workdir_lib.TASK_FILE), {
-        "family": family, "vocab_size": vocab_size, "target_vocab_size": 0,
-        "num_classes": int(classes), "max_input_len": config.data.max_input_len,
-        "max_target_len": config.data.max_target_len})
-    workdir_lib.save_params(tmp, params)
+  hf.write_imported_run(workdir, config, codec, params, {
+      "family": family, "vocab_size": vocab_size, "target_vocab_size": 0,
+      "num_classes": int(classes), "max_input_len": config.data.max_input_len,
+      "max_target_len": config.data.max_target_len})
 
 
 def exports(config) -> bool:

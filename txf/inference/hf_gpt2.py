@@ -32,16 +32,13 @@ from txf.data import tokenizer as tok
 from txf.data.base import EOS_ID
 from txf.decode.spec import DecodingSpec
 from txf.errors import TxfError
-from txf.inference.hf import (_read_json, _safetensors, generation_settings, read_state_dict,
-                              staged_directory)
+from txf.inference.hf import (_read_json, _safetensors, generation_settings, imported_config,
+                              read_state_dict, staged_directory, write_imported_run)
 from txf.models import gpt2
 
 # the experiment whose data fields (Tiny Shakespeare) an imported GPT-2 run gets by default
 DEFAULT_DATA_CONFIG = "shakespeare_char"
 EOS_TOKEN = "<|endoftext|>"
-# data fields an imported run keeps from its own tokenizer, not from --data_config's experiment
-_OWN_DATA_FIELDS = ("tokenizer", "vocab_size", "spm_model_type", "joint_vocab", "max_input_len",
-                    "max_target_len")
 
 
 def _codec(local: str, hf: Dict[str, Any], source: str) -> tok.Codec:
@@ -75,15 +72,7 @@ def import_config(fields: Dict[str, Any], vocab_size: int, name: str, data_confi
   the experiment ``data_config`` ("" = base_config's) but for the tokenizer and the context
   (``data.max_target_len`` = min(max_len, n_positions)), no label smoothing (the masked ids get no
   mass), beam search as generate's (power penalty, alpha 1, early stopping)."""
-  c = config_lib.base_config()
-  c.name = name
-  if data_config:
-    theirs = config_lib.load_experiment(data_config).data
-    for k, v in theirs.items():
-      if k not in _OWN_DATA_FIELDS:
-        c.data[k] = v
-  for k, v in fields.items():
-    c.model[k] = v
+  c = imported_config(name, data_config, fields)
   # the real-data pipeline reads a saved tokenizer under "sentencepiece" (codec kind gpt2 decides)
   c.data.tokenizer, c.data.vocab_size, c.data.joint_vocab = "sentencepiece", vocab_size, True
   c.data.max_input_len, c.data.max_target_len = 0, min(max_len, fields["max_len"])
@@ -111,14 +100,10 @@ def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_con
     params = gpt2.params_from_state_dict(read_state_dict(local), fields, codec.target.order)
   except KeyError as e:
     raise TxfError(f"{local}: the weights have no {e} (is it a GPT2LMHeadModel?)") from None
-  with staged_directory(workdir, ".import-hf-") as tmp:
-    workdir_lib.write_json(os.path.join(tmp, workdir_lib.CONFIG_FILE), workdir_lib.config_to_dict(config))
-    codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
-    size = codec.target.vocab_size
-    workdir_lib.write_json(os.path.join(tmp, workdir_lib.TASK_FILE), {
-        "family": "decoder_lm", "vocab_size": size, "target_vocab_size": size, "num_classes": 0,
-        "max_input_len": 0, "max_target_len": config.data.max_target_len})
-    workdir_lib.save_params(tmp, params)
+  size = codec.target.vocab_size
+  write_imported_run(workdir, config, codec, params, {
+      "family": "decoder_lm", "vocab_size": size, "target_vocab_size": size, "num_classes": 0,
+      "max_input_len": 0, "max_target_len": config.data.max_target_len})
 
 
 def exports(config) -> bool:

@@ -102,16 +102,7 @@ def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_con
   if rows != codec.target.vocab_size:
     raise TxfError(f"{config_path}: vocab_size={codec.target.vocab_size} but the embedding table "
                    f"has {rows} rows")
-  with hf_lib.staged_directory(workdir, ".import-hf-") as tmp:
-    workdir_lib.write_json(os.path.join(tmp, workdir_lib.CONFIG_FILE),
-                           workdir_lib.config_to_dict(config))
-    codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
-    size = codec.source.vocab_size
-    workdir_lib.write_json(os.path.join(tmp, workdir_lib.TASK_FILE), {
-        "family": "encoder_decoder", "vocab_size": size, "target_vocab_size": size,
-        "num_classes": 0, "max_input_len": config.data.max_input_len,
-        "max_target_len": config.data.max_target_len})
-    workdir_lib.save_params(tmp, params)
+  hf_lib.write_imported_run(workdir, config, codec, params, hf_lib.translation_task(config, codec))
 
 
 def exports(config) -> bool:
