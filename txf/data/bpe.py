@@ -18,6 +18,7 @@ import os
 from typing import Any, Dict, List, Sequence
 
 import numpy as np
+import tokenizers
 
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError
 
@@ -31,12 +32,11 @@ CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), ("
             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
-def _tokenizers():
-  try:
-    import tokenizers
-  except ImportError:
-    raise DataError("GPT-2's tokenizer needs the tokenizers package: pip install tokenizers") from None
-  return tokenizers
+def clean_up_spaces(text: str) -> str:
+  """``text`` with Hugging Face's ``clean_up_tokenization_spaces`` applied (``CLEAN_UP``, in order)."""
+  for a, b in CLEAN_UP:
+    text = text.replace(a, b)
+  return text
 
 
 def gpt2_order(hf_size: int, eos: int) -> np.ndarray:
@@ -53,21 +53,20 @@ def tokenizer_from_files(directory: str, eos_token: str, add_prefix_space: bool 
   """The ``tokenizers.Tokenizer`` of a GPT-2 checkpoint directory: its tokenizer.json, else
   vocab.json + merges.txt under a byte-level pre-tokenizer and decoder with ``eos_token`` as a
   special token (GPT2TokenizerFast's construction). DataError when neither is there."""
-  tk = _tokenizers()
   path = os.path.join(directory, TOKENIZER_FILE)
   if os.path.isfile(path):
-    return tk.Tokenizer.from_file(path)
+    return tokenizers.Tokenizer.from_file(path)
   vocab_path, merges_path = (os.path.join(directory, n) for n in ("vocab.json", "merges.txt"))
   if not (os.path.isfile(vocab_path) and os.path.isfile(merges_path)):
     raise DataError(f"{directory} has no tokenizer.json and no vocab.json + merges.txt: txf imports "
                     f"GPT-2 with its byte-level BPE tokenizer files")
-  vocab, merges = tk.models.BPE.read_file(vocab_path, merges_path)
-  tokenizer = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, dropout=None,
-                                         continuing_subword_prefix="", end_of_word_suffix="",
-                                         fuse_unk=False))
-  tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
-  tokenizer.decoder = tk.decoders.ByteLevel()
-  tokenizer.add_special_tokens([tk.AddedToken(eos_token, special=True, normalized=False)])
+  vocab, merges = tokenizers.models.BPE.read_file(vocab_path, merges_path)
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(
+      vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
+      end_of_word_suffix="", fuse_unk=False))
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+  tokenizer.decoder = tokenizers.decoders.ByteLevel()
+  tokenizer.add_special_tokens([tokenizers.AddedToken(eos_token, special=True, normalized=False)])
   return tokenizer
 
 
@@ -81,7 +80,7 @@ class GPT2Tokenizer:
   def __init__(self, serialized: str, hf_size: int, eos: int, clean_up: bool = False):
     self.serialized, self.hf_size, self.eos = serialized, int(hf_size), int(eos)
     self.clean_up = bool(clean_up)
-    self._tok = _tokenizers().Tokenizer.from_str(serialized)
+    self._tok = tokenizers.Tokenizer.from_str(serialized)
     self.order = gpt2_order(self.hf_size, self.eos)
     self._txf_of = np.empty(self.hf_size + len(EXTRA_IDS), np.int64)
     self._txf_of[self.order] = np.arange(len(self.order))
@@ -107,10 +106,7 @@ class GPT2Tokenizer:
     keep = [int(self.order[int(i)]) for i in ids
             if int(i) not in (PAD_ID, BOS_ID, EOS_ID, UNK_ID) and 0 <= int(i) < len(self.order)]
     text = self._tok.decode(keep, skip_special_tokens=True)
-    if self.clean_up:
-      for a, b in CLEAN_UP:
-        text = text.replace(a, b)
-    return text
+    return clean_up_spaces(text) if self.clean_up else text
 
   def vocab_and_merges(self):
     """(vocab.json dict token -> Hugging Face id, merges.txt lines "a b") of the BPE model."""

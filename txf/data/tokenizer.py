@@ -32,7 +32,7 @@ import tokenizers
 
 from txf import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
-from txf.data.bpe import CLEAN_UP, GPT2Tokenizer
+from txf.data.bpe import GPT2Tokenizer, clean_up_spaces
 
 NUM_SPECIALS = 4
 _SPECIAL_SET = (PAD_ID, BOS_ID, EOS_ID)
@@ -196,10 +196,7 @@ class MarianTokenizer(Tokenizer):
     pieces = [self._piece_of[int(i)] for i in ids
               if int(i) not in (PAD_ID, EOS_ID, UNK_ID) and int(i) in self._piece_of]
     text = self._decoder.decode_pieces(pieces).replace("\u2581", " ").strip()
-    if self.clean_up:  # Hugging Face's clean_up_tokenization_spaces
-      for a, b in CLEAN_UP:
-        text = text.replace(a, b)
-    return text
+    return clean_up_spaces(text) if self.clean_up else text
 
   def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
     name = f"{prefix}.spm"
@@ -268,10 +265,7 @@ class WordPieceTokenizer(Tokenizer):
     keep = [int(self.order[int(i)]) for i in ids
             if 0 <= int(i) < self._size and int(i) not in self._special_txf]
     text = self._tok.decode(keep, skip_special_tokens=True)
-    if self.clean_up:  # Hugging Face's clean_up_tokenization_spaces
-      for a, b in CLEAN_UP:
-        text = text.replace(a, b)
-    return text
+    return clean_up_spaces(text) if self.clean_up else text
 
   def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
     name = f"{prefix}.wordpiece.json"

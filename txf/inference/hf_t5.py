@@ -20,6 +20,8 @@ import json
 import os
 from typing import Any, Callable, Dict, Optional
 
+import sentencepiece as spm
+
 from txf import config as config_lib
 from txf import workdir as workdir_lib
 from txf.data import tokenizer as tok
@@ -47,7 +49,6 @@ def t5_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.Code
   """The Codec of a T5 directory: spiece.model for both sides (one vocabulary), its pieces at
   their SentencePiece ids and the sentinels ``<extra_id_N>`` at V_spm + extra_ids - 1 - N, special
   ids pad and EOS from the model config, UNK from the SentencePiece model."""
-  import sentencepiece as spm
   path = os.path.join(src, SPM_FILE)
   if not os.path.isfile(path):
     raise TxfError(f"{src} has no {SPM_FILE}: txf imports T5 models with their SentencePiece "

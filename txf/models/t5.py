@@ -178,7 +178,7 @@ def params_from_state_dict(sd: Dict[str, np.ndarray], fields: Dict[str, Any],
   Embedding rows and output columns are permuted: txf row t = T5 row order[t].
   """
   sd = {k: np.asarray(v, np.float32) for k, v in sd.items()}
-  h, gated = fields["num_heads"], fields["activation"] in ("reglu", "geglu", "geglu_tanh", "swiglu")
+  h, gated = fields["num_heads"], FEED_FORWARD_PROJ[fields["activation"]].startswith("gated")
   table = shared_table(sd)
   encoder: Dict[str, Any] = {
       "relative_bias": sd["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"],
