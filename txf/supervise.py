@@ -11,7 +11,9 @@ passed straight through, its stderr line by line until the runtime client's "the
 lines appear; from then on the parent holds the rest back and, when the child has ended, prints
 one line naming the lost coordinator and the run's last checkpoint and exits with
 ``EXIT_RESUMABLE`` (75). A ``txf: error:`` line the child printed itself in that time (txf's own
-heartbeat watch, txf.parallel.distributed, was first) is printed instead of the parent's.
+heartbeat watch, txf.parallel.distributed, was first) is printed instead of the parent's, and
+one it printed just before (a stopped process, continued, says so and is then ended from inside
+jaxlib before its own exit) is the only line.
 
 Signals sent to the parent (SIGTERM, SIGHUP, SIGUSR1/2, and SIGINT unless it came from the
 terminal, which sends it to the child too) are passed to the child; the child dies with the
@@ -100,8 +102,8 @@ def _die_with_parent() -> None:
     pass
 
 
-def _lost_coordinator_line(notes: Dict[str, str]) -> str:
-  processes = notes.get("processes") or os.environ.get("TXF_NUM_PROCESSES", "?")
+def _lost_coordinator_line(notes: Dict[str, str], env: Mapping[str, str]) -> str:
+  processes = notes.get("processes") or env.get("TXF_NUM_PROCESSES", "?")
   checkpoint = ""
   if notes.get("workdir"):
     from txf import workdir as workdir_lib  # pylint: disable=import-outside-toplevel  # jax: only now
@@ -133,18 +135,21 @@ def supervise(argv: List[str], env: Mapping[str, str] = os.environ) -> None:
   for signum in FORWARDED:
     signal.signal(signum, forward)
   held: List[bytes] = []
+  said = False  # the child printed its own txf: error: line before the service went
   for line in iter(child.stderr.readline, b""):
     if held or SERVICE_GONE.search(line.decode("utf-8", "replace")):
       held.append(line)
       continue
     os.write(2, line)
+    said = said or line.startswith(b"txf: error:")
   status = child.wait()
   notes_read = _read_notes(notes)
   os.unlink(notes)
   if held and status != 0:
     own = [l for l in held if l.startswith(b"txf: error:")]
-    os.write(2, own[0] if own else (_lost_coordinator_line(notes_read) + "\n").encode())
-    sys.exit(EXIT_RESUMABLE if not own else (status if status > 0 else EXIT_RESUMABLE))
+    if not said:  # one line in all: the child's own, else the parent's
+      os.write(2, own[0] if own else (_lost_coordinator_line(notes_read, env) + "\n").encode())
+    sys.exit(status if (said or own) and status > 0 else EXIT_RESUMABLE)
   for line in held:
     os.write(2, line)
   if status < 0:
