@@ -133,6 +133,16 @@ def base_config() -> ml_collections.ConfigDict:
   o.label_smoothing = 0.1        # epsilon_ls (paper: 0.1); 0 = plain cross-entropy
   o.grad_clip_norm = 0.0         # global-norm clipping (0 = off; the paper does not clip)
 
+  c.pretrain = ml_collections.ConfigDict()
+  p = c.pretrain  # the self-supervised objectives (model.family encoder_mlm | span_corruption)
+  p.mask_rate = 0.15             # encoder_mlm: fraction of the real (non-special) tokens chosen for prediction
+  p.mask_token_fraction = 0.8    # encoder_mlm: of the chosen, the fraction replaced by the mask token
+  p.random_token_fraction = 0.1  # encoder_mlm: of the chosen, the fraction replaced by a random token (the rest stay unchanged)
+  p.whole_word = False           # encoder_mlm: choose whole words (every piece of a chosen word), not single pieces
+  p.noise_density = 0.15         # span_corruption: fraction of the tokens of each row that are noise
+  p.mean_span_length = 3.0       # span_corruption: mean length of a noise span
+  p.num_sentinels = 100          # span_corruption: sentinel tokens <extra_id_0..N-1> the tokenizer reserves
+
   c.data = ml_collections.ConfigDict()
   d = c.data
   d.source = "synthetic:translate"  # synthetic:{translate,copy,reverse,sort} | text:DIR_OR_NAME | tfds:NAME
@@ -405,7 +415,7 @@ FIXED_CHOICES = {"model.dtype": ("auto", "float32", "bfloat16"),
                  "length_penalty": ("gnmt", "power"),
                  "tracker": ("none", "wandb")}
 
-_SECTIONS = {"c": "", "m": "model.", "o": "optimizer.", "d": "data."}
+_SECTIONS = {"c": "", "m": "model.", "o": "optimizer.", "d": "data.", "p": "pretrain."}
 _FIELD_LINE = re.compile(r'^\s+(?:(\w)\.(\w+) = |"(\w+)": )(.*?)\s+# (.*)$')
 
 

@@ -260,7 +260,7 @@ def on_page_markdown(markdown, page, config, files):
 
 
 CONFIG_SECTIONS = (("", "Run"), ("model.", "model"), ("optimizer.", "optimizer"), ("data.", "data"),
-                   ("sharding_rules.", "sharding_rules"))
+                   ("pretrain.", "pretrain"), ("sharding_rules.", "sharding_rules"))
 
 
 def _cell(value):
