@@ -15,12 +15,14 @@ import os
 
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[hf]'")
 transformers = pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[hf]'")
 
 from tests.conftest import run_txf  # noqa: E402
 from txf.errors import TxfError  # noqa: E402
+from txf import workdir as workdir_lib  # noqa: E402
 from txf.inference import classify_lines, hf, load_run  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
@@ -145,7 +147,6 @@ def test_classifier_logits_equal_torch(saved, imported):
 
 def test_mlm_logits_and_predictions_equal_torch(saved, imported):
   import jax
-  from txf import workdir as workdir_lib
   from txf.data.tokenizer import load_codec
   from txf.models import build_model, model_config_for
   directory, model = saved["mlm"]
@@ -275,7 +276,6 @@ def test_pretraining_checkpoint_with_old_layer_norm_names(saved, tmp_path):
   gives BertForPreTraining's prediction logits."""
   import jax
   from safetensors.numpy import load_file, save_file
-  from txf import workdir as workdir_lib
   from txf.data.tokenizer import load_codec
   from txf.models import build_model, model_config_for
   tokenizer = saved["tokenizer"]
@@ -319,3 +319,37 @@ def test_pretraining_checkpoint_with_old_layer_norm_names(saved, tmp_path):
   valid = enc["attention_mask"].numpy().astype(bool)
   np.testing.assert_allclose(got[valid], out.prediction_logits.double().numpy()[valid], rtol=0,
                              atol=1e-5)
+
+
+def test_fine_tune_across_objectives_mlm_into_the_classifier(saved, imported, tmp_path):
+  """`txf train --config sst2 --config.init_from=MLM`: the run stays a classifier; its embeddings
+  and encoder are the MLM run's, the classifier head is new, the MLM head is dropped (the line and
+  init_from.json say so); a learning rate of 1e-30 leaves the loaded parameters where they were."""
+  data = tmp_path / "data" / "sst2"
+  data.mkdir(parents=True)
+  rows = "".join(f"{t}\t{i % 2}\n" for i, t in enumerate(TEXTS * 3))
+  for split in ("train", "dev", "test"):
+    (data / f"{split}.tsv").write_text(rows)
+  run = tmp_path / "runs" / "ft"
+  proc = run_txf("train", "--config", "sst2", "--workdir", str(run),
+                 f"--config.init_from={imported['mlm']}", "--config.num_train_steps=2",
+                 "--config.batch_size=8", "--config.eval_every=0", "--config.checkpoint_every=0",
+                 "--config.optimizer.warmup_steps=1", "--config.optimizer.cooldown_steps=0",
+                 "--config.optimizer.schedule=constant", "--config.optimizer.learning_rate=1e-30",
+                 "--config.data.bucketing=False", "--config.data.max_input_len=32",
+                 f"--config.data.data_dir={tmp_path / 'prepared'}",
+                 env={"TXF_DATA": str(tmp_path / "data")})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = json.loads((run / "init_from.json").read_text())
+  source = {"/".join(k): v for k, v in flatten_dict(workdir_lib.load_params(imported["mlm"])).items()}
+  tuned = {"/".join(k): v for k, v in flatten_dict(load_run(str(run)).params).items()}
+  assert {k.split("/")[0] for k in report["loaded"]} == {"embed", "encoder"}
+  assert {k.split("/")[0] for k in report["new"]} == {"classifier"}
+  assert {k.split("/")[0] for k in report["dropped"]} == {"mlm_dense", "mlm_norm", "logits_bias"}
+  assert sorted(report["loaded"] + report["new"]) == sorted(tuned)
+  assert sorted(report["loaded"] + report["dropped"]) == sorted(source)
+  assert (f"{len(report['loaded'])} parameters loaded, {len(report['new'])} new (classifier)"
+          in proc.stdout)
+  for key in report["loaded"]:
+    np.testing.assert_allclose(tuned[key], source[key], rtol=0, atol=1e-25)
+  assert load_run(str(run)).family == "encoder_classifier"

@@ -42,7 +42,7 @@ from txf.models import (LossFn, ModelBuilder, count_params, init_params, model_c
 from txf.parallel import distributed, make_runner
 from txf.parallel.feeding import Feed
 from txf.parallel.sharding import check_splits
-from txf.train.init_from import apply_init_from, initial_params, tokenizer_home
+from txf.train.init_from import apply_init_from, initial_params, tokenizer_home, write_report
 from txf.train.logs import Eta, LogWindow, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.profile import StepProfiler
@@ -170,7 +170,11 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
   schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
   tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
-  start = initial_params(config, model_cfg, task)  # config.init_from's parameters, or None
+  start, loaded = initial_params(  # config.init_from's parameters (merged across objectives), or None
+      config, model_cfg, task,
+      lambda: jax.device_get(init_params(model_cfg, init_rng, example_batch, model)))
+  if loaded is not None and is_main and not resumed:
+    say(write_report(workdir, loaded))
   if start is None:
     init_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch, model), tx)
   else:
