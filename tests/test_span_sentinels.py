@@ -77,3 +77,16 @@ def test_config_checks():
   other = config_lib.base_config()                       # other families: pretrain not checked
   other.pretrain.noise_density = 0.0
   config_lib.validate(other)
+
+
+def test_t5_tokenizer_numbering_is_the_same_convention(base):
+  """An imported T5's tokenizer (txf.inference.hf_t5.t5_codec's layout: the sentinels at
+  V_spm + extra - 1 - N, model vocabulary padded beyond them) gives the span task its first id."""
+  pieces, extra = base.vocab_size, 5
+  vocab = {base._sp.id_to_piece(i): i for i in range(pieces)}
+  vocab.update({f"<extra_id_{n}>": pieces + extra - 1 - n for n in range(extra)})
+  t5 = tokenizer.T5Tokenizer(base.model_proto, vocab, {"pad": 0, "eos": 2, "unk": 3},
+                             pieces + extra + 3)
+  assert sentinels.first_sentinel(t5, extra) == pieces + extra - 1   # not the padded top id
+  with pytest.raises(DataError):
+    sentinels.first_sentinel(t5, extra + 1)
