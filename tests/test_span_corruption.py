@@ -96,3 +96,10 @@ def test_tokenizer_without_sentinels_is_one_error(data, tmp_path):
   proc = run_txf(*_args(data, tmp_path / "char", 2, "--config.data.tokenizer=char"))
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith("txf: error: model.family='span_corruption'")
+
+
+def test_too_small_a_vocabulary_for_the_sentinels_is_one_error(data, tmp_path):
+  proc = run_txf(*_args(data, tmp_path / "small", 2, "--config.pretrain.num_sentinels=100"))
+  assert proc.returncode == 2
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("txf: error: data.vocab_size=300 leaves 200 sentencepiece pieces"), last

@@ -59,6 +59,9 @@ def main(argv):
   inference.require_family(run, "decoder_lm", "generate")
   if run.family == "span_corruption":  # fill each <extra_id_N> of the prompts (greedy)
     prompts = list(f.prompt) if f.prompt else terminal.read_lines(f.input)
+    if not prompts:
+      raise TxfError("a span_corruption run fills sentinels: give a prompt such as --prompt "
+                     "\"a man <extra_id_0> a bike\"")
     _print([[text] for text in fill_sentinels(run, prompts, f.max_new_tokens)])
     return
   spec = DecodingSpec(temperature=f.temperature, top_k=f.top_k, top_p=f.top_p)

@@ -89,6 +89,11 @@ def _train_with_sentinels(d, kind: str, train: Sequence[Any], adapt: Callable, c
     raise DataError(f"model.family='span_corruption' needs one sentencepiece vocabulary with "
                     f"sentinels: set data.tokenizer='sentencepiece' (got {d.tokenizer!r}) and "
                     f"data.joint_vocab=True")
+  least = 256 + tokenizer.NUM_SPECIALS + 8  # train_sentencepiece's smallest vocabulary
+  if d.vocab_size - count < least:
+    raise DataError(f"data.vocab_size={d.vocab_size} leaves {d.vocab_size - count} sentencepiece "
+                    f"pieces beside pretrain.num_sentinels={count} sentinels: raise data.vocab_size "
+                    f"to at least {least + count} or lower pretrain.num_sentinels")
   records = read_records(train, tokenizer.sample_evenly(len(train), d.spm_input_sentences), adapt)
   texts = ([r["source"] for r in records] + [r["target"] for r in records] if kind == "parallel"
            else [r["text"] for r in records])
