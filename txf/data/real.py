@@ -292,6 +292,7 @@ class SpanCorruptionTask(StreamLMTask):
     self.first_sentinel = first_sentinel(self.codec.source, num_sentinels)
 
   def stream(self, split: str) -> np.ndarray:
+    """The split's text as one int32 token stream [N] (a parallel record: source, then target)."""
     name = self.split_name(split)
     if ("stream", name) not in self._cache:
       texts = [t for r in self.records(name)
@@ -322,6 +323,7 @@ class SpanCorruptionTask(StreamLMTask):
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
                    ) -> List[Batch]:
+    """StreamLMTask's consecutive windows from the split's start, under ``inputs``."""
     return [self._as_inputs(b) for b in
             self._windows(super().eval_batches, split, batch_size, max_examples)]
 

@@ -24,8 +24,8 @@ EOS = 2  # txf's EOS id (txf.nn.config.EOS_ID; ops import nothing from the layer
 
 def span_counts(length: int, noise_density: float, mean_span_length: float) -> Tuple[int, int]:
   """(num_noise, num_spans) of a row of ``length`` tokens: num_noise = round(L * density) clipped
-  to [1, L - 1], num_spans = max(1, round(num_noise / mean_span_length)) (rounding half to even,
-  as T5's tf.round)."""
+  to [1, L - 1], num_spans = max(1, round(num_noise / mean_span_length)) (float64, rounding half
+  to even: numpy's np.round, as T5's seqio)."""
   num_noise = int(np.clip(np.round(length * noise_density), 1, length - 1))
   num_spans = max(1, int(np.round(num_noise / mean_span_length)))
   return num_noise, num_spans
