@@ -97,7 +97,11 @@ HUB_T5 = ("a Hub download: tests/test_hf_t5.py imports, translates with, fine-tu
 HUB_BERT = ("a Hub download: tests/test_hf_bert.py imports, classifies, fine-tunes (init_from, "
             "config sst2) and exports small local BERTs")
 EIGHT = "8 fake devices: tests/test_matrix.py runs every runner with every family"
+SPAN = ("tests/test_span_corruption.py (slow) trains span_corruption on a small text file, resumes it "
+        "and fills a sentinel with txf generate; the experiment's 30-step smoke run takes ~40 s")
 NOT_RUN = {
+    "TXF_DATA=../shared/data txf train --config experiments/multi30k_span.py": SPAN,
+    'txf generate --workdir runs/multi30k_span --prompt "a man <extra_id_0> a bike ."': SPAN,
     "txf import-hf google-t5/t5-small --workdir runs/t5-small": HUB_T5,
     'echo "translate English to German: A man is riding a bike." | txf translate --workdir runs/t5-small --beam 4': HUB_T5,
     "TXF_DATA=../shared/data txf train --config multi30k_en_de --workdir runs/t5-m30k "

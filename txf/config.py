@@ -441,6 +441,36 @@ def reference() -> List[Dict[str, Any]]:
           for key, value in defaults.items()]
 
 
+def _span_errors(cfg: ml_collections.ConfigDict) -> List[str]:
+  """The problems of ``config.pretrain``'s span-corruption fields for a model.family
+  span_corruption run: T5's counts of a window of L = data.max_input_len tokens (num_noise =
+  round(L * density) in [1, L - 1], num_spans = max(1, round(num_noise / mean_span_length))) need
+  num_spans non-noise tokens, num_spans sentinels and model.max_len >= L - num_noise + num_spans + 1
+  (the corrupted input's length)."""
+  if cfg.get("model", {}).get("family") != "span_corruption":
+    return []
+  p, length = cfg.get("pretrain", {}), cfg.get("data", {}).get("max_input_len", 0)
+  density, mean_span = p.get("noise_density", 0.15), p.get("mean_span_length", 3.0)
+  sentinels, max_len = p.get("num_sentinels", 100), cfg.get("model", {}).get("max_len", 0)
+  if not 0.0 < density < 1.0 or mean_span < 1.0 or sentinels < 1 or length < 2:
+    return [f"pretrain.noise_density={density} must be in (0, 1), pretrain.mean_span_length="
+            f"{mean_span} >= 1, pretrain.num_sentinels={sentinels} >= 1 and data.max_input_len="
+            f"{length} >= 2 (span corruption; T5's are 0.15, 3.0, 100)"]
+  noise = int(min(max(round(length * density), 1), length - 1))
+  spans = max(1, int(round(noise / mean_span)))
+  errors = []
+  if spans > length - noise or spans > sentinels:
+    errors.append(f"span corruption of data.max_input_len={length} tokens makes {spans} noise "
+                  f"spans of {noise} tokens, which needs {spans} other tokens and {spans} "
+                  f"sentinels (pretrain.num_sentinels={sentinels}): lower pretrain.noise_density "
+                  f"or raise pretrain.mean_span_length / pretrain.num_sentinels")
+  if max_len and length - noise + spans + 1 > max_len:
+    errors.append(f"model.max_len={max_len} is shorter than the span-corrupted input "
+                  f"({length - noise + spans + 1} tokens): raise model.max_len or lower "
+                  f"data.max_input_len")
+  return errors
+
+
 def _kv_heads_errors(cfg: ml_collections.ConfigDict) -> List[str]:
   """The problems of ``model.num_kv_heads`` (0 or a divisor of num_heads; with a mesh whose tensor
   axis is given and splits the key/value heads, a multiple of it)."""
@@ -637,6 +667,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
       if length and length > m["max_len"]:
         errors.append(f"model.max_len={m['max_len']} is shorter than the data's {name}={length}: "
                       f"raise model.max_len to at least {length} or lower data.{name}")
+  errors += _span_errors(cfg)
   profile = cfg.get("profile_steps", "")
   if profile:
     parts = str(profile).split(":")

@@ -227,3 +227,9 @@ register(Family(
     # targets: the original token at each masked position (0 elsewhere), read by the loss only
     inputs=("inputs", "targets", "inputs_segmentation", "inputs_position"),
     predicts="targets", data_kind=None, decoding=None, command="txf eval", encoder=True))
+register(Family(
+    # T5's span corruption: the EncoderDecoder (a pretrained run's parameters are an
+    # encoder_decoder's) trained on unlabelled text; the loss corrupts each batch's raw "inputs"
+    name="span_corruption", module="txf.models.encoder_decoder:EncoderDecoder",
+    inputs=("inputs", "targets"), predicts="targets", data_kind="plain", decoding=None,
+    command="txf generate", encoder=True, loss="txf.models.span_loss:span_corruption_loss"))

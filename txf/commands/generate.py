@@ -7,7 +7,8 @@ Samples continuations from a decoder_lm run and prints prompt + continuation. Pr
 sampled together in one batch, and each gets what it would get alone with the same seed. On a
 terminal each typed line is answered at once. Without any prompt (empty input), one sample starts
 from nothing. Each output is under a ``--- prompt p, sample s`` header when there are several.
-Refuses other model families.
+A span_corruption run instead prints each prompt with its ``<extra_id_N>`` filled by the spans
+the model decodes greedily (``--prompt "a man <extra_id_0> a bike"``). Refuses other model families.
 """
 
 import sys
@@ -19,6 +20,7 @@ from txf import inference
 from txf.commands import terminal
 from txf.decode import DecodingSpec
 from txf.errors import TxfError
+from txf.inference.spans import fill_sentinels
 
 flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run", required=True)
 flags.DEFINE_multi_string("prompt", None, "text to continue; repeat for several prompts (default: "
@@ -55,6 +57,13 @@ def main(argv):
     raise TxfError("--prompt and --input both give prompts: use one of them")
   run = terminal.load_run(f.workdir, f.params)
   inference.require_family(run, "decoder_lm", "generate")
+  if run.family == "span_corruption":  # fill each <extra_id_N> of the prompts (greedy)
+    prompts = list(f.prompt) if f.prompt else terminal.read_lines(f.input)
+    if not prompts:
+      raise TxfError("a span_corruption run fills sentinels: give a prompt such as --prompt "
+                     "\"a man <extra_id_0> a bike\"")
+    _print([[text] for text in fill_sentinels(run, prompts, f.max_new_tokens)])
+    return
   spec = DecodingSpec(temperature=f.temperature, top_k=f.top_k, top_p=f.top_p)
 
   def sample(prompts):

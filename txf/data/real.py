@@ -27,7 +27,9 @@ from txf import families
 from txf.data import builders, global_batches, pipeline, tokenizer
 from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, Example,
                            RowLayout, Task, data_spec, truncate_keep_eos)
+from txf.data.sentinels import first_sentinel
 from txf.data.sources import build_codec, open_source, read_records
+from txf.ops.span_corruption import corrupted_lengths
 
 __all__ = ["DataError", "make_real_task", "new_task", "TranslationTask", "ClassificationTask",
            "SentenceLMTask", "StreamLMTask"]
@@ -258,16 +260,97 @@ class StreamLMTask(_RealTask):
     return np.asarray(self.codec.source.encode(text)[-self.max_target_len:], np.int32)
 
 
+class _Mapped(CheckpointableIterator):
+  """``iterator``'s batches through ``fn``; the position is ``iterator``'s."""
+
+  def __init__(self, iterator: CheckpointableIterator, fn: Callable[[Batch], Batch]):
+    self.iterator, self.fn = iterator, fn
+
+  def __next__(self) -> Batch:
+    return self.fn(next(self.iterator))
+
+  def get_state(self) -> Dict[str, Any]:
+    return self.iterator.get_state()
+
+  def set_state(self, state: Dict[str, Any]) -> None:
+    self.iterator.set_state(state)
+
+
+class SpanCorruptionTask(StreamLMTask):
+  """Text as one token stream (a parallel record: its source then its target sentence) ->
+  ``inputs`` [B, L] raw windows of L = ``data.max_input_len`` tokens, and ``targets`` [B, T_c]
+  zeros that only give the model's initialisation the decoder's width: the span_corruption loss
+  (txf.models.span_loss) corrupts ``inputs`` into the encoder's inputs and the decoder's targets.
+  ``max_target_len`` = T_c, ``first_sentinel`` = the tokenizer's ``<extra_id_0>``."""
+  family = "span_corruption"
+
+  def __init__(self, *args, num_sentinels: int, noise_density: float, mean_span_length: float,
+               **kwargs):
+    super().__init__(*args, **kwargs)
+    self.max_input_len = self.data.max_input_len
+    self.max_target_len = corrupted_lengths(self.max_input_len, noise_density, mean_span_length)[1]
+    self.first_sentinel = first_sentinel(self.codec.source, num_sentinels)
+
+  def stream(self, split: str) -> np.ndarray:
+    """The split's text as one int32 token stream [N] (a parallel record: source, then target)."""
+    name = self.split_name(split)
+    if ("stream", name) not in self._cache:
+      texts = [t for r in self.records(name)
+               for t in ([r["text"]] if "text" in r else [r["source"], r["target"]])]
+      ids = [i for piece in self.codec.source.encode_batch(texts) for i in piece]
+      self._cache[("stream", name)] = np.asarray(ids, np.int32)
+    return self._cache[("stream", name)]
+
+  def _windows(self, fn, *args, **kwargs):
+    """``fn`` run with StreamLMTask's window length (``max_target_len``) set to L."""
+    corrupted, self.max_target_len = self.max_target_len, self.max_input_len
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      self.max_target_len = corrupted
+
+  def _as_inputs(self, batch: Batch) -> Batch:
+    rows = batch["targets"]
+    return {"inputs": rows, "targets": np.zeros((rows.shape[0], self.max_target_len), np.int32)}
+
+  def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
+                     process_count: int = 1, layout: Optional[RowLayout] = None
+                     ) -> CheckpointableIterator:
+    """StreamLMTask's window batches (same order, same exact resume) under ``inputs``."""
+    it = self._windows(super().train_iterator, batch_size, seed, process_index, process_count,
+                       layout)
+    return _Mapped(it, self._as_inputs)
+
+  def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
+                   ) -> List[Batch]:
+    """StreamLMTask's consecutive windows from the split's start, under ``inputs``."""
+    return [self._as_inputs(b) for b in
+            self._windows(super().eval_batches, split, batch_size, max_examples)]
+
+  def examples(self, split: str, n: int) -> List[Example]:
+    return []  # not decoded in the loop
+
+  def encode_source(self, text: str) -> np.ndarray:
+    """An input whose sentinels are written ``<extra_id_N>``: ids + EOS (``txf generate``)."""
+    return self.codec.encode_source(text, 0)
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
 def new_task(family: str, data: DataSpec, sources: Dict[str, Sequence[Any]], adapt: Callable,
-             codec: tokenizer.Codec, fingerprint: str, sentences: bool, num_classes: int = 0) -> Task:
+             codec: tokenizer.Codec, fingerprint: str, sentences: bool, num_classes: int = 0,
+             pretrain=None) -> Task:
   """The real Task class of ``family``'s data kind (its ``txf.families`` record), chosen here and
   nowhere else: parallel -> TranslationTask, tsv -> ClassificationTask (``num_classes``), plain ->
-  SentenceLMTask when a record is one sentence (``sentences``, catalog data), else StreamLMTask.
+  SentenceLMTask when a record is one sentence (``sentences``, catalog data), else StreamLMTask;
+  span_corruption -> SpanCorruptionTask (``pretrain``: config.pretrain).
   The task's lengths are ``data.max_input_len`` / ``data.max_target_len``."""
   args = (data, sources, adapt, codec, fingerprint)
+  if family == "span_corruption":
+    return SpanCorruptionTask(*args, family=family, num_sentinels=int(pretrain.num_sentinels),
+                              noise_density=float(pretrain.noise_density),
+                              mean_span_length=float(pretrain.mean_span_length))
   kind = families.get(family).data_kind
   if kind == "parallel":
     return TranslationTask(*args, family=family)
@@ -295,7 +378,8 @@ def make_real_task(config, workdir: str = "") -> Task:
   kind, sources, adapt, num_classes, fingerprint = open_source(d, data_dir)
   from_catalog = kind.startswith("tfds-")
   kind = kind.replace("tfds-", "")
-  if families.get(family).data_kind != kind:
+  if families.get(family).data_kind != kind and not (family == "span_corruption"
+                                                     and kind == "parallel"):  # both sides as text
     users = [f for f in families.names() if families.get(f).data_kind == kind]
     raise DataError(f"data.source={d.source!r} gives {kind} data, which model.family={family!r} "
                     f"cannot use: set model.family={users[0]!r} (or another data.format / source)")
@@ -303,9 +387,12 @@ def make_real_task(config, workdir: str = "") -> Task:
     raise DataError("data.packing=True with model.family='encoder_classifier': the classifier "
                     "pools a whole row into one label; set data.packing=False")
   fingerprint = f"{fingerprint}|{d.tokenizer}|{d.max_input_len}|{d.max_target_len}"
-  codec = build_codec(d, workdir, kind, sources[d.train_split], adapt, fingerprint, data_dir)
+  spans = family == "span_corruption"
+  codec = build_codec(d, workdir, kind, sources[d.train_split], adapt, fingerprint, data_dir,
+                      sentinels=config.pretrain.num_sentinels if spans else 0)
   task = new_task(family, d, sources, adapt, codec,
                   fingerprint + "|" + json.dumps(codec.settings, sort_keys=True),
-                  sentences=from_catalog, num_classes=num_classes)
+                  sentences=from_catalog, num_classes=num_classes,
+                  pretrain=config.pretrain if spans else None)
   logging.info("real task %s: %s", type(task).__name__, task.describe())
   return task

@@ -15,6 +15,7 @@ import numpy as np
 
 from txf import workdir as workdir_lib
 from txf.data import builders, catalog, tokenizer
+from txf.data import sentinels as sentinel_lib
 from txf.data.base import DataError, DataSpec
 from txf.data.text import resolve_text_dir
 
@@ -43,14 +44,21 @@ def read_records(source: Sequence[Any], indices: Sequence[int], adapt: Callable)
   return out
 
 
-def _tokenizer_settings(d) -> Dict[str, Any]:
-  return {"tokenizer": d.tokenizer, "vocab_size": int(d.vocab_size),
-          "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
-          "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
+def _tokenizer_settings(d, sentinels: int = 0) -> Dict[str, Any]:
+  settings = {"tokenizer": d.tokenizer, "vocab_size": int(d.vocab_size),
+              "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
+              "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
+  if sentinels:  # span corruption's tokenizer only: every other one's settings stay as they were
+    settings["sentinels"] = int(sentinels)
+  return settings
 
 
-def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable) -> tokenizer.Codec:
-  """Train the tokenizer(s) on (an even sample of) the training split."""
+def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable, sentinels: int = 0
+                 ) -> tokenizer.Codec:
+  """Train the tokenizer(s) on (an even sample of) the training split (``sentinels`` > 0:
+  ``_train_with_sentinels``)."""
+  if sentinels:
+    return _train_with_sentinels(d, kind, train, adapt, sentinels)
   cap = 0 if kind == "plain" and d.tokenizer == "char" else d.spm_input_sentences
   records = read_records(train, tokenizer.sample_evenly(len(train), cap), adapt)
   if kind == "parallel":
@@ -72,10 +80,34 @@ def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable) -> tokeniz
   return tokenizer.Codec(source, target, settings)
 
 
+def _train_with_sentinels(d, kind: str, train: Sequence[Any], adapt: Callable, count: int
+                          ) -> tokenizer.Codec:
+  """One sentencepiece vocabulary of ``data.vocab_size`` ids, on the text of every record (both
+  sides of parallel text), whose top ``count`` ids are the sentinels ``<extra_id_N>``
+  (txf.data.sentinels.add_sentinels): span corruption's tokenizer."""
+  if d.tokenizer != "sentencepiece" or (kind == "parallel" and not d.joint_vocab):
+    raise DataError(f"model.family='span_corruption' needs one sentencepiece vocabulary with "
+                    f"sentinels: set data.tokenizer='sentencepiece' (got {d.tokenizer!r}) and "
+                    f"data.joint_vocab=True")
+  least = 256 + tokenizer.NUM_SPECIALS + 8  # train_sentencepiece's smallest vocabulary
+  if d.vocab_size - count < least:
+    raise DataError(f"data.vocab_size={d.vocab_size} leaves {d.vocab_size - count} sentencepiece "
+                    f"pieces beside pretrain.num_sentinels={count} sentinels: raise data.vocab_size "
+                    f"to at least {least + count} or lower pretrain.num_sentinels")
+  records = read_records(train, tokenizer.sample_evenly(len(train), d.spm_input_sentences), adapt)
+  texts = ([r["source"] for r in records] + [r["target"] for r in records] if kind == "parallel"
+           else [r["text"] for r in records])
+  base = tokenizer.train_sentencepiece(texts, d.vocab_size - count, d.spm_model_type,
+                                       d.spm_num_threads)
+  tok = sentinel_lib.add_sentinels(base, count)
+  return tokenizer.Codec(tok, tok, _tokenizer_settings(d, count))
+
+
 def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callable,
-                fingerprint: str, data_dir: str) -> tokenizer.Codec:
-  """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one."""
-  wanted = _tokenizer_settings(d)
+                fingerprint: str, data_dir: str, sentinels: int = 0) -> tokenizer.Codec:
+  """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one
+  (``sentinels`` > 0: with that many ``<extra_id_N>`` on top, for span corruption)."""
+  wanted = _tokenizer_settings(d, sentinels)
   if workdir:
     directory = workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR)
     codec = tokenizer.load_codec(directory)
@@ -89,7 +121,7 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
   codec = tokenizer.load_codec(cache)
   if codec is None:
     logging.info("training the %s tokenizer on the training split (%s)", d.tokenizer, wanted)
-    codec = _train_codec(d, kind, train, adapt)
+    codec = _train_codec(d, kind, train, adapt, sentinels)
     codec.save(cache)
   _report_vocab_size(d, codec)
   return codec

@@ -115,7 +115,8 @@ def count_params(params) -> int:
 
 
 def model_config_for(config, vocab_size: int, target_vocab_size: int = 0, num_classes: int = 0,
-                     vocab_multiple: Optional[int] = None) -> TransformerConfig:
+                     vocab_multiple: Optional[int] = None, first_sentinel: int = 0
+                     ) -> TransformerConfig:
   """The model's frozen config: ``config.model`` fields plus the sizes the data decides
   (``vocab_size``; ``target_vocab_size``, 0 = the source vocabulary; ``num_classes``, 0 = 2).
   The one place a run (``model_config_from``), ``txf plan`` and the checkpoint tools get theirs.
@@ -123,6 +124,8 @@ def model_config_for(config, vocab_size: int, target_vocab_size: int = 0, num_cl
   ``vocab_size`` stays the real vocabulary; the tables' padded row count follows
   ``vocab_multiple`` (default: ``config.model.vocab_multiple`` resolved for this run's backend and
   mesh by ``txf.config.resolve_vocab_multiple``; 1 for parameters exported without padding).
+  A span_corruption model also gets ``config.pretrain``'s noise density and mean span length and
+  ``first_sentinel`` (its loss reads them).
   """
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in config.model.items() if k in fields}
@@ -131,6 +134,10 @@ def model_config_for(config, vocab_size: int, target_vocab_size: int = 0, num_cl
                                             jax.process_count())
   kwargs.update(vocab_size=vocab_size, target_vocab_size=target_vocab_size,
                 num_classes=num_classes or 2, vocab_multiple=vocab_multiple)
+  if config.model.family == "span_corruption":
+    kwargs.update(span_noise_density=float(config.pretrain.noise_density),
+                  span_mean_length=float(config.pretrain.mean_span_length),
+                  first_sentinel=int(first_sentinel))
   return TransformerConfig(**kwargs)
 
 
@@ -138,7 +145,7 @@ def model_config_from(config, task, vocab_multiple: Optional[int] = None) -> Tra
   """``model_config_for`` with the sizes of a data task (``task.vocab_size``,
   ``task.target_vocab_size``, ``task.num_classes``)."""
   return model_config_for(config, task.vocab_size, task.target_vocab_size, task.num_classes,
-                          vocab_multiple)
+                          vocab_multiple, getattr(task, "first_sentinel", 0))
 
 
 def _vocab_tables(params, cfg: TransformerConfig):

@@ -35,6 +35,9 @@ SIZE_FIELDS = (
     ("num_classes", int, 2),                # encoder_classifier only
     ("deterministic", bool, False),         # True disables dropout (eval, decode)
     ("decode", bool, False),                # True: one position per call with a KV cache
+    ("span_noise_density", float, 0.0),     # span_corruption: config.pretrain.noise_density (else 0)
+    ("span_mean_length", float, 0.0),       # span_corruption: config.pretrain.mean_span_length (else 0)
+    ("first_sentinel", int, 0),             # span_corruption: the tokenizer's <extra_id_0> id (else 0)
 )
 
 

@@ -1,0 +1,34 @@
+"""The span_corruption family's objective: T5's span corruption (txf.ops.span_corruption) of each
+batch, then the label-smoothed cross-entropy of the EncoderDecoder on the corrupted pair."""
+
+import jax
+
+from txf.models.loss import LossFn, cross_entropy_loss
+from txf.ops.span_corruption import span_corrupt
+
+EVAL_KEY_SEED = 0  # evaluation corrupts with jax.random.key(EVAL_KEY_SEED): the same pairs every time
+
+
+def span_corruption_loss(label_smoothing: float = 0.0) -> LossFn:
+  """loss(model, params, batch, rng): ``batch["inputs"]`` int [B, L] raw tokens ->
+  (x, y) = span_corrupt(inputs, r_c, model.config.span_noise_density, span_mean_length,
+  first_sentinel), then ``cross_entropy_loss(label_smoothing)`` on {inputs: x, targets: y}
+  (sum_t w_t LS-CE_t over y's real tokens, sentinels and EOS included).
+
+  r_c: in training the first half of ``jax.random.split(rng)`` (the step's rng, so a resumed run
+  corrupts alike), the second half being the dropout rng; in evaluation (rng None) a fixed key.
+  ``batch["targets"]`` (zeros: the task's placeholder) is not read.
+  """
+  base = cross_entropy_loss(label_smoothing)
+
+  def loss_fn(model, params, batch, rng):
+    cfg = model.config
+    if rng is None:
+      corrupt_rng, dropout_rng = jax.random.key(EVAL_KEY_SEED), None
+    else:
+      corrupt_rng, dropout_rng = jax.random.split(rng)
+    inputs, targets = span_corrupt(batch["inputs"], corrupt_rng, cfg.span_noise_density,
+                                   cfg.span_mean_length, cfg.first_sentinel)
+    return base(model, params, {"inputs": inputs, "targets": targets}, dropout_rng)
+
+  return loss_fn
