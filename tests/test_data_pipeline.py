@@ -93,6 +93,18 @@ def _order_of(count, seed, n):
   return [int(next(it)["inputs"][0, 0]) - 1 for _ in range(n)]
 
 
+def test_no_example_within_the_lengths_is_one_error_not_an_endless_search():
+  spec = pipeline.BatchSpec.of(data_spec(config_lib.base_config()), {"inputs": 4}, 1)
+  lengths = np.full((3, 1), 6, np.int32)
+  read = lambda indices: [{"inputs": np.ones(lengths[i, 0], np.int32)} for i in indices]
+  with pytest.raises(DataError, match=r"train: every one of the 3 examples is longer than the "
+                                      r"model takes \(inputs <= 4 tokens\)"):
+    global_batches.IndexBatchIterator(lengths, spec, 0, RowLayout(), read, False, "fp")
+  lengths[1] = 4  # one fits: batches come (of that one)
+  it = global_batches.IndexBatchIterator(lengths, spec, 0, RowLayout(), read, False, "fp")
+  assert next(it)["inputs"].shape == (1, 4)
+
+
 def test_every_epoch_is_a_new_global_permutation():
   ids = _order_of(50, 7, 100)
   assert sorted(ids[:50]) == sorted(ids[50:]) == list(range(50)) and ids[:50] != ids[50:]

@@ -103,3 +103,35 @@ def test_too_small_a_vocabulary_for_the_sentinels_is_one_error(data, tmp_path):
   assert proc.returncode == 2
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("txf: error: data.vocab_size=300 leaves 200 sentencepiece pieces"), last
+
+
+def test_fine_tune_into_translation(data, run, tmp_path):
+  """init_from a span_corruption run into an encoder_decoder on parallel text: every parameter is
+  loaded (the same module), none new or dropped; the run translates with the span run's tokenizer
+  (sentinels included), and a learning rate of 1e-30 leaves the parameters where they were."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from flax.traverse_util import flatten_dict  # pylint: disable=import-outside-toplevel
+  from txf import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  pairs = tmp_path / "pairs"
+  pairs.mkdir()
+  for split, seed in (("train", 3), ("val", 4)):
+    (pairs / f"{split}.en").write_text(_text(40, seed))
+    (pairs / f"{split}.de").write_text(_text(40, seed + 10))
+  workdir = tmp_path / "translate"
+  proc = _train("train", "--config", "experiments/default.py", "--workdir", str(workdir),
+                "--progress=false", f"--config.init_from={run}", f"--config.data.source=text:{pairs}",
+                "--config.data.format=parallel", f"--config.data.data_dir={tmp_path}/tfds",
+                "--config.data.max_input_len=24", "--config.data.max_target_len=24",
+                "--config.data.truncate=True",
+                "--config.batch_size=8", "--config.num_train_steps=2", "--config.eval_every=0",
+                "--config.checkpoint_every=0", "--config.decode_examples=0",
+                "--config.num_samples=0", "--config.optimizer.schedule=constant",
+                "--config.optimizer.learning_rate=1e-30", "--config.optimizer.warmup_steps=1")
+  report = json.loads((workdir / "init_from.json").read_text())
+  source = {"/".join(k): v for k, v in flatten_dict(workdir_lib.load_params(str(run))).items()}
+  tuned = {"/".join(k): v for k, v in flatten_dict(workdir_lib.load_params(str(workdir))).items()}
+  assert report["new"] == [] and report["dropped"] == [] and report["loaded"] == sorted(source)
+  assert f"{len(source)} parameters loaded, 0 new (-), 0 dropped (-)" in proc.stdout
+  assert workdir_lib.load_config(str(workdir)).model.family == "encoder_decoder"
+  for key in source:
+    np.testing.assert_allclose(tuned[key], source[key], rtol=0, atol=1e-25)

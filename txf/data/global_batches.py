@@ -144,6 +144,12 @@ class IndexBatchIterator(CheckpointableIterator):
     self._features = list(spec.lengths)
     self._limits = np.asarray([spec.lengths[f] for f in self._features], np.int32)
     self._limiter = LengthLimiter(spec.lengths, spec.truncate, spec.eos_last, what)
+    if (not spec.truncate and len(lengths)
+        and not np.all(np.asarray(lengths) <= self._limits, axis=1).any()):
+      limits = ", ".join(f"{f} <= {m}" for f, m in spec.lengths.items())
+      raise DataError(f"{what}: every one of the {len(lengths)} examples is longer than the "
+                      f"model takes ({limits} tokens): raise data.max_input_len / "
+                      f"data.max_target_len, or set data.truncate=True to cut them")
     self._order = grain.MapDataset.range(len(lengths)).shuffle(seed=seed).repeat(None)
     if spec.packing and spec.bucketing:
       raise DataError("data.packing and data.bucketing both set: packing already removes padding; "
