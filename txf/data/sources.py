@@ -43,27 +43,36 @@ def read_records(source: Sequence[Any], indices: Sequence[int], adapt: Callable)
   return out
 
 
-def _tokenizer_settings(d) -> Dict[str, Any]:
-  return {"tokenizer": d.tokenizer, "vocab_size": int(d.vocab_size),
-          "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
-          "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
+def _tokenizer_settings(d, mask_token: bool = False) -> Dict[str, Any]:
+  """How the tokenizer is built; ``mask_token`` (masked-LM runs) adds the key "mask_token", so
+  every other run's settings (and cache key) are as without it."""
+  out = {"tokenizer": d.tokenizer, "vocab_size": int(d.vocab_size),
+         "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
+         "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
+  if mask_token:
+    out["mask_token"] = tokenizer.MASK_PIECE
+  return out
 
 
-def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable) -> tokenizer.Codec:
-  """Train the tokenizer(s) on (an even sample of) the training split."""
+def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable,
+                 mask_token: bool = False) -> tokenizer.Codec:
+  """Train the tokenizer(s) on (an even sample of) the training split; ``mask_token``: a
+  sentencepiece with the user piece ``tokenizer.MASK_PIECE`` (masked-LM runs)."""
   cap = 0 if kind == "plain" and d.tokenizer == "char" else d.spm_input_sentences
   records = read_records(train, tokenizer.sample_evenly(len(train), cap), adapt)
   if kind == "parallel":
     src, tgt = [r["source"] for r in records], [r["target"] for r in records]
   else:
     src = tgt = [r["text"] for r in records]
-  settings = _tokenizer_settings(d)
+  settings = _tokenizer_settings(d, mask_token)
   if d.tokenizer == "char":
     source = target = tokenizer.CharTokenizer("".join(set("".join(src + tgt))))
     return tokenizer.Codec(source, target, settings)
 
   def train_sp(texts):
-    return tokenizer.train_sentencepiece(texts, d.vocab_size, d.spm_model_type, d.spm_num_threads)
+    return tokenizer.train_sentencepiece(
+        texts, d.vocab_size, d.spm_model_type, d.spm_num_threads,
+        user_symbols=(tokenizer.MASK_PIECE,) if mask_token else ())
 
   if kind != "parallel" or d.joint_vocab:
     source = target = train_sp(src + tgt if kind == "parallel" else src)
@@ -73,9 +82,10 @@ def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable) -> tokeniz
 
 
 def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callable,
-                fingerprint: str, data_dir: str) -> tokenizer.Codec:
-  """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one."""
-  wanted = _tokenizer_settings(d)
+                fingerprint: str, data_dir: str, mask_token: bool = False) -> tokenizer.Codec:
+  """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one
+  (``mask_token``: with a mask piece, for model.family=encoder_mlm)."""
+  wanted = _tokenizer_settings(d, mask_token)
   if workdir:
     directory = workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR)
     codec = tokenizer.load_codec(directory)
@@ -89,7 +99,7 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
   codec = tokenizer.load_codec(cache)
   if codec is None:
     logging.info("training the %s tokenizer on the training split (%s)", d.tokenizer, wanted)
-    codec = _train_codec(d, kind, train, adapt)
+    codec = _train_codec(d, kind, train, adapt, mask_token)
     codec.save(cache)
   _report_vocab_size(d, codec)
   return codec
