@@ -137,3 +137,29 @@ def test_a_tokenizer_without_a_mask_is_one_error(tmp_path):
   errors = [line for line in out.stderr.splitlines() if line.startswith("txf: error:")]
   assert len(errors) == 1 and "no mask token" in errors[0], out.stderr[-2000:]
   assert "Traceback" not in out.stderr
+
+
+def test_whole_word_batches_mask_every_piece_of_a_word(tmp_path):
+  import jax
+  from txf.models import model_config_from
+  from txf.models.encoder_mlm import mask_batch
+  data = tsv_dir(tmp_path / "tsv", n_train=120, n_val=20)
+  cfg = config_for(f"text:{data}", tmp_path / "tfds", "encoder_mlm", "tsv", max_input_len=24,
+                   eval_split="dev")
+  cfg.pretrain.whole_word, cfg.pretrain.mask_rate = True, 0.3
+  task = real.make_real_task(cfg)
+  batch = next(task.train_iterator(8, seed=0))
+  sp = task.codec.source._sp
+  pieces = [[sp.id_to_piece(int(i)) for i in row] for row in batch["inputs"]]
+  starts = np.asarray([[p.startswith("\u2581") for p in row] for row in pieces])
+  np.testing.assert_array_equal(batch["word_starts"] != 0, starts)
+  masked = mask_batch(model_config_from(cfg, task, vocab_multiple=1), batch, jax.random.key(0))
+  chosen = np.asarray(masked["targets"]) != 0
+  np.testing.assert_array_equal(np.asarray(masked["targets"])[chosen], batch["inputs"][chosen])
+  for b in range(8):
+    # a word: a piece starting with \u2581 and the pieces after it up to the next such piece (the
+    # window's first pieces, before any start, form a word of their own)
+    bounds = [0] + [t for t in range(1, 24) if starts[b, t]] + [24]
+    words = [list(range(s, e)) for s, e in zip(bounds, bounds[1:])]
+    assert all(chosen[b, w].all() or not chosen[b, w].any() for w in words), pieces[b]
+    assert chosen[b].any()

@@ -358,7 +358,7 @@ def word_start_table(tok: Tokenizer) -> np.ndarray:
   DataError for a tokenizer without word pieces."""
   if isinstance(tok, SentencePieceTokenizer):
     return np.asarray([tok._sp.id_to_piece(i).startswith("\u2581") or tok._sp.is_control(i)
-                       or tok._sp.is_unknown(i) or tok._sp.is_user_defined(i)
+                       or tok._sp.is_unknown(i) or tok._sp.id_to_piece(i) == MASK_PIECE
                        for i in range(tok.vocab_size)], bool)
   if isinstance(tok, WordPieceTokenizer):
     starts = np.ones(tok.vocab_size, bool)
