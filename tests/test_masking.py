@@ -27,8 +27,19 @@ def _tokens(rows=2000, length=32, seed=0):
   return t.astype(np.int32)
 
 
-def _run(tokens, seed=1, **over):
-  out = mlm_mask(tokens, jax.random.key(seed), **{**SETTINGS, **over})
+@jax.jit
+def _masked(tokens, key, rates, word_starts):
+  """mlm_mask compiled once per word_starts presence (the rates are traced: one program)."""
+  return mlm_mask(tokens, key, vocab_size=V, mask_id=MASK, mask_rate=rates[0],
+                  mask_token_fraction=rates[1], random_token_fraction=rates[2],
+                  special_ids=SPECIALS, word_starts=word_starts)
+
+
+def _run(tokens, seed=1, word_starts=None, **over):
+  s = {**SETTINGS, **over}
+  rates = np.asarray([s["mask_rate"], s["mask_token_fraction"], s["random_token_fraction"]],
+                     np.float32)
+  out = _masked(tokens, jax.random.key(seed), rates, word_starts)
   return tuple(np.asarray(x) for x in out)
 
 

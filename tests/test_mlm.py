@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import run_txf
 from tests.test_checkpoint_resume import _assert_same_run, _rows
 from tests.test_data_fixtures import config_for, sentences, tsv_dir
-from txf.data import real, tokenizer
+from txf.data import real, tokenizer, vocab
 from txf.data.base import DataError
 
 pytestmark = pytest.mark.slow
@@ -126,7 +126,7 @@ def test_only_mlm_runs_get_a_mask_piece(tmp_path):
   assert task.codec.source.model_proto == plain.model_proto
   assert "mask_token" not in task.codec.settings
   with pytest.raises(DataError, match="no mask token"):
-    tokenizer.mask_token_id(task.codec.source)
+    vocab.mask_token_id(task.codec.source)
 
 
 def test_a_tokenizer_without_a_mask_is_one_error(tmp_path):

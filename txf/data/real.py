@@ -26,7 +26,7 @@ from absl import logging
 import numpy as np
 
 from txf import families
-from txf.data import builders, global_batches, pipeline, tokenizer
+from txf.data import builders, global_batches, pipeline, tokenizer, vocab
 from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, Example,
                            RowLayout, Task, data_spec, truncate_keep_eos)
 from txf.data.sources import build_codec, open_source, read_records
@@ -293,9 +293,9 @@ class StreamMLMTask(StreamLMTask):
 
   def __init__(self, *args, whole_word: bool = False, **kwargs):
     super().__init__(*args, **kwargs)
-    self.mask_id = tokenizer.mask_token_id(self.codec.source)
+    self.mask_id = vocab.mask_token_id(self.codec.source)
     self.max_input_len, self.max_target_len = self.data.max_input_len, self.data.max_input_len
-    self._starts = tokenizer.word_start_table(self.codec.source) if whole_word else None
+    self._starts = vocab.word_start_table(self.codec.source) if whole_word else None
 
   def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
                      process_count: int = 1, layout: Optional[RowLayout] = None

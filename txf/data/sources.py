@@ -14,7 +14,7 @@ from absl import logging
 import numpy as np
 
 from txf import workdir as workdir_lib
-from txf.data import builders, catalog, tokenizer
+from txf.data import builders, catalog, tokenizer, vocab
 from txf.data.base import DataError, DataSpec
 from txf.data.text import resolve_text_dir
 
@@ -50,14 +50,14 @@ def _tokenizer_settings(d, mask_token: bool = False) -> Dict[str, Any]:
          "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
          "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
   if mask_token:
-    out["mask_token"] = tokenizer.MASK_PIECE
+    out["mask_token"] = vocab.MASK_PIECE
   return out
 
 
 def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable,
                  mask_token: bool = False) -> tokenizer.Codec:
   """Train the tokenizer(s) on (an even sample of) the training split; ``mask_token``: a
-  sentencepiece with the user piece ``tokenizer.MASK_PIECE`` (masked-LM runs)."""
+  sentencepiece with the user piece ``vocab.MASK_PIECE`` (masked-LM runs)."""
   cap = 0 if kind == "plain" and d.tokenizer == "char" else d.spm_input_sentences
   records = read_records(train, tokenizer.sample_evenly(len(train), cap), adapt)
   if kind == "parallel":
@@ -72,7 +72,7 @@ def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable,
   def train_sp(texts):
     return tokenizer.train_sentencepiece(
         texts, d.vocab_size, d.spm_model_type, d.spm_num_threads,
-        user_symbols=(tokenizer.MASK_PIECE,) if mask_token else ())
+        user_symbols=(vocab.MASK_PIECE,) if mask_token else ())
 
   if kind != "parallel" or d.joint_vocab:
     source = target = train_sp(src + tgt if kind == "parallel" else src)
