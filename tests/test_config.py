@@ -24,6 +24,9 @@ def test_base_and_experiment_configs_validate():
 
 @pytest.mark.parametrize("mutate, needle", [
     (lambda c: setattr(c.model, "num_heads", 3), "not divisible by model.num_heads=3"),
+    (lambda c: setattr(c.pretrain, "mask_rate", 0.0), "pretrain.mask_rate=0.0 must be in (0, 1]"),
+    (lambda c: c.pretrain.update(mask_token_fraction=0.8, random_token_fraction=0.3),
+     "with a sum <= 1"),
     (lambda c: setattr(c.model, "d_ff", 0), "model.d_ff=0 must be positive"),
     (lambda c: setattr(c, "batch_size", -4), "batch_size=-4 must be positive"),
     (lambda c: setattr(c.model, "dropout_rate", 1.5), "model.dropout_rate=1.5 must be in [0, 1)"),

@@ -79,6 +79,10 @@ RUN = {
     "txf average-checkpoints --workdir runs/sst2 --step best": "",
     "TXF_DATA=../shared/data txf eval --workdir runs/sst2 --split dev --params params_best.msgpack": "",
     "TXF_DATA=../shared/data python -m bench.data": "--batches=2 --batch_size=8",
+    # Pretraining: masked language modelling (SST-2's text, labels ignored), then fill a mask
+    "TXF_DATA=../shared/data txf train --config experiments/sst2_mlm.py":
+        f"{TINY_SST2} --config.data.max_input_len=32",
+    'txf generate --workdir runs/sst2_mlm --prompt "a <mask> movie" --top_k 5': "",
     "txf eval --workdir runs/default --split test --bleu tok-lc": "--max_examples=8",
 }
 

@@ -66,7 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   m = c.model
-  m.family = "encoder_decoder"   # encoder_decoder (translation) | encoder_classifier | decoder_lm | encoder_mlm (masked LM: imported BERT, no training task yet)
+  m.family = "encoder_decoder"   # encoder_decoder (translation) | encoder_classifier | decoder_lm | encoder_mlm (masked LM: BERT; trains on plain text, config.pretrain)
   m.d_model = 512                # model width d_model
   m.num_heads = 8                # h; d_k = d_v = d_model / h (unless model.head_dim)
   m.head_dim = 0                 # d_k = d_v of each attention head: 0 = d_model / num_heads (the paper's); > 0 = that width, the projections then [d_model, h * head_dim] (T5 v1.1 small: d_model 512, 6 heads of 64)
@@ -517,6 +517,22 @@ def _positional_errors(m) -> List[str]:
   return errors
 
 
+def _mlm_errors(p) -> List[str]:
+  """The masked-LM settings that cannot work: a rate outside (0, 1], fractions outside [0, 1] or
+  summing to more than 1."""
+  out = []
+  rate = p.get("mask_rate", 0.15)
+  if not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
+    out.append(f"pretrain.mask_rate={rate!r} must be in (0, 1] (BERT: 0.15 of the tokens predicted)")
+  fractions = [p.get("mask_token_fraction", 0.8), p.get("random_token_fraction", 0.1)]
+  if (not all(isinstance(f, (int, float)) and 0.0 <= f <= 1.0 for f in fractions)
+      or sum(fractions) > 1.0 + 1e-9):
+    out.append(f"pretrain.mask_token_fraction={fractions[0]!r} and pretrain.random_token_fraction="
+               f"{fractions[1]!r} must each be in [0, 1] with a sum <= 1 (the rest of the chosen "
+               f"tokens stay unchanged; BERT: 0.8 and 0.1)")
+  return out
+
+
 def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
   """Check a config before anything compiles; raise ConfigError naming every bad field and its fix.
 
@@ -614,6 +630,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
                   f"an integer; use num_heads in {ok[:6]} or change d_model")
   errors.extend(_kv_heads_errors(cfg))
   errors += _positional_errors(m)
+  errors += _mlm_errors(cfg.get("pretrain", {}))
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "

@@ -4,7 +4,7 @@ A family is what a run's ``model.family`` names: the module that computes it, th
 reads, what it predicts (a token per position or a label per example, which sets the loss
 weighting and the metrics), the data it trains on, whether and how it decodes, and the command
 that serves a trained run. txf's four families are declared below (encoder_mlm, BERT's masked LM,
-only as imported from Hugging Face: no task trains it yet); a new one is one module plus one
+trains on plain text through its own loss, which masks each batch); a new one is one module plus one
 :func:`register` line (from any Python file the run names in ``config.plugins``)::
 
     from txf import families
@@ -225,8 +225,10 @@ register(Family(
 register(Family(
     name="encoder_mlm", module="txf.models.encoder_mlm:EncoderMLM",
     # targets: the original token at each masked position (0 elsewhere), read by the loss only
+    # (which makes them: it masks the plain-text windows of each batch, config.pretrain)
     inputs=("inputs", "targets", "inputs_segmentation", "inputs_position"),
-    predicts="targets", data_kind=None, decoding=None, command="txf eval", encoder=True))
+    predicts="targets", data_kind="plain", decoding=None, command="txf generate", encoder=True,
+    loss="txf.models.encoder_mlm:mlm_loss"))
 register(Family(
     # T5's span corruption: the EncoderDecoder (a pretrained run's parameters are an
     # encoder_decoder's) trained on unlabelled text; the loss corrupts each batch's raw "inputs"

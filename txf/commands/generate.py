@@ -2,7 +2,10 @@
 [--max_new_tokens 200] [--temperature 0.8] [--top_k 0] [--top_p 0.95] [--seed 0] [--num_samples 1]
 [--params ...]``.
 
-Samples continuations from a decoder_lm run and prints prompt + continuation. Prompts come from
+Samples continuations from a decoder_lm run and prints prompt + continuation. On an encoder_mlm
+run it fills masks instead: each text's ``<mask>`` (or an imported BERT's [MASK]) tokens become the
+model's most likely tokens, one output line per input; ``--top_k K`` appends, per mask, the K
+most likely tokens with their probabilities after a tab. Prompts come from
 ``--prompt`` (repeatable), or one per line from --input or stdin; prompts of different lengths are
 sampled together in one batch, and each gets what it would get alone with the same seed. On a
 terminal each typed line is answered at once. Without any prompt (empty input), one sample starts
@@ -31,7 +34,8 @@ flags.DEFINE_string("params", None, "parameter file in the workdir (default para
 flags.DEFINE_integer("max_new_tokens", 200, "most tokens to generate (lowered to fit the context "
                      "the model was trained on, data.max_target_len)")
 flags.DEFINE_float("temperature", 0.8, "softmax temperature (0 = greedy)")
-flags.DEFINE_integer("top_k", 0, "sample among the k most likely tokens (0 = off)")
+flags.DEFINE_integer("top_k", 0, "sample among the k most likely tokens (0 = off); an encoder_mlm "
+                     "run: show the k most likely tokens of each mask (0 = none)")
 flags.DEFINE_float("top_p", 0.95, "nucleus sampling: the smallest set with this much mass (1 = off)")
 flags.DEFINE_integer("seed", 0, "random seed")
 flags.DEFINE_integer("num_samples", 1, "how many continuations to sample per prompt")
@@ -49,6 +53,14 @@ def _print(samples: List[List[str]]) -> None:
   sys.stdout.flush()
 
 
+def _fill_line(text: str, tops) -> str:
+  """The filled text, then (tab) for each mask its candidates: ``[1] good 0.412, great 0.220``."""
+  if not any(tops):
+    return text
+  return text + "\t" + "  ".join(
+      f"[{m}] " + ", ".join(f"{tok} {p:.3f}" for tok, p in cands) for m, cands in enumerate(tops, 1))
+
+
 def main(argv):
   if len(argv) > 1:
     raise TxfError(f"unexpected arguments {argv[1:]}: quote the prompt, --prompt \"...\"")
@@ -63,6 +75,9 @@ def main(argv):
       raise TxfError("a span_corruption run fills sentinels: give a prompt such as --prompt "
                      "\"a man <extra_id_0> a bike\"")
     _print([[text] for text in fill_sentinels(run, prompts, f.max_new_tokens)])
+    return
+  if run.family == "encoder_mlm":
+    _fill(run, f)
     return
   spec = DecodingSpec(temperature=f.temperature, top_k=f.top_k, top_p=f.top_p)
 
@@ -79,3 +94,23 @@ def main(argv):
   if not prompts:
     prompts = [""]
   _print(sample(prompts))
+
+
+def _fill(run, f) -> None:
+  """An encoder_mlm run: one line per text, its masks filled (``inference.fill_masks``)."""
+
+  def answer(texts):
+    for text, tops in inference.fill_masks(run, texts, max(f.top_k, 0), warn=terminal.warn_stderr):
+      print(_fill_line(text, tops))
+    sys.stdout.flush()
+
+  if not f.prompt and terminal.from_terminal(f.input):
+    print("txf generate: type a text with <mask> per line (Ctrl-D ends)", file=sys.stderr, flush=True)
+    for line in terminal.iter_lines():
+      answer([line])
+    return
+  texts = list(f.prompt) if f.prompt else terminal.read_lines(f.input)
+  if not texts:
+    raise TxfError("txf generate on a masked LM needs texts with a mask token: --prompt \"a <mask> "
+                   "movie\" or lines on stdin")
+  answer(texts)

@@ -10,6 +10,8 @@ Task classes (all in this module), chosen in one place (``new_task``):
   ClassificationTask  encoder_classifier  inputs [B, S], label [B]
   SentenceLMTask      decoder_lm          targets [B, T]; one sentence per record (tfds:lm1b)
   StreamLMTask        decoder_lm          targets [B, T]; windows of one token stream (plain text)
+  StreamMLMTask       encoder_mlm         inputs [B, S] (unmasked; the loss masks them), the same
+                                          windows (plain text, or a labelled TSV's text column)
 
 Every task holds the run's ``DataSpec`` (``config.data`` read once). The records and the tokenizer
 come from txf.data.sources (the run's own tokenizer when ``workdir/tokenizer`` has one, so
@@ -24,7 +26,7 @@ from absl import logging
 import numpy as np
 
 from txf import families
-from txf.data import builders, global_batches, pipeline, tokenizer
+from txf.data import builders, global_batches, pipeline, tokenizer, vocab
 from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, Example,
                            RowLayout, Task, data_spec, truncate_keep_eos)
 from txf.data.sentinels import first_sentinel
@@ -32,7 +34,7 @@ from txf.data.sources import build_codec, open_source, read_records
 from txf.ops.span_corruption import corrupted_lengths
 
 __all__ = ["DataError", "make_real_task", "new_task", "TranslationTask", "ClassificationTask",
-           "SentenceLMTask", "StreamLMTask"]
+           "SentenceLMTask", "StreamLMTask", "StreamMLMTask"]
 
 class _RealTask(Task):
   """What every real task shares: splits, codec, text codecs, save."""
@@ -335,22 +337,89 @@ class SpanCorruptionTask(StreamLMTask):
     return self.codec.encode_source(text, 0)
 
 
+class _Renamed(CheckpointableIterator):
+  """A window iterator's ``{"targets": [B, T]}`` batches as ``{"inputs": ...}`` (plus
+  ``word_starts`` from ``starts``, a bool [V] table, when given); state is the wrapped one's."""
+
+  def __init__(self, inner: CheckpointableIterator, starts: Optional[np.ndarray]):
+    self._inner, self._starts = inner, starts
+
+  def __next__(self) -> Batch:
+    return _mlm_batch(next(self._inner)["targets"], self._starts)
+
+  def get_state(self) -> Dict[str, Any]:
+    return self._inner.get_state()
+
+  def set_state(self, state: Dict[str, Any]) -> None:
+    self._inner.set_state(state)
+
+
+def _mlm_batch(windows: np.ndarray, starts: Optional[np.ndarray]) -> Batch:
+  batch = {"inputs": windows}
+  if starts is not None:  # PAD counts as a start: masking never chooses it
+    batch["word_starts"] = starts[windows].astype(np.int32)
+  return batch
+
+
+class StreamMLMTask(StreamLMTask):
+  """Plain text (or a labelled TSV's text column, labels ignored) as one token stream ->
+  ``inputs`` [B, S]: StreamLMTask's windows of S = ``data.max_input_len`` tokens, unmasked (the
+  family's loss masks them, txf.models.encoder_mlm.mlm_loss), plus ``word_starts`` int32 [B, S]
+  when ``whole_word``. ``mask_id``: the tokenizer's mask token (DataError without one)."""
+  family = "encoder_mlm"
+
+  def __init__(self, *args, whole_word: bool = False, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.mask_id = vocab.mask_token_id(self.codec.source)
+    self.max_input_len, self.max_target_len = self.data.max_input_len, self.data.max_input_len
+    self._starts = vocab.word_start_table(self.codec.source) if whole_word else None
+
+  def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
+                     process_count: int = 1, layout: Optional[RowLayout] = None
+                     ) -> CheckpointableIterator:
+    """StreamLMTask's windows (the same rows and resume state), as MLM batches."""
+    inner = super().train_iterator(batch_size, seed, process_index, process_count, layout)
+    return _Renamed(inner, self._starts)
+
+  def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
+                   ) -> List[Batch]:
+    """StreamLMTask's consecutive windows of the split, as MLM batches."""
+    return [_mlm_batch(b["targets"], self._starts)
+            for b in super().eval_batches(split, batch_size, max_examples)]
+
+  def examples(self, split: str, n: int) -> List[Example]:
+    return []  # nothing to decode in-loop
+
+  def encode_source(self, text: str) -> np.ndarray:
+    """A text to fill: its ids (no EOS; a mask token where the text says ``<mask>`` / [MASK]),
+    the first ``max_input_len``."""
+    return np.asarray(self.codec.source.encode(text)[:self.max_input_len], np.int32)
+
+
+def whole_word(config) -> bool:
+  """``config.pretrain.whole_word`` (False for a config without the section)."""
+  return bool(config.get("pretrain", {}).get("whole_word", False))
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
 def new_task(family: str, data: DataSpec, sources: Dict[str, Sequence[Any]], adapt: Callable,
              codec: tokenizer.Codec, fingerprint: str, sentences: bool, num_classes: int = 0,
-             pretrain=None) -> Task:
+             pretrain=None, whole_word: bool = False) -> Task:
   """The real Task class of ``family``'s data kind (its ``txf.families`` record), chosen here and
   nowhere else: parallel -> TranslationTask, tsv -> ClassificationTask (``num_classes``), plain ->
   SentenceLMTask when a record is one sentence (``sentences``, catalog data), else StreamLMTask;
-  span_corruption -> SpanCorruptionTask (``pretrain``: config.pretrain).
+  span_corruption -> SpanCorruptionTask (``pretrain``: config.pretrain); encoder_mlm ->
+  StreamMLMTask (``whole_word``: its batches carry word starts).
   The task's lengths are ``data.max_input_len`` / ``data.max_target_len``."""
   args = (data, sources, adapt, codec, fingerprint)
   if family == "span_corruption":
     return SpanCorruptionTask(*args, family=family, num_sentinels=int(pretrain.num_sentinels),
                               noise_density=float(pretrain.noise_density),
                               mean_span_length=float(pretrain.mean_span_length))
+  if family == StreamMLMTask.family:
+    return StreamMLMTask(*args, family=family, whole_word=whole_word)
   kind = families.get(family).data_kind
   if kind == "parallel":
     return TranslationTask(*args, family=family)
@@ -378,6 +447,9 @@ def make_real_task(config, workdir: str = "") -> Task:
   kind, sources, adapt, num_classes, fingerprint = open_source(d, data_dir)
   from_catalog = kind.startswith("tfds-")
   kind = kind.replace("tfds-", "")
+  mlm = family == StreamMLMTask.family
+  if mlm and kind == "tsv":
+    kind = "plain"  # a labelled TSV's text column is unlabelled text for masked-LM pretraining
   if families.get(family).data_kind != kind and not (family == "span_corruption"
                                                      and kind == "parallel"):  # both sides as text
     users = [f for f in families.names() if families.get(f).data_kind == kind]
@@ -389,10 +461,10 @@ def make_real_task(config, workdir: str = "") -> Task:
   fingerprint = f"{fingerprint}|{d.tokenizer}|{d.max_input_len}|{d.max_target_len}"
   spans = family == "span_corruption"
   codec = build_codec(d, workdir, kind, sources[d.train_split], adapt, fingerprint, data_dir,
-                      sentinels=config.pretrain.num_sentinels if spans else 0)
+                      sentinels=config.pretrain.num_sentinels if spans else 0, mask_token=mlm)
   task = new_task(family, d, sources, adapt, codec,
                   fingerprint + "|" + json.dumps(codec.settings, sort_keys=True),
                   sentences=from_catalog, num_classes=num_classes,
-                  pretrain=config.pretrain if spans else None)
+                  pretrain=config.pretrain if spans else None, whole_word=whole_word(config))
   logging.info("real task %s: %s", type(task).__name__, task.describe())
   return task

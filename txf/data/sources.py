@@ -14,7 +14,7 @@ from absl import logging
 import numpy as np
 
 from txf import workdir as workdir_lib
-from txf.data import builders, catalog, tokenizer
+from txf.data import builders, catalog, tokenizer, vocab
 from txf.data import sentinels as sentinel_lib
 from txf.data.base import DataError, DataSpec
 from txf.data.text import resolve_text_dir
@@ -44,19 +44,25 @@ def read_records(source: Sequence[Any], indices: Sequence[int], adapt: Callable)
   return out
 
 
-def _tokenizer_settings(d, sentinels: int = 0) -> Dict[str, Any]:
-  settings = {"tokenizer": d.tokenizer, "vocab_size": int(d.vocab_size),
-              "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
-              "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
-  if sentinels:  # span corruption's tokenizer only: every other one's settings stay as they were
-    settings["sentinels"] = int(sentinels)
-  return settings
+def _tokenizer_settings(d, sentinels: int = 0, mask_token: bool = False) -> Dict[str, Any]:
+  """How the tokenizer is built; ``sentinels`` (span corruption) adds the key "sentinels",
+  ``mask_token`` (masked-LM runs) the key "mask_token", so every other run's settings (and cache
+  key) are as without them."""
+  out = {"tokenizer": d.tokenizer, "vocab_size": int(d.vocab_size),
+         "model_type": d.spm_model_type, "joint": bool(d.joint_vocab),
+         "input_sentences": int(d.spm_input_sentences), "threads": int(d.spm_num_threads)}
+  if sentinels:
+    out["sentinels"] = int(sentinels)
+  if mask_token:
+    out["mask_token"] = vocab.MASK_PIECE
+  return out
 
 
-def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable, sentinels: int = 0
-                 ) -> tokenizer.Codec:
-  """Train the tokenizer(s) on (an even sample of) the training split (``sentinels`` > 0:
-  ``_train_with_sentinels``)."""
+def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable, sentinels: int = 0,
+                 mask_token: bool = False) -> tokenizer.Codec:
+  """Train the tokenizer(s) on (an even sample of) the training split; ``sentinels`` > 0:
+  ``_train_with_sentinels``; ``mask_token``: a sentencepiece with the user piece
+  ``vocab.MASK_PIECE`` (masked-LM runs)."""
   if sentinels:
     return _train_with_sentinels(d, kind, train, adapt, sentinels)
   cap = 0 if kind == "plain" and d.tokenizer == "char" else d.spm_input_sentences
@@ -65,13 +71,15 @@ def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable, sentinels:
     src, tgt = [r["source"] for r in records], [r["target"] for r in records]
   else:
     src = tgt = [r["text"] for r in records]
-  settings = _tokenizer_settings(d)
+  settings = _tokenizer_settings(d, mask_token)
   if d.tokenizer == "char":
     source = target = tokenizer.CharTokenizer("".join(set("".join(src + tgt))))
     return tokenizer.Codec(source, target, settings)
 
   def train_sp(texts):
-    return tokenizer.train_sentencepiece(texts, d.vocab_size, d.spm_model_type, d.spm_num_threads)
+    return tokenizer.train_sentencepiece(
+        texts, d.vocab_size, d.spm_model_type, d.spm_num_threads,
+        user_symbols=(vocab.MASK_PIECE,) if mask_token else ())
 
   if kind != "parallel" or d.joint_vocab:
     source = target = train_sp(src + tgt if kind == "parallel" else src)
@@ -104,10 +112,12 @@ def _train_with_sentinels(d, kind: str, train: Sequence[Any], adapt: Callable, c
 
 
 def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callable,
-                fingerprint: str, data_dir: str, sentinels: int = 0) -> tokenizer.Codec:
+                fingerprint: str, data_dir: str, sentinels: int = 0, mask_token: bool = False
+                ) -> tokenizer.Codec:
   """The run's tokenizer (``workdir/tokenizer``), else a cached one, else a newly trained one
-  (``sentinels`` > 0: with that many ``<extra_id_N>`` on top, for span corruption)."""
-  wanted = _tokenizer_settings(d, sentinels)
+  (``sentinels`` > 0: with that many ``<extra_id_N>`` on top, for span corruption; ``mask_token``:
+  with a mask piece, for model.family=encoder_mlm)."""
+  wanted = _tokenizer_settings(d, sentinels, mask_token)
   if workdir:
     directory = workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR)
     codec = tokenizer.load_codec(directory)
@@ -121,7 +131,7 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
   codec = tokenizer.load_codec(cache)
   if codec is None:
     logging.info("training the %s tokenizer on the training split (%s)", d.tokenizer, wanted)
-    codec = _train_codec(d, kind, train, adapt, sentinels)
+    codec = _train_codec(d, kind, train, adapt, sentinels, mask_token)
     codec.save(cache)
   _report_vocab_size(d, codec)
   return codec

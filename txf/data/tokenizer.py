@@ -305,12 +305,16 @@ class T5Tokenizer(MarianTokenizer):
 
 
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, model_type: str = "unigram",
-                        num_threads: int = 1, character_coverage: float = 0.9999
-                        ) -> SentencePieceTokenizer:
+                        num_threads: int = 1, character_coverage: float = 0.9999,
+                        user_symbols: Sequence[str] = ()) -> SentencePieceTokenizer:
   """Train a SentencePiece model in memory on ``sentences`` (all are used: sample them beforehand).
 
-  Deterministic for the same sentences, settings and ``num_threads``.
+  Deterministic for the same sentences, settings and ``num_threads``. ``user_symbols``: pieces
+  that are always one token wherever they occur in a text (``txf.data.vocab.MASK_PIECE``);
+  sentencepiece gives them the ids right after the four specials (none: the model is as without
+  the argument).
   """
+  extra = {"user_defined_symbols": list(user_symbols)} if user_symbols else {}
   if model_type not in ("unigram", "bpe", "char", "word"):
     raise DataError(f"data.spm_model_type={model_type!r} is not one of unigram, bpe, char, word")
   if vocab_size < 256 + NUM_SPECIALS + 8:
@@ -324,7 +328,7 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, model_type: s
         pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>",
         byte_fallback=True, hard_vocab_limit=False, character_coverage=character_coverage,
         num_threads=num_threads, input_sentence_size=0, shuffle_input_sentence=False,
-        minloglevel=2)
+        minloglevel=2, **extra)
   except RuntimeError as e:
     raise DataError(f"sentencepiece training failed: {e}: check data.vocab_size={vocab_size} and "
                     f"data.spm_model_type={model_type!r} against the size of the training split"

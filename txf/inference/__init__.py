@@ -10,5 +10,6 @@ stdin and writing the terminal is the commands' (txf/commands/terminal.py).
 from txf.decode.decoders import decode_buffer_len, translate_texts
 from txf.inference.evaluate import (Evaluator, check_decoding_flags, default_split, evaluate_split,
                                     make_eval_step, split_names)
+from txf.inference.fill import fill_masks
 from txf.inference.lines import classify_lines, sample_prompts, sample_texts, translate_lines
 from txf.inference.run import Run, load_run, require_family

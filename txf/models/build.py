@@ -115,37 +115,37 @@ def count_params(params) -> int:
 
 
 def model_config_for(config, vocab_size: int, target_vocab_size: int = 0, num_classes: int = 0,
-                     vocab_multiple: Optional[int] = None, first_sentinel: int = 0
-                     ) -> TransformerConfig:
-  """The model's frozen config: ``config.model`` fields plus the sizes the data decides
-  (``vocab_size``; ``target_vocab_size``, 0 = the source vocabulary; ``num_classes``, 0 = 2).
+                     vocab_multiple: Optional[int] = None, mask_id: int = 0,
+                     first_sentinel: int = 0) -> TransformerConfig:
+  """The model's frozen config: ``config.model`` and ``config.pretrain`` fields plus the sizes the
+  data decides (``vocab_size``; ``target_vocab_size``, 0 = the source vocabulary; ``num_classes``,
+  0 = 2; ``mask_id``, the tokenizer's mask token for masked-LM training, 0 = none;
+  ``first_sentinel``, its <extra_id_0> for span corruption, 0 = none).
   The one place a run (``model_config_from``), ``txf plan`` and the checkpoint tools get theirs.
 
   ``vocab_size`` stays the real vocabulary; the tables' padded row count follows
   ``vocab_multiple`` (default: ``config.model.vocab_multiple`` resolved for this run's backend and
   mesh by ``txf.config.resolve_vocab_multiple``; 1 for parameters exported without padding).
-  A span_corruption model also gets ``config.pretrain``'s noise density and mean span length and
-  ``first_sentinel`` (its loss reads them).
   """
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in config.model.items() if k in fields}
+  kwargs.update({k: v for k, v in config.get("pretrain", {}).items() if k in fields})
   if vocab_multiple is None:
     vocab_multiple = resolve_vocab_multiple(config, jax.device_count(), kernels.backend(),
                                             jax.process_count())
   kwargs.update(vocab_size=vocab_size, target_vocab_size=target_vocab_size,
-                num_classes=num_classes or 2, vocab_multiple=vocab_multiple)
-  if config.model.family == "span_corruption":
-    kwargs.update(span_noise_density=float(config.pretrain.noise_density),
-                  span_mean_length=float(config.pretrain.mean_span_length),
-                  first_sentinel=int(first_sentinel))
+                num_classes=num_classes or 2, vocab_multiple=vocab_multiple, mask_id=int(mask_id),
+                first_sentinel=int(first_sentinel))
   return TransformerConfig(**kwargs)
 
 
 def model_config_from(config, task, vocab_multiple: Optional[int] = None) -> TransformerConfig:
   """``model_config_for`` with the sizes of a data task (``task.vocab_size``,
-  ``task.target_vocab_size``, ``task.num_classes``)."""
+  ``task.target_vocab_size``, ``task.num_classes``, a masked-LM task's ``mask_id`` and a span
+  corruption task's ``first_sentinel``)."""
   return model_config_for(config, task.vocab_size, task.target_vocab_size, task.num_classes,
-                          vocab_multiple, getattr(task, "first_sentinel", 0))
+                          vocab_multiple, getattr(task, "mask_id", 0),
+                          getattr(task, "first_sentinel", 0))
 
 
 def _vocab_tables(params, cfg: TransformerConfig):

@@ -1,21 +1,26 @@
 """Encoder-only masked language model (BERT's MLM head): encoder -> a prediction per position.
 
 The family ``encoder_mlm`` computes p(token | masked input) at every position; ``txf import-hf``
-makes one of a ``BertForMaskedLM`` checkpoint and ``txf export-hf`` writes it back. Training it
-needs masked inputs (which positions to mask, and the labels there), which no txf task makes yet:
-the family has no real data (``data_kind=None``), its forward and its loss on a batch of
-``inputs`` (masked) and ``targets`` (the original token at masked positions, 0 elsewhere) are
-what it offers.
+makes one of a ``BertForMaskedLM`` checkpoint and ``txf export-hf`` writes it back. It trains on
+plain text (``txf.data.real.StreamMLMTask``: unmasked windows as ``inputs``); its loss
+(``mlm_loss``) masks each batch BERT's way (``txf.ops.mlm_mask``, ``config.pretrain``) and scores
+the chosen positions only. A batch that already holds ``targets`` (masked ``inputs``, the
+original token at masked positions and 0 elsewhere) is scored as it is.
 """
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
-from txf import kernels
+from txf import kernels, ops
 from txf.errors import TxfError
-from txf.nn import Embed, Encoder, LayerNorm, TransformerConfig
+from txf.models.build import forward
+from txf.nn import BOS_ID, EOS_ID, Embed, Encoder, LayerNorm, PAD_ID, TransformerConfig, UNK_ID
 from txf.nn.attention import xavier
 from txf.ops.feedforward import ACTIVATIONS
+
+# The masking key of every evaluation batch (training derives it from the step's rng instead).
+EVAL_MASK_SEED = 0
 
 
 class EncoderMLM(nn.Module):
@@ -36,8 +41,8 @@ class EncoderMLM(nn.Module):
     if targets is not None and targets.shape != inputs.shape:
       raise TxfError(f"model.family=encoder_mlm predicts the token at each input position: its "
                      f"targets {tuple(targets.shape)} must have the inputs' shape "
-                     f"{tuple(inputs.shape)} (no txf task masks text for it yet: data.max_input_len "
-                     f"and data.max_target_len must be equal)")
+                     f"{tuple(inputs.shape)} (data.max_input_len and data.max_target_len must be "
+                     f"equal)")
     if cfg.gated_ffn:
       raise ValueError(f"model.activation={cfg.activation!r} is a gated FFN: the MLM head's "
                        f"transform needs a dense activation (gelu, relu, ...)")
@@ -60,3 +65,51 @@ class EncoderMLM(nn.Module):
       logits = logits + self.param("logits_bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,))
     return logits
+
+
+def mask_batch(cfg: TransformerConfig, batch, rng: jax.Array):
+  """A batch of unmasked ``inputs`` [B, S] (and ``word_starts`` with ``pretrain.whole_word``) ->
+  the same batch with ``inputs`` masked and ``targets`` [B, S] = the original token at the chosen
+  positions, 0 elsewhere (``txf.ops.mlm_mask`` with ``cfg``'s pretrain fields; never chosen nor
+  drawn: PAD, BOS, EOS, UNK and ``cfg.mask_id``)."""
+  if not cfg.mask_id:
+    raise TxfError("masked-LM training needs the tokenizer's mask token, and this model config has "
+                   "none (mask_id=0): train on real text (txf.data.real.StreamMLMTask sets it) or "
+                   "give batches already masked, with targets")
+  starts = None
+  if cfg.whole_word:
+    if "word_starts" not in batch:
+      raise TxfError("pretrain.whole_word=True needs batches with word_starts (the real-text "
+                     "masked-LM task adds them); set pretrain.whole_word=False otherwise")
+    starts = batch["word_starts"] != 0
+  inputs, targets, _ = ops.mlm_mask(
+      batch["inputs"], rng, vocab_size=cfg.vocab_size, mask_id=cfg.mask_id, mask_rate=cfg.mask_rate,
+      mask_token_fraction=cfg.mask_token_fraction, random_token_fraction=cfg.random_token_fraction,
+      special_ids=(PAD_ID, BOS_ID, EOS_ID, UNK_ID, cfg.mask_id), word_starts=starts)
+  return dict(batch, inputs=inputs, targets=targets)
+
+
+def mlm_loss(label_smoothing: float = 0.0):
+  """The family's objective (a ``txf.models.LossFn``): sum over the chosen positions of the
+  label-smoothed cross-entropy, terms count (chosen tokens), nll_sum, correct (argmax = original).
+
+  Training masks with ``split(rng)[0]`` of the step's rng (the other half is dropout's), so a
+  resumed run masks as the uninterrupted one; evaluation (rng None) with the fixed key
+  ``EVAL_MASK_SEED``, so every evaluation scores the same masks. A batch with ``targets`` is
+  already masked and is scored as given."""
+
+  def loss_fn(model, params, batch, rng):
+    dropout_rng = rng
+    if "targets" not in batch:
+      if rng is None:
+        mask_rng = jax.random.key(EVAL_MASK_SEED)
+      else:
+        mask_rng, dropout_rng = jax.random.split(rng)
+      batch = mask_batch(model.config, batch, mask_rng)
+    logits, targets, weights = forward(model, params, batch, dropout_rng)
+    loss_sum, count = ops.label_smoothed_cross_entropy(logits, targets, weights, label_smoothing)
+    nll_sum, _ = ops.label_smoothed_cross_entropy(logits, targets, weights, 0.0)
+    correct, _ = ops.token_accuracy(logits, targets, weights)
+    return loss_sum, {"count": count, "nll_sum": nll_sum, "correct": correct}
+
+  return loss_fn

@@ -11,9 +11,9 @@ EVAL_KEY_SEED = 0  # evaluation corrupts with jax.random.key(EVAL_KEY_SEED): the
 
 def span_corruption_loss(label_smoothing: float = 0.0) -> LossFn:
   """loss(model, params, batch, rng): ``batch["inputs"]`` int [B, L] raw tokens ->
-  (x, y) = span_corrupt(inputs, r_c, model.config.span_noise_density, span_mean_length,
-  first_sentinel), then ``cross_entropy_loss(label_smoothing)`` on {inputs: x, targets: y}
-  (sum_t w_t LS-CE_t over y's real tokens, sentinels and EOS included).
+  (x, y) = span_corrupt(inputs, r_c, cfg.noise_density, cfg.mean_span_length,
+  cfg.first_sentinel) with cfg = model.config, then ``cross_entropy_loss(label_smoothing)`` on
+  {inputs: x, targets: y} (sum_t w_t LS-CE_t over y's real tokens, sentinels and EOS included).
 
   r_c: in training the first half of ``jax.random.split(rng)`` (the step's rng, so a resumed run
   corrupts alike), the second half being the dropout rng; in evaluation (rng None) a fixed key.
@@ -27,8 +27,8 @@ def span_corruption_loss(label_smoothing: float = 0.0) -> LossFn:
       corrupt_rng, dropout_rng = jax.random.key(EVAL_KEY_SEED), None
     else:
       corrupt_rng, dropout_rng = jax.random.split(rng)
-    inputs, targets = span_corrupt(batch["inputs"], corrupt_rng, cfg.span_noise_density,
-                                   cfg.span_mean_length, cfg.first_sentinel)
+    inputs, targets = span_corrupt(batch["inputs"], corrupt_rng, cfg.noise_density,
+                                   cfg.mean_span_length, cfg.first_sentinel)
     return base(model, params, {"inputs": inputs, "targets": targets}, dropout_rng)
 
   return loss_fn

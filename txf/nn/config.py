@@ -35,8 +35,7 @@ SIZE_FIELDS = (
     ("num_classes", int, 2),                # encoder_classifier only
     ("deterministic", bool, False),         # True disables dropout (eval, decode)
     ("decode", bool, False),                # True: one position per call with a KV cache
-    ("span_noise_density", float, 0.0),     # span_corruption: config.pretrain.noise_density (else 0)
-    ("span_mean_length", float, 0.0),       # span_corruption: config.pretrain.mean_span_length (else 0)
+    ("mask_id", int, 0),                    # encoder_mlm training: the tokenizer's mask token (0: none)
     ("first_sentinel", int, 0),             # span_corruption: the tokenizer's <extra_id_0> id (else 0)
 )
 
@@ -45,8 +44,9 @@ class _TransformerConfigBase:
   """Hyper-parameters of one model; eval/decode variants are ``dataclasses.replace`` copies.
 
   Attributes are those of ``config.model`` (``txf.config.base_config``: the paper's base model,
-  ``dtype="auto"``, ``vocab_multiple=0`` = no padding rows) plus ``SIZE_FIELDS``: the sizes the
-  data decides and the two run-mode switches.
+  ``dtype="auto"``, ``vocab_multiple=0`` = no padding rows), those of ``config.pretrain`` (the
+  self-supervised objectives' settings, read by their losses), plus ``SIZE_FIELDS``: the sizes
+  and ids the data decides and the two run-mode switches.
   """
 
   @property
@@ -99,6 +99,8 @@ TransformerConfig = dataclasses.make_dataclass(
     "TransformerConfig",
     [(name, type(value), dataclasses.field(default=value))
      for name, value in base_config().model.items()]
+    + [(name, type(value), dataclasses.field(default=value))
+       for name, value in base_config().pretrain.items()]
     + [(name, kind, dataclasses.field(default=value)) for name, kind, value in SIZE_FIELDS],
     bases=(_TransformerConfigBase,), frozen=True, namespace={"__module__": __name__})
 TransformerConfig.__doc__ = _TransformerConfigBase.__doc__

@@ -13,6 +13,7 @@ from txf.ops.dropout import dropout
 from txf.ops.embedding import embed, tied_logits
 from txf.ops.feedforward import feed_forward, is_gated, matched_hidden_size
 from txf.ops.losses import label_smoothed_cross_entropy, token_accuracy
+from txf.ops.masking import allowed_random_ids, mlm_mask
 from txf.ops.norm import layer_norm, rms_norm
 from txf.ops.positional import (alibi_bias, alibi_slopes, positional_encoding_at,
                                 relative_position_bias, relative_position_bucket, rope,
