@@ -2,7 +2,7 @@
 
 The family ``encoder_mlm`` computes p(token | masked input) at every position; ``txf import-hf``
 makes one of a ``BertForMaskedLM`` checkpoint and ``txf export-hf`` writes it back. It trains on
-plain text (``txf.data.real.StreamMLMTask``: unmasked windows as ``inputs``); its loss
+plain text (``txf.data.pretraining.StreamMLMTask``: unmasked windows as ``inputs``); its loss
 (``mlm_loss``) masks each batch BERT's way (``txf.ops.mlm_mask``, ``config.pretrain``) and scores
 the chosen positions only. A batch that already holds ``targets`` (masked ``inputs``, the
 original token at masked positions and 0 elsewhere) is scored as it is.
@@ -74,7 +74,7 @@ def mask_batch(cfg: TransformerConfig, batch, rng: jax.Array):
   drawn: PAD, BOS, EOS, UNK and ``cfg.mask_id``)."""
   if not cfg.mask_id:
     raise TxfError("masked-LM training needs the tokenizer's mask token, and this model config has "
-                   "none (mask_id=0): train on real text (txf.data.real.StreamMLMTask sets it) or "
+                   "none (mask_id=0): train on real text (txf.data.pretraining.StreamMLMTask sets it) or "
                    "give batches already masked, with targets")
   starts = None
   if cfg.whole_word:
