@@ -13,7 +13,7 @@ import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import ml_collections
-from txf import families
+from txf import families, objectives
 from txf.errors import TxfError
 
 
@@ -456,8 +456,7 @@ def _span_errors(cfg: ml_collections.ConfigDict) -> List[str]:
     return [f"pretrain.noise_density={density} must be in (0, 1), pretrain.mean_span_length="
             f"{mean_span} >= 1, pretrain.num_sentinels={sentinels} >= 1 and data.max_input_len="
             f"{length} >= 2 (span corruption; T5's are 0.15, 3.0, 100)"]
-  noise = int(min(max(round(length * density), 1), length - 1))
-  spans = max(1, int(round(noise / mean_span)))
+  noise, spans = objectives.span_counts(length, density, mean_span)
   errors = []
   if spans > length - noise or spans > sentinels:
     errors.append(f"span corruption of data.max_input_len={length} tokens makes {spans} noise "

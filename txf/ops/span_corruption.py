@@ -17,26 +17,10 @@ from typing import Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from txf.objectives import corrupted_lengths, span_counts  # noqa: F401  (re-exported here)
 
 EOS = 2  # txf's EOS id (txf.nn.config.EOS_ID; ops import nothing from the layers above)
-
-
-def span_counts(length: int, noise_density: float, mean_span_length: float) -> Tuple[int, int]:
-  """(num_noise, num_spans) of a row of ``length`` tokens: num_noise = round(L * density) clipped
-  to [1, L - 1], num_spans = max(1, round(num_noise / mean_span_length)) (float64, rounding half
-  to even: numpy's np.round, as T5's seqio)."""
-  num_noise = int(np.clip(np.round(length * noise_density), 1, length - 1))
-  num_spans = max(1, int(np.round(num_noise / mean_span_length)))
-  return num_noise, num_spans
-
-
-def corrupted_lengths(length: int, noise_density: float, mean_span_length: float) -> Tuple[int, int]:
-  """(input_len, target_len) of a corrupted row of ``length`` tokens:
-  input_len = L - num_noise + num_spans + 1, target_len = num_noise + num_spans + 1 (one sentinel
-  per span, one EOS)."""
-  num_noise, num_spans = span_counts(length, noise_density, mean_span_length)
-  return length - num_noise + num_spans + 1, num_noise + num_spans + 1
 
 
 def random_segmentation(num_items: int, num_segments: int, rng: jax.Array) -> jnp.ndarray:
