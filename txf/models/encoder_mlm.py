@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from txf import kernels, ops
 from txf.errors import TxfError
-from txf.models.build import forward
+from txf.models.loss import cross_entropy_loss
 from txf.nn import BOS_ID, EOS_ID, Embed, Encoder, LayerNorm, PAD_ID, TransformerConfig, UNK_ID
 from txf.nn.attention import xavier
 from txf.ops.feedforward import ACTIVATIONS
@@ -98,6 +98,8 @@ def mlm_loss(label_smoothing: float = 0.0):
   ``EVAL_MASK_SEED``, so every evaluation scores the same masks. A batch with ``targets`` is
   already masked and is scored as given."""
 
+  base = cross_entropy_loss(label_smoothing)  # weights: 1 at the chosen positions (targets != 0)
+
   def loss_fn(model, params, batch, rng):
     dropout_rng = rng
     if "targets" not in batch:
@@ -106,10 +108,6 @@ def mlm_loss(label_smoothing: float = 0.0):
       else:
         mask_rng, dropout_rng = jax.random.split(rng)
       batch = mask_batch(model.config, batch, mask_rng)
-    logits, targets, weights = forward(model, params, batch, dropout_rng)
-    loss_sum, count = ops.label_smoothed_cross_entropy(logits, targets, weights, label_smoothing)
-    nll_sum, _ = ops.label_smoothed_cross_entropy(logits, targets, weights, 0.0)
-    correct, _ = ops.token_accuracy(logits, targets, weights)
-    return loss_sum, {"count": count, "nll_sum": nll_sum, "correct": correct}
+    return base(model, params, batch, dropout_rng)
 
   return loss_fn
