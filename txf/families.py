@@ -225,8 +225,9 @@ register(Family(
 register(Family(
     name="encoder_mlm", module="txf.models.encoder_mlm:EncoderMLM",
     # targets: the original token at each masked position (0 elsewhere), read by the loss only
-    # (which makes them: it masks the plain-text windows of each batch, config.pretrain)
-    inputs=("inputs", "targets", "inputs_segmentation", "inputs_position"),
+    # (which makes them: it masks the plain-text windows of each batch, config.pretrain), and
+    # predict_positions: the masked positions whose logits the loss needs
+    inputs=("inputs", "targets", "inputs_segmentation", "inputs_position", "predict_positions"),
     predicts="targets", data_kind="plain", decoding=None, command="txf generate", encoder=True,
     loss="txf.models.encoder_mlm:mlm_loss"))
 register(Family(

@@ -34,20 +34,26 @@ class EncoderMLM(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, inputs, targets=None, inputs_segmentation=None, inputs_position=None):
-    """inputs int [B, S] (0 = padding) -> logits [B, S, V]. ``targets`` (the labels of the masked
-    positions) is not read: the loss compares the logits with it (txf.models.forward)."""
+  def __call__(self, inputs, targets=None, inputs_segmentation=None, inputs_position=None,
+               predict_positions=None):
+    """inputs int [B, S] (0 = padding) -> logits [B, S, V], or with ``predict_positions`` int
+    [B, K] the logits [B, K, V] of those positions only (h gathered before the head: the head's
+    [d, V] product runs on K, not S, rows). ``targets`` (the labels of the predicted positions) is
+    not read: the loss compares the logits with it (txf.models.forward)."""
     cfg = self.config
-    if targets is not None and targets.shape != inputs.shape:
+    expected = inputs.shape if predict_positions is None else predict_positions.shape
+    if targets is not None and targets.shape != expected:
       raise TxfError(f"model.family=encoder_mlm predicts the token at each input position: its "
                      f"targets {tuple(targets.shape)} must have the inputs' shape "
-                     f"{tuple(inputs.shape)} (data.max_input_len and data.max_target_len must be "
+                     f"{tuple(expected)} (data.max_input_len and data.max_target_len must be "
                      f"equal)")
     if cfg.gated_ffn:
       raise ValueError(f"model.activation={cfg.activation!r} is a gated FFN: the MLM head's "
                        f"transform needs a dense activation (gelu, relu, ...)")
     embed = Embed(cfg, cfg.vocab_size, name="embed")
     encoded, _ = Encoder(cfg, embed, name="encoder")(inputs, inputs_segmentation, inputs_position)
+    if predict_positions is not None:
+      encoded = jnp.take_along_axis(encoded, predict_positions[..., None], axis=1)
     h = nn.Dense(cfg.d_model, name="mlm_dense",
                  kernel_init=nn.with_logical_partitioning(xavier, ("embed", "act_embed")),
                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",))
@@ -69,9 +75,11 @@ class EncoderMLM(nn.Module):
 
 def mask_batch(cfg: TransformerConfig, batch, rng: jax.Array):
   """A batch of unmasked ``inputs`` [B, S] (and ``word_starts`` with ``pretrain.whole_word``) ->
-  the same batch with ``inputs`` masked and ``targets`` [B, S] = the original token at the chosen
-  positions, 0 elsewhere (``txf.ops.mlm_mask`` with ``cfg``'s pretrain fields; never chosen nor
-  drawn: PAD, BOS, EOS, UNK and ``cfg.mask_id``)."""
+  the same batch with ``inputs`` masked (``txf.ops.mlm_mask`` with ``cfg``'s pretrain fields;
+  never chosen nor drawn: PAD, BOS, EOS, UNK and ``cfg.mask_id``), ``predict_positions`` int
+  [B, K] (``prediction_positions``, K = ``max_predictions``) and ``targets`` [B, K] = the original
+  token at each of them (0 past a row's chosen ones). With whole words, ``targets`` [B, S]: the
+  original token at the chosen positions, 0 elsewhere, and every position predicted."""
   if not cfg.mask_id:
     raise TxfError("masked-LM training needs the tokenizer's mask token, and this model config has "
                    "none (mask_id=0): train on real text (txf.data.pretraining.StreamMLMTask sets it) or "
@@ -86,7 +94,23 @@ def mask_batch(cfg: TransformerConfig, batch, rng: jax.Array):
       batch["inputs"], rng, vocab_size=cfg.vocab_size, mask_id=cfg.mask_id, mask_rate=cfg.mask_rate,
       mask_token_fraction=cfg.mask_token_fraction, random_token_fraction=cfg.random_token_fraction,
       special_ids=(PAD_ID, BOS_ID, EOS_ID, UNK_ID, cfg.mask_id), word_starts=starts)
-  return dict(batch, inputs=inputs, targets=targets)
+  if starts is not None:  # whole words: a row's chosen count has no bound below S
+    return dict(batch, inputs=inputs, targets=targets)
+  positions = prediction_positions(targets, max_predictions(inputs.shape[1], cfg.mask_rate))
+  return dict(batch, inputs=inputs, targets=jnp.take_along_axis(targets, positions, axis=1),
+              predict_positions=positions)
+
+
+def max_predictions(length: int, mask_rate: float) -> int:
+  """K = max(1, floor(r S + 1/2)): no row of S tokens has more chosen tokens than this
+  (``txf.ops.mlm_mask`` chooses max(1, floor(r n + 1/2)) of n <= S eligible ones)."""
+  return min(length, max(1, int(mask_rate * length + 0.5)))
+
+
+def prediction_positions(targets: jnp.ndarray, k: int) -> jnp.ndarray:
+  """int32 [B, K]: each row's chosen positions (``targets`` != 0) in order, then unchosen ones
+  (whose gathered targets are 0: weight 0) up to K."""
+  return jnp.argsort(targets == 0, axis=1, stable=True)[:, :k].astype(jnp.int32)
 
 
 def mlm_loss(label_smoothing: float = 0.0):
