@@ -11,7 +11,8 @@
 #
 # Runs: m30k (raw cased text, both BLEU protocols), m30k_tiny (the papers' lowercased tokenized
 # files, Transformer-Tiny, tok-lc BLEU beside Wu et al. 2021), sst2 (dev, then test once with the
-# parameters dev chose), shakespeare (default: all four).
+# parameters dev chose), sst2_pretrained (masked-LM pretraining on SST-2's own training text, then
+# the same fine-tuning and scoring), shakespeare (default: m30k m30k_tiny sst2 shakespeare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TXF_DATA="${TXF_DATA:-../shared/data}"
@@ -19,6 +20,20 @@ pin=()
 if [[ -n "${CORES:-}" ]]; then pin=(taskset -c "$CORES"); fi
 txf() { "${pin[@]}" python -m txf.cli "$@"; }
 read -r -a extra <<< "${TRAIN_FLAGS:-}"
+
+score_sst2() {  # score_sst2 W: dev for the final and the best-on-dev parameters, test once with
+                # dev's choice, 20 dev samples
+  local w=$1 chosen
+  txf eval --workdir "$w" --split dev
+  txf average-checkpoints --workdir "$w" --step best
+  txf eval --workdir "$w" --split dev --params params_best.msgpack --output "$w/eval_dev_best.json"
+  chosen=$(python -c 'import json, sys; a, b = (json.load(open(f"{sys.argv[1]}/{f}.json"))["accuracy"]
+    for f in ("eval_dev", "eval_dev_best")); print("params_best.msgpack" if b > a else "params.msgpack")' "$w")
+  txf eval --workdir "$w" --split test --params "$chosen"
+  sed -n 2,21p "$TXF_DATA/sst2/dev.tsv" > "$w/samples.gold.tsv"  # sentence<TAB>gold label
+  cut -f 1 "$w/samples.gold.tsv" | txf classify --workdir "$w" --params "$chosen" --output "$w/samples.pred"
+  paste "$w/samples.pred" "$w/samples.gold.tsv" > "$w/samples.tsv"
+}
 
 for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
   for r in $run; do
@@ -45,23 +60,19 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
       sst2)  # the final model (eval_dev.json) and the best on dev (eval_dev_best.json); test once, with
              # whichever of the two dev chose (eval_test.json)
         txf train --config experiments/sst2.py --progress=false "${extra[@]}"
-        txf eval --workdir runs/sst2 --split dev
-        txf average-checkpoints --workdir runs/sst2 --step best
-        txf eval --workdir runs/sst2 --split dev --params params_best.msgpack \
-          --output runs/sst2/eval_dev_best.json
-        chosen=$(python -c 'import json; a, b = (json.load(open(f"runs/sst2/{f}.json"))["accuracy"]
-          for f in ("eval_dev", "eval_dev_best")); print("params_best.msgpack" if b > a else "params.msgpack")')
-        txf eval --workdir runs/sst2 --split test --params "$chosen"
-        sed -n 2,21p "$TXF_DATA/sst2/dev.tsv" > runs/sst2/samples.gold.tsv  # sentence<TAB>gold label
-        cut -f 1 runs/sst2/samples.gold.tsv | txf classify --workdir runs/sst2 --params "$chosen" \
-          --output runs/sst2/samples.pred
-        paste runs/sst2/samples.pred runs/sst2/samples.gold.tsv > runs/sst2/samples.tsv ;;
+        score_sst2 runs/sst2 ;;
+      sst2_pretrained)  # masked-LM pretraining on SST-2's training text (no labels), then sst2.py's
+                        # fine-tuning from it (init_from), scored as sst2
+        txf train --config experiments/sst2_mlm.py --progress=false "${extra[@]}"
+        txf train --config experiments/sst2.py --config.name=sst2_pretrained \
+          --config.init_from=runs/sst2_mlm --progress=false "${extra[@]}"
+        score_sst2 runs/sst2_pretrained ;;
       shakespeare)
         txf train --config experiments/shakespeare_char.py --progress=false "${extra[@]}"
         txf eval --workdir runs/shakespeare_char --split val
         txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --num_samples 3 \
           --max_new_tokens 250 > runs/shakespeare_char/samples.txt ;;
-      *) echo "unknown run '$r': use m30k, m30k_tiny, sst2 or shakespeare" >&2; exit 2 ;;
+      *) echo "unknown run '$r': use m30k, m30k_tiny, sst2, sst2_pretrained or shakespeare" >&2; exit 2 ;;
     esac
   done
 done

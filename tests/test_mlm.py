@@ -115,6 +115,8 @@ def test_a_labelled_tsv_is_unlabelled_text(tmp_path):
   assert sorted(batch) == ["inputs"] and batch["inputs"].shape == (4, 16)
   assert task.mask_id == task.codec.source.encode("<mask>")[-1]
   assert task.mask_id not in expected
+  # the tokenizer's settings (its cache key, tokenizer.json) say it has the mask, and nothing else
+  assert task.codec.settings["mask_token"] == vocab.MASK_PIECE and "sentinels" not in task.codec.settings
 
 
 def test_only_mlm_runs_get_a_mask_piece(tmp_path):

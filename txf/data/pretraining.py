@@ -93,24 +93,8 @@ class SpanCorruptionTask(StreamLMTask):
     return self.codec.encode_source(text, 0)
 
 
-class _Renamed(CheckpointableIterator):
-  """A window iterator's ``{"targets": [B, T]}`` batches as ``{"inputs": ...}`` (plus
-  ``word_starts`` from ``starts``, a bool [V] table, when given); state is the wrapped one's."""
-
-  def __init__(self, inner: CheckpointableIterator, starts: Optional[np.ndarray]):
-    self._inner, self._starts = inner, starts
-
-  def __next__(self) -> Batch:
-    return _mlm_batch(next(self._inner)["targets"], self._starts)
-
-  def get_state(self) -> Dict[str, Any]:
-    return self._inner.get_state()
-
-  def set_state(self, state: Dict[str, Any]) -> None:
-    self._inner.set_state(state)
-
-
 def _mlm_batch(windows: np.ndarray, starts: Optional[np.ndarray]) -> Batch:
+  """{"inputs": windows} plus ``word_starts`` from ``starts`` (a bool [V] table), when given."""
   batch = {"inputs": windows}
   if starts is not None:  # PAD counts as a start: masking never chooses it
     batch["word_starts"] = starts[windows].astype(np.int32)
@@ -135,7 +119,7 @@ class StreamMLMTask(StreamLMTask):
                      ) -> CheckpointableIterator:
     """StreamLMTask's windows (the same rows and resume state), as MLM batches."""
     inner = super().train_iterator(batch_size, seed, process_index, process_count, layout)
-    return _Renamed(inner, self._starts)
+    return _Mapped(inner, lambda b: _mlm_batch(b["targets"], self._starts))
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
                    ) -> List[Batch]:

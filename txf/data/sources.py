@@ -71,7 +71,7 @@ def _train_codec(d, kind: str, train: Sequence[Any], adapt: Callable, sentinels:
     src, tgt = [r["source"] for r in records], [r["target"] for r in records]
   else:
     src = tgt = [r["text"] for r in records]
-  settings = _tokenizer_settings(d, mask_token)
+  settings = _tokenizer_settings(d, mask_token=mask_token)
   if d.tokenizer == "char":
     source = target = tokenizer.CharTokenizer("".join(set("".join(src + tgt))))
     return tokenizer.Codec(source, target, settings)
