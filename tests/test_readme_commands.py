@@ -83,6 +83,8 @@ RUN = {
     "TXF_DATA=../shared/data txf train --config experiments/sst2_mlm.py":
         f"{TINY_SST2} --config.data.max_input_len=32",
     'txf generate --workdir runs/sst2_mlm --prompt "a <mask> movie" --top_k 5': "",
+    "TXF_DATA=../shared/data txf train --config experiments/sst2.py --config.name=sst2_pretrained "
+    "--config.init_from=runs/sst2_mlm": TINY_SST2,
     "txf eval --workdir runs/default --split test --bleu tok-lc": "--max_examples=8",
 }
 
