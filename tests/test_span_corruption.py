@@ -6,10 +6,13 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 from tests.conftest import run_txf
 from tests.test_checkpoint_resume import _assert_same_run
+from txf import workdir as workdir_lib
 
 pytestmark = pytest.mark.slow
 
@@ -109,9 +112,6 @@ def test_fine_tune_into_translation(data, run, tmp_path):
   """init_from a span_corruption run into an encoder_decoder on parallel text: every parameter is
   loaded (the same module), none new or dropped; the run translates with the span run's tokenizer
   (sentinels included), and a learning rate of 1e-30 leaves the parameters where they were."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from flax.traverse_util import flatten_dict  # pylint: disable=import-outside-toplevel
-  from txf import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   pairs = tmp_path / "pairs"
   pairs.mkdir()
   for split, seed in (("train", 3), ("val", 4)):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from txf import kernels, ops
 from txf.errors import TxfError
-from txf.models.loss import cross_entropy_loss
+from txf.models.loss import corruption_rngs, cross_entropy_loss
 from txf.nn import BOS_ID, EOS_ID, Embed, Encoder, LayerNorm, PAD_ID, TransformerConfig, UNK_ID
 from txf.nn.attention import xavier
 from txf.ops.feedforward import ACTIVATIONS
@@ -127,10 +127,7 @@ def mlm_loss(label_smoothing: float = 0.0):
   def loss_fn(model, params, batch, rng):
     dropout_rng = rng
     if "targets" not in batch:
-      if rng is None:
-        mask_rng = jax.random.key(EVAL_MASK_SEED)
-      else:
-        mask_rng, dropout_rng = jax.random.split(rng)
+      mask_rng, dropout_rng = corruption_rngs(rng, EVAL_MASK_SEED)
       batch = mask_batch(model.config, batch, mask_rng)
     return base(model, params, batch, dropout_rng)
 

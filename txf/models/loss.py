@@ -58,6 +58,17 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
   return loss_fn
 
 
+def corruption_rngs(rng: Optional[jax.Array], eval_seed: int) -> Tuple[jax.Array, Optional[jax.Array]]:
+  """(corruption rng, dropout rng) of a self-supervised objective's loss: in training the two
+  halves of ``jax.random.split(rng)`` (the step's rng, so a resumed run corrupts alike); in
+  evaluation (rng None) ``jax.random.key(eval_seed)`` and no dropout (every evaluation scores the
+  same corruption)."""
+  if rng is None:
+    return jax.random.key(eval_seed), None
+  corrupt_rng, dropout_rng = jax.random.split(rng)
+  return corrupt_rng, dropout_rng
+
+
 def default_loss(cfg, label_smoothing: float = 0.0) -> LossFn:
   """The objective of ``cfg.family``: its ``txf.families`` record's ``loss`` factory called with
   ``label_smoothing``, or (None) ``cross_entropy_loss(label_smoothing)``."""

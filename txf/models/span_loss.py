@@ -1,9 +1,7 @@
 """The span_corruption family's objective: T5's span corruption (txf.ops.span_corruption) of each
 batch, then the label-smoothed cross-entropy of the EncoderDecoder on the corrupted pair."""
 
-import jax
-
-from txf.models.loss import LossFn, cross_entropy_loss
+from txf.models.loss import LossFn, corruption_rngs, cross_entropy_loss
 from txf.ops.span_corruption import span_corrupt
 
 EVAL_KEY_SEED = 0  # evaluation corrupts with jax.random.key(EVAL_KEY_SEED): the same pairs every time
@@ -23,10 +21,7 @@ def span_corruption_loss(label_smoothing: float = 0.0) -> LossFn:
 
   def loss_fn(model, params, batch, rng):
     cfg = model.config
-    if rng is None:
-      corrupt_rng, dropout_rng = jax.random.key(EVAL_KEY_SEED), None
-    else:
-      corrupt_rng, dropout_rng = jax.random.split(rng)
+    corrupt_rng, dropout_rng = corruption_rngs(rng, EVAL_KEY_SEED)
     inputs, targets = span_corrupt(batch["inputs"], corrupt_rng, cfg.noise_density,
                                    cfg.mean_span_length, cfg.first_sentinel)
     return base(model, params, {"inputs": inputs, "targets": targets}, dropout_rng)
