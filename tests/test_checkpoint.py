@@ -114,8 +114,14 @@ def test_save_is_asynchronous(tmp_path, monkeypatch):
   faults.slow_saves(monkeypatch, 1.0)
   ck = Checkpointer(str(tmp_path), _config())
   ck.save(10, _state(1.0, 10), {"next_index": 10})
-  names = os.listdir(tmp_path / "checkpoints")
-  assert "10" not in names and any(n.startswith("10.orbax-checkpoint-tmp") for n in names)
+  assert "10" not in os.listdir(tmp_path / "checkpoints")  # returned before the write ended
+  # the write is under way in the background: its temporary directory appears (orbax's thread
+  # may create it a moment after save() returns), and the checkpoint is not final meanwhile
+  deadline, names = time.time() + 0.8, []
+  while time.time() < deadline and not any(n.startswith("10.orbax-checkpoint-tmp") for n in names):
+    time.sleep(0.01)
+    names = os.listdir(tmp_path / "checkpoints")
+  assert "10" not in names and any(n.startswith("10.orbax-checkpoint-tmp") for n in names), names
   ck.wait()
   assert os.listdir(tmp_path / "checkpoints") == ["10"]
   ck.close()
