@@ -6,11 +6,14 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 
 from txf import ops
 from txf.models import build_model, init_params
 from txf.models.encoder_mlm import EVAL_MASK_SEED, max_predictions, mlm_loss
 from txf.nn import BOS_ID, EOS_ID, PAD_ID, UNK_ID, TransformerConfig
+
+pytestmark = pytest.mark.slow  # two small models built and run: the end-to-end tier
 
 CFG = TransformerConfig(family="encoder_mlm", d_model=16, num_heads=2, d_ff=32,
                         num_encoder_layers=1, num_decoder_layers=0, vocab_size=40, max_len=16,
