@@ -23,20 +23,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # in the checkout (.cache/ is ignored), so a fresh clone starts cold; TXF_COMPILE_CACHE overrides.
 TEST_CACHE = os.path.join(ROOT, ".cache", "xla-tests")
 os.environ.setdefault(compile_cache.ENV, TEST_CACHE)
-# The quick tier compiles far more than it runs (tiny models, a few steps): with XLA's backend
-# optimisation off its compiles take about half the time. The end-to-end tier trains longer and
-# keeps XLA's defaults. Either way every process of the session (xdist workers, txf commands)
-# gets the same flags, so results compared across processes come from the same programs.
-QUICK_TIER_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
+# Both tiers compile far more than they run (tiny models, a few steps): with XLA's backend
+# optimisation and its CPU fusion emitters off, compiles take about half the time (the compiled
+# code is slower, which tests of a few steps do not feel). Every process of the session (xdist
+# workers, the txf commands and workers the tests start) inherits the same flags through
+# XLA_FLAGS, so results compared across processes come from the same programs, and the end-to-end
+# tier reads back the programs the quick tier compiled. Flags the installed XLA does not know
+# (jaxlib 0.12 has no fusion emitters flag) are left out (txf.runtime.add_xla_flags).
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 EXPERIMENTS = os.path.join(ROOT, "experiments")
 
 
 def pytest_configure(config):
-  """Before any test starts jax's backend: the quick tier's XLA flags, then the shared cache (its
+  """Before any test starts jax's backend: the tests' XLA flags, then the shared cache (its
   folder is keyed by the flags)."""
-  if (config.option.markexpr or "").strip() == "not slow":
-    have = os.environ.get("XLA_FLAGS", "").split()  # xdist workers inherit the controller's
-    runtime.add_xla_flags(*[f for f in QUICK_TIER_XLA_FLAGS if f not in have])
+  del config
+  have = os.environ.get("XLA_FLAGS", "").split()  # xdist workers inherit the controller's
+  runtime.add_xla_flags(*[f for f in TEST_XLA_FLAGS if f not in have])
   compile_cache.apply(jax.config)
 
 

@@ -154,8 +154,7 @@ def test_slurm_script_requeues_only_a_run_stopped_by_sigterm(tmp_path):
   (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
   (bin_dir / "scontrol").chmod(0o755)
   env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", TXF_SRUN="", TXF_PYTHON=sys.executable,
-             SLURM_JOB_ID="4242", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-             XLA_FLAGS="--xla_backend_optimization_level=0")
+             SLURM_JOB_ID="4242", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   env["TXF_DISTRIBUTED"] = "off"   # one process, no SLURM: no jax.distributed
   script = os.path.join(LAUNCH, "slurm.sbatch")
   proc = subprocess.Popen(["bash", script, *TRAIN, "--config.num_train_steps=100000",

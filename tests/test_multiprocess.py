@@ -47,7 +47,7 @@ def _env(**extra):
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-             XLA_FLAGS="--xla_backend_optimization_level=0", TF_CPP_MIN_LOG_LEVEL="3")
+             TF_CPP_MIN_LOG_LEVEL="3")  # XLA_FLAGS: the session's (tests/conftest.py)
   env.update(extra)
   return env
 

@@ -21,6 +21,8 @@ if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before 
   os.environ["XLA_FLAGS"] = WORKER_XLA_FLAGS
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from txf.runtime import add_xla_flags  # the fusion emitters off where XLA knows the flag
+  add_xla_flags("--xla_cpu_use_fusion_emitters=false")  # compiles faster, as tests/conftest.py
 
 import jax
 import jax.numpy as jnp
