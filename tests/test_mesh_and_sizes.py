@@ -170,3 +170,17 @@ def test_one_model_config_for_training_plan_and_checkpoints(tmp_path):
   assert model_config_for(c, 300).vocab_multiple == 1
   c.model.vocab_multiple = 64
   assert model_config_for(c, 300).padded_vocab_size == 320
+
+
+def test_plan_sizes_a_span_corruption_batch_by_its_corrupted_lengths():
+  """Windows of L = 64 tokens at T5's density 0.15 and mean span 3, worked by hand: n = round(9.6)
+  = 10 noise tokens in s = round(10 / 3) = 3 spans; the encoder reads 64 - 10 + 3 + 1 = 58 tokens
+  and the decoder 10 + 3 + 1 = 14, whatever data.max_target_len says."""
+  cfg = base_config()
+  cfg.model.family = "span_corruption"
+  cfg.batch_size = 8
+  cfg.data.max_input_len, cfg.data.max_target_len = 64, 200
+  cfg.pretrain.noise_density, cfg.pretrain.mean_span_length = 0.15, 3.0
+  assert batch_shape(cfg) == {"rows": 8, "source_len": 64, "target_len": 14, "encoder_len": 58}
+  cfg.model.family = "encoder_decoder"  # any other family: the data's own lengths
+  assert batch_shape(cfg) == {"rows": 8, "source_len": 64, "target_len": 200, "encoder_len": 64}
