@@ -13,7 +13,8 @@ chosen tokens only. Run from the repository root with the shared data beside it:
 The encoder (d_model, heads, d_ff, layers, max_len) and the tokenizer settings are sst2.py's, so
 its parameters fit the classifier's encoder; the tokenizer has one more piece, <mask> (txf trains
 it for model.family=encoder_mlm), so the classifier must reuse this run's tokenizer/.
-Not tuned: only a 30-step smoke run has been made with this file.
+Measured (AMD EPYC, 2 cores, one seed): 8000 steps in about 32 min; masked-token accuracy on dev's
+text 27.9% (perplexity 126) at learning_rate_scale 1.0, against 19.6% (296) at sst2.py's 0.25.
 """
 
 from txf.config import load_experiment
@@ -28,6 +29,7 @@ def get_config():
   config.model.family = "encoder_mlm"        # encoder -> BERT's MLM head over the vocabulary
   config.model.dropout_rate = 0.1            # BERT's
   config.model.pooling = "mean"              # unused by the MLM head (kept: the classifier's)
+  config.optimizer.learning_rate_scale = 1.0  # peak lr 128^-0.5 * 1000^-0.5 = 2.8e-3 (0.25: slower, 19.6% vs 27.9%)
   config.optimizer.label_smoothing = 0.0     # BERT: plain cross-entropy on the chosen tokens
   config.optimizer.weight_decay = 0.01       # BERT's
   config.optimizer.cooldown_steps = 1000     # linearly to 0 over the last 1000 steps
