@@ -184,3 +184,27 @@ def test_plan_sizes_a_span_corruption_batch_by_its_corrupted_lengths():
   assert batch_shape(cfg) == {"rows": 8, "source_len": 64, "target_len": 14, "encoder_len": 58}
   cfg.model.family = "encoder_decoder"  # any other family: the data's own lengths
   assert batch_shape(cfg) == {"rows": 8, "source_len": 64, "target_len": 200, "encoder_len": 64}
+
+
+def test_plan_sizes_a_registered_family_by_its_own_lengths():
+  """A plugin family whose loss rewrites the batch says what its model reads
+  (``Family.lengths``); plan takes it from the record, not from the family's name."""
+  from txf import families
+  seen = []
+
+  def halves(max_input_len, pretrain):
+    seen.append(pretrain.noise_density)
+    return max_input_len // 2, 5
+
+  families.register(families.Family(name="toy_halves", module="txf.models.encoder_decoder:"
+                                    "EncoderDecoder", inputs=("inputs", "targets"),
+                                    encoder=True, lengths=halves))
+  try:
+    cfg = base_config()
+    cfg.model.family = "toy_halves"
+    cfg.batch_size = 8
+    cfg.data.max_input_len, cfg.data.max_target_len = 40, 200
+    assert batch_shape(cfg) == {"rows": 8, "source_len": 40, "target_len": 5, "encoder_len": 20}
+    assert seen == [cfg.pretrain.noise_density]
+  finally:
+    families.unregister("toy_halves")

@@ -62,6 +62,11 @@ class Family:
              (``txf.models.LossFn``), or ``"package.module:attribute"`` naming it; None: the
              label-smoothed cross-entropy over ``forward`` (``txf.models.cross_entropy_loss``).
              A loss given to ``txf.train(..., loss_fn=...)`` still takes precedence.
+  lengths:   what the model reads when its loss rewrites each batch (a pretraining objective):
+             ``lengths(max_input_len, pretrain) -> (encoder_len, target_len)`` for data rows of
+             ``max_input_len`` tokens and the run's ``config.pretrain``, or
+             ``"package.module:attribute"`` naming it; None: the data's own lengths
+             (``data.max_input_len``, ``data.max_target_len``). ``txf plan`` sizes by it.
   """
   name: str
   module: Any
@@ -72,6 +77,7 @@ class Family:
   command: str = "txf eval"
   encoder: bool = False
   loss: Any = None
+  lengths: Any = None
 
   @property
   def metrics(self) -> Tuple[str, ...]:
@@ -235,4 +241,5 @@ register(Family(
     # encoder_decoder's) trained on unlabelled text; the loss corrupts each batch's raw "inputs"
     name="span_corruption", module="txf.models.encoder_decoder:EncoderDecoder",
     inputs=("inputs", "targets"), predicts="targets", data_kind="plain", decoding=None,
-    command="txf generate", encoder=True, loss="txf.models.span_loss:span_corruption_loss"))
+    command="txf generate", encoder=True, loss="txf.models.span_loss:span_corruption_loss",
+    lengths="txf.objectives:span_corruption_lengths"))

@@ -24,3 +24,10 @@ def corrupted_lengths(length: int, noise_density: float, mean_span_length: float
   per span, one EOS)."""
   num_noise, num_spans = span_counts(length, noise_density, mean_span_length)
   return length - num_noise + num_spans + 1, num_noise + num_spans + 1
+
+
+def span_corruption_lengths(max_input_len: int, pretrain) -> Tuple[int, int]:
+  """The span-corruption family's (encoder_len, target_len) for windows of ``max_input_len``
+  tokens: ``corrupted_lengths`` at ``pretrain.noise_density`` and ``pretrain.mean_span_length``
+  (``txf.families.Family.lengths``)."""
+  return corrupted_lengths(max_input_len, pretrain.noise_density, pretrain.mean_span_length)

@@ -26,7 +26,6 @@ from txf.ops.feedforward import ACTIVATIONS, is_gated
 from txf.data.pipeline import rows_for_tokens
 from txf.models.flops import model_train_flops
 from txf.models import init_params, model_config_for, param_axes
-from txf.objectives import corrupted_lengths
 from txf.kernels import resolve_impl
 from txf.nn.config import resolve_dtype
 from txf.parallel import sharding as sharding_lib
@@ -39,16 +38,17 @@ from txf.config import ConfigError, resolve_vocab_multiple
 def batch_shape(config) -> Dict[str, int]:
   """{"rows", "source_len", "target_len", "encoder_len"} of the largest batch the data gives one
   step: its rows from the data's own count (``txf.data.pipeline.rows_for_tokens``) for
-  ``max_target_len``. ``encoder_len`` is what the encoder reads: ``source_len``, except for
-  ``model.family=span_corruption``, whose loss corrupts windows of L = ``max_input_len`` tokens
-  into encoder inputs of L - n + s + 1 and targets of n + s + 1 tokens (n noise tokens in s spans,
-  ``txf.objectives.corrupted_lengths``), whatever ``data.max_target_len`` says."""
+  ``max_target_len``. ``encoder_len`` is what the encoder reads: ``source_len``, except for a
+  family whose loss rewrites the batch (``txf.families.Family.lengths``): its rows are windows of
+  L = ``max_input_len`` tokens, and the model reads the lengths the family gives, whatever
+  ``data.max_target_len`` says (span corruption: encoder inputs of L - n + s + 1 and targets of
+  n + s + 1 tokens, n noise tokens in s spans, ``txf.objectives.corrupted_lengths``)."""
   d = config.data
   source, target = d.max_input_len, d.max_target_len
   encoder, window = source, target  # window: the length the data's rows are counted for
-  if config.model.family == "span_corruption":
-    p = config.pretrain
-    encoder, target = corrupted_lengths(source, p.noise_density, p.mean_span_length)
+  lengths = families.get(config.model.family).lengths
+  if lengths is not None:
+    encoder, target = families.resolve(lengths)(source, config.pretrain)
     window = source
   rows = rows_for_tokens(config.batch_size, d.tokens_per_batch, d.rows_multiple, window)
   return {"rows": rows, "source_len": source, "target_len": target, "encoder_len": encoder}
