@@ -14,6 +14,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from txf import compile_cache, runtime  # noqa: E402
+from tests.xla_flags import TEST_XLA_FLAGS  # noqa: E402
 # The model's variant tables declare the allowed values that txf.config.validate checks.
 import txf.models  # noqa: E402,F401  pylint: disable=unused-import
 
@@ -23,14 +24,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # in the checkout (.cache/ is ignored), so a fresh clone starts cold; TXF_COMPILE_CACHE overrides.
 TEST_CACHE = os.path.join(ROOT, ".cache", "xla-tests")
 os.environ.setdefault(compile_cache.ENV, TEST_CACHE)
-# Both tiers compile far more than they run (tiny models, a few steps): with XLA's backend
-# optimisation and its CPU fusion emitters off, compiles take about half the time (the compiled
-# code is slower, which tests of a few steps do not feel). Every process of the session (xdist
-# workers, the txf commands and workers the tests start) inherits the same flags through
-# XLA_FLAGS, so results compared across processes come from the same programs, and the end-to-end
-# tier reads back the programs the quick tier compiled. Flags the installed XLA does not know
-# (jaxlib 0.12 has no fusion emitters flag) are left out (txf.runtime.add_xla_flags).
-TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+# Both tiers compile far more than they run (tiny models, a few steps): tests/xla_flags.py's
+# flags halve the compile time. Every process of the session (xdist workers, the txf commands and
+# workers the tests start) inherits them through XLA_FLAGS, so results compared across processes
+# come from the same programs, and the end-to-end tier reads back the programs the quick tier
+# compiled.
 EXPERIMENTS = os.path.join(ROOT, "experiments")
 
 

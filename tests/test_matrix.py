@@ -33,14 +33,15 @@ import sys
 import tempfile
 import traceback
 
-WORKER_XLA_FLAGS = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+WORKER_XLA_FLAGS = "--xla_force_host_platform_device_count=8"  # + tests/xla_flags.py's
 
 if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before jax is imported
   os.environ["XLA_FLAGS"] = WORKER_XLA_FLAGS
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from txf.runtime import add_xla_flags  # the fusion emitters off where XLA knows the flag
-  add_xla_flags("--xla_cpu_use_fusion_emitters=false")  # compiles faster, as tests/conftest.py
+  from tests.xla_flags import TEST_XLA_FLAGS
+  from txf.runtime import add_xla_flags
+  add_xla_flags(*TEST_XLA_FLAGS)  # the flags of every test process (those this XLA knows)
 
 import numpy as np
 import pytest
