@@ -5,7 +5,6 @@ Each runs ``python -m tests.faults train ...`` (tests/faults.py sends the signal
 """
 
 import os
-import signal
 import subprocess
 import sys
 
