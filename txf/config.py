@@ -7,14 +7,18 @@ that is not defined here is an error (catches typos such as ``model.num_head``).
 import difflib
 import importlib.util
 import inspect
-import math
 import os
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import ml_collections
-from txf import families, objectives
-from txf.errors import TxfError
+
+from txf import config_rules, families
+# the mesh arithmetic and ConfigError live below this module; they are imported from here too
+from txf.config_mesh import (ACCELERATOR_VOCAB_MULTIPLE, MESH_AXES,  # noqa: F401
+                             fill_mesh_shape, mesh_axis_sizes, resolve_vocab_multiple, rule_axes,
+                             vocab_splits)
+from txf.errors import ConfigError  # noqa: F401
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -247,10 +251,6 @@ def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
   return out
 
 
-class ConfigError(TxfError, ValueError):
-  """A config that cannot work; the message names the field and the fix."""
-
-
 def eval_metrics(cfg: ml_collections.ConfigDict) -> Tuple[str, ...]:
   """The metric names an evaluation of this config's run logs (the keys best_metric may name):
   the family's (``txf.families.Family.metrics``), plus exact_match and bleu for a family that
@@ -278,99 +278,6 @@ def fit_cooldown(cfg: ml_collections.ConfigDict, original_steps: int) -> Optiona
   return (f"num_train_steps={steps} is shorter than the experiment's cooldown_steps={cooldown} "
           f"(of {original_steps} steps): the cooldown is scaled to {scaled} steps, the same share "
           f"of the run")
-
-
-# Padding multiple of the vocabulary tables on GPU and TPU (and whenever a mesh splits them).
-ACCELERATOR_VOCAB_MULTIPLE = 128
-
-
-# The mesh's axes, in the order of ``mesh_shape`` and ``dcn_mesh_shape``.
-MESH_AXES = ("data", "fsdp", "tensor")
-
-
-def fill_mesh_shape(shape, total: int, field: str = "mesh_shape", strict: bool = True
-                    ) -> Tuple[int, ...]:
-  """(data, fsdp, tensor) of ``shape`` with its one -1 set to what the product ``total`` leaves.
-
-  ``strict``: ConfigError (naming ``field``) unless ``shape`` has 3 entries, all positive but at
-  most one -1, and they multiply to ``total``. Lenient (``strict=False``, for sizes read before
-  any mesh is built): a shape without 3 entries is (1, 1, 1), a -1 that ``total`` does not leave
-  room for (or a second -1) is 1, and any other entry below 1 counts as 1; the product is not
-  checked (the mesh's own strict fill names the problem when it is built).
-  """
-  sizes = [int(x) for x in tuple(shape or ())]
-  if len(sizes) != len(MESH_AXES):
-    if not strict:
-      return (1,) * len(MESH_AXES)
-    raise ConfigError(f"{field}={tuple(shape)} needs {len(MESH_AXES)} entries {MESH_AXES}")
-  if strict and (sizes.count(-1) > 1 or any(x == 0 or x < -1 for x in sizes)):
-    raise ConfigError(f"{field}={tuple(shape)}: entries must be positive, with at most one -1")
-  known = math.prod(x if x > 0 else 1 for x in sizes)
-  if sizes.count(-1) == 1:
-    if total % known == 0:
-      sizes[sizes.index(-1)] = total // known
-    elif strict:
-      raise ConfigError(f"{field}={tuple(shape)}: {total} devices are not divisible by {known}; "
-                        f"change {field}")
-  if not strict:
-    return tuple(max(x, 1) for x in sizes)
-  if math.prod(sizes) != total:
-    raise ConfigError(f"{field}={tuple(shape)} has {math.prod(sizes)} devices but there are "
-                      f"{total}; use -1 for one axis to take the rest")
-  return tuple(sizes)
-
-
-def rule_axes(rule) -> Tuple[str, ...]:
-  """The mesh axes one ``sharding_rules`` entry names: ``"data,fsdp"`` -> ("data", "fsdp"),
-  ``""`` or None -> () (replicated); a sequence of names is taken as it is. Names are not checked
-  here (``validate`` and ``txf.parallel.sharding.parse_rules`` do)."""
-  if rule is None:
-    return ()
-  if isinstance(rule, str):
-    return tuple(a.strip() for a in rule.split(",") if a.strip())
-  return tuple(rule)
-
-
-def mesh_axis_sizes(cfg: ml_collections.ConfigDict, num_devices: int,
-                    num_granules: int = 1) -> dict:
-  """{"data": n, "fsdp": n, "tensor": n} of the mesh ``cfg`` asks for on ``num_devices`` devices
-  (``mesh_shape`` times ``dcn_mesh_shape`` over ``num_granules`` slices or processes), all 1 unless
-  ``parallelism == "mesh"``. Lenient (``fill_mesh_shape(strict=False)``): a -1 that cannot be
-  filled counts as 1 (the mesh's own checks name that problem when it is built)."""
-  if cfg.get("parallelism") != "mesh":
-    return dict.fromkeys(MESH_AXES, 1)
-  dcn = tuple(cfg.get("dcn_mesh_shape", ()) or ())
-  dcn_sizes = fill_mesh_shape(dcn, num_granules, strict=False) if dcn else (1, 1, 1)
-  slices = math.prod(dcn_sizes)
-  ici = fill_mesh_shape(cfg.get("mesh_shape", (-1, 1, 1)), max(num_devices // slices, 1),
-                        strict=False)
-  return {n: a * b for n, a, b in zip(MESH_AXES, ici, dcn_sizes)}
-
-
-def vocab_splits(cfg: ml_collections.ConfigDict, num_devices: int, num_granules: int = 1) -> int:
-  """Into how many shards the mesh of ``cfg`` splits the vocabulary tables: the product of the
-  sizes of the mesh axes that ``sharding_rules.vocab`` names (1 without a mesh)."""
-  sizes = mesh_axis_sizes(cfg, num_devices, num_granules)
-  rule = dict(cfg.get("sharding_rules", {}) or {}).get("vocab", "tensor")
-  ways = 1
-  for axis in rule_axes(str(rule or "")):
-    ways *= sizes.get(axis, 1)
-  return ways
-
-
-def resolve_vocab_multiple(cfg: ml_collections.ConfigDict, num_devices: int, backend: str,
-                           num_granules: int = 1) -> int:
-  """``model.vocab_multiple`` when set (> 0); else (0 = auto) 1 on CPU, ACCELERATOR_VOCAB_MULTIPLE
-  (128) on GPU/TPU, and lcm(128, s) whenever the mesh splits the vocabulary s > 1 ways (e.g. a
-  tensor axis of 2): the padded vocabulary then always divides over the mesh, and stays the same
-  for every power-of-two tensor axis up to 128 (so a run resumes on another such mesh)."""
-  given = int(cfg.get("model", {}).get("vocab_multiple", 0) or 0)
-  if given > 0:
-    return given
-  splits = vocab_splits(cfg, num_devices, num_granules)
-  if splits > 1:
-    return math.lcm(ACCELERATOR_VOCAB_MULTIPLE, splits)
-  return ACCELERATOR_VOCAB_MULTIPLE if backend in ("gpu", "tpu", "cuda", "rocm") else 1
 
 
 # The fields whose allowed values are the names of a variant table (txf.variants.Table): the
@@ -441,97 +348,6 @@ def reference() -> List[Dict[str, Any]]:
           for key, value in defaults.items()]
 
 
-def _span_errors(cfg: ml_collections.ConfigDict) -> List[str]:
-  """The problems of ``config.pretrain``'s span-corruption fields for a model.family
-  span_corruption run: T5's counts of a window of L = data.max_input_len tokens (num_noise =
-  round(L * density) in [1, L - 1], num_spans = max(1, round(num_noise / mean_span_length))) need
-  num_spans non-noise tokens, num_spans sentinels and model.max_len >= L - num_noise + num_spans + 1
-  (the corrupted input's length)."""
-  if cfg.get("model", {}).get("family") != "span_corruption":
-    return []
-  p, length = cfg.get("pretrain", {}), cfg.get("data", {}).get("max_input_len", 0)
-  density, mean_span = p.get("noise_density", 0.15), p.get("mean_span_length", 3.0)
-  sentinels, max_len = p.get("num_sentinels", 100), cfg.get("model", {}).get("max_len", 0)
-  if not 0.0 < density < 1.0 or mean_span < 1.0 or sentinels < 1 or length < 2:
-    return [f"pretrain.noise_density={density} must be in (0, 1), pretrain.mean_span_length="
-            f"{mean_span} >= 1, pretrain.num_sentinels={sentinels} >= 1 and data.max_input_len="
-            f"{length} >= 2 (span corruption; T5's are 0.15, 3.0, 100)"]
-  noise, spans = objectives.span_counts(length, density, mean_span)
-  errors = []
-  if spans > length - noise or spans > sentinels:
-    errors.append(f"span corruption of data.max_input_len={length} tokens makes {spans} noise "
-                  f"spans of {noise} tokens, which needs {spans} other tokens and {spans} "
-                  f"sentinels (pretrain.num_sentinels={sentinels}): lower pretrain.noise_density "
-                  f"or raise pretrain.mean_span_length / pretrain.num_sentinels")
-  if max_len and length - noise + spans + 1 > max_len:
-    errors.append(f"model.max_len={max_len} is shorter than the span-corrupted input "
-                  f"({length - noise + spans + 1} tokens): raise model.max_len or lower "
-                  f"data.max_input_len")
-  return errors
-
-
-def _kv_heads_errors(cfg: ml_collections.ConfigDict) -> List[str]:
-  """The problems of ``model.num_kv_heads`` (0 or a divisor of num_heads; with a mesh whose tensor
-  axis is given and splits the key/value heads, a multiple of it)."""
-  m = cfg.get("model", {})
-  hk, h = m.get("num_kv_heads", 0), m.get("num_heads", 1)
-  if not isinstance(hk, int) or hk < 0 or not isinstance(h, int) or h <= 0:
-    return [] if isinstance(hk, int) and hk >= 0 else [
-        f"model.num_kv_heads={hk!r} must be an integer >= 0 (0 = num_heads)"]
-  if hk and (hk > h or h % hk):
-    ok = [k for k in range(1, h + 1) if h % k == 0]
-    return [f"model.num_kv_heads={hk} does not divide model.num_heads={h}: each key/value head "
-            f"serves h / h_kv query heads; use one of {ok} (or 0 = num_heads)"]
-  shape = tuple(cfg.get("mesh_shape", ()) or ())
-  rule = dict(cfg.get("sharding_rules", {}) or {}).get("kv_heads", "tensor")
-  tensor = shape[2] if cfg.get("parallelism") == "mesh" and len(shape) == 3 else 1
-  if 0 < hk < h and isinstance(tensor, int) and tensor > 1 and "tensor" in rule_axes(rule) and hk % tensor:
-    return [f"model.num_kv_heads={hk} does not split over the tensor axis of mesh_shape={shape}: "
-            f"use a multiple of {tensor}, or set sharding_rules.kv_heads='' to replicate the "
-            f"key/value heads on every tensor shard"]
-  return []
-
-
-def _positional_errors(m) -> List[str]:
-  """The impossible settings of the position variants that act inside attention."""
-  errors, kind = [], m.get("positional")
-  h, dm = m.get("num_heads", 1), m.get("d_model", 1)
-  dk = m.get("head_dim", 0) or (dm // h if h > 0 and dm % h == 0 else 0)
-  if kind == "rope":
-    if isinstance(dk, int) and dk % 2:
-      width = "model.head_dim" if m.get("head_dim", 0) else "d_model / num_heads"
-      errors.append(f"model.positional=rope rotates pairs of columns: d_k = {width} = {dk} must "
-                    f"be even")
-    if not m.get("rope_base", 1.0) > 1:
-      errors.append(f"model.rope_base={m.get('rope_base')!r} must be > 1 (RoPE's frequencies "
-                    f"theta_i = base^(-2i/d_k); the paper's is 10000)")
-  if kind == "relative":
-    buckets, distance = m.get("relative_buckets", 32), m.get("relative_max_distance", 128)
-    if not isinstance(buckets, int) or buckets < 4 or buckets % 2:
-      errors.append(f"model.relative_buckets={buckets!r} must be an even integer >= 4 (the "
-                    f"encoder's buckets are split per sign, each half exact then logarithmic; T5: 32)")
-    elif not isinstance(distance, int) or distance <= buckets // 2:
-      errors.append(f"model.relative_max_distance={distance!r} must be an integer > "
-                    f"relative_buckets / 2 = {buckets // 2} (where the logarithmic buckets end; T5: 128)")
-  return errors
-
-
-def _mlm_errors(p) -> List[str]:
-  """The masked-LM settings that cannot work: a rate outside (0, 1], fractions outside [0, 1] or
-  summing to more than 1."""
-  out = []
-  rate = p.get("mask_rate", 0.15)
-  if not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
-    out.append(f"pretrain.mask_rate={rate!r} must be in (0, 1] (BERT: 0.15 of the tokens predicted)")
-  fractions = [p.get("mask_token_fraction", 0.8), p.get("random_token_fraction", 0.1)]
-  if (not all(isinstance(f, (int, float)) and 0.0 <= f <= 1.0 for f in fractions)
-      or sum(fractions) > 1.0 + 1e-9):
-    out.append(f"pretrain.mask_token_fraction={fractions[0]!r} and pretrain.random_token_fraction="
-               f"{fractions[1]!r} must each be in [0, 1] with a sum <= 1 (the rest of the chosen "
-               f"tokens stay unchanged; BERT: 0.8 and 0.1)")
-  return out
-
-
 def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None) -> None:
   """Check a config before anything compiles; raise ConfigError naming every bad field and its fix.
 
@@ -544,46 +360,8 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     close = difflib.get_close_matches(key, known, n=1)
     errors.append(f"unknown field '{key}'" + (f": did you mean '{close[0]}'?" if close else
                                               ": see txf/config.py for the fields"))
-  m, o, d = cfg.get("model", {}), cfg.get("optimizer", {}), cfg.get("data", {})
-
-  def positive(section: str, names: Iterable[str]):
-    for n in names:
-      v = cfg.get(section, {}).get(n) if section else cfg.get(n)
-      if v is not None and (not isinstance(v, (int, float)) or v <= 0):
-        errors.append(f"{section + '.' if section else ''}{n}={v!r} must be positive")
-
-  positive("", ["num_train_steps", "batch_size", "log_every", "grad_accum_steps"])
-  positive("model", ["d_model", "num_heads", "d_ff", "max_len"])
-  multiple = m.get("vocab_multiple", 0)
-  if not isinstance(multiple, int) or multiple < 0:
-    errors.append(f"model.vocab_multiple={multiple!r} must be an integer >= 0 (0 = auto: 1 on CPU, "
-                  f"128 on GPU/TPU or when a tensor axis splits the vocabulary)")
-  positive("optimizer", ["warmup_steps", "learning_rate"])
-  if o.get("learning_rate_scale", 1.0) <= 0:
-    errors.append(f"optimizer.learning_rate_scale={o.get('learning_rate_scale')} must be > 0 "
-                  f"(<= 0 trains by gradient ascent or not at all): the paper's is 1.0")
-  for n in ["b1", "b2"]:
-    if n in o and not 0.0 <= o[n] < 1.0:
-      errors.append(f"optimizer.{n}={o[n]} must be in [0, 1) (Adam's moment decay; the paper "
-                    f"uses b1=0.9, b2=0.98)")
-  if o.get("eps", 1.0) <= 0:
-    errors.append(f"optimizer.eps={o.get('eps')} must be > 0 (Adam divides by sqrt(v) + eps; "
-                  f"the paper's is 1e-9)")
-  if not 0.0 <= o.get("momentum", 0.0) < 1.0:
-    errors.append(f"optimizer.momentum={o.get('momentum')} must be in [0, 1) (muon's momentum; "
-                  f"its paper's is 0.95)")
-  if o.get("muon_adam_lr_ratio", 1.0) <= 0 or not 0.0 <= o.get("final_lr_fraction", 0.0) <= 1.0:
-    errors.append(f"optimizer.muon_adam_lr_ratio={o.get('muon_adam_lr_ratio')} must be > 0 and "
-                  f"optimizer.final_lr_fraction={o.get('final_lr_fraction')} in [0, 1]")
-  if (o.get("schedule") == "cosine" and isinstance(cfg.get("num_train_steps"), int)
-      and o.get("warmup_steps", 0) >= cfg["num_train_steps"]):
-    errors.append(f"optimizer.schedule='cosine' decays after the warmup: warmup_steps="
-                  f"{o.get('warmup_steps')} must be < num_train_steps={cfg['num_train_steps']}")
-  accum, batch = cfg.get("grad_accum_steps", 1), cfg.get("batch_size", 1)
-  if (isinstance(accum, int) and isinstance(batch, int) and accum > 0 and batch > 0
-      and not d.get("tokens_per_batch", 0) and batch % accum):
-    errors.append(f"batch_size={batch} is not divisible by grad_accum_steps={accum}: each "
-                  f"micro-batch must have the same rows; make batch_size a multiple of {accum}")
+  m = cfg.get("model", {})
+  errors += config_rules.numeric_errors(cfg)
   try:
     families.import_plugins(cfg.get("plugins", ""))
   except families.FamilyError as e:
@@ -597,99 +375,21 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     if best not in logged:
       errors.append(f"best_metric={best!r} is never logged by a {m['family']} run with this config "
                     f"(its evaluations log {', '.join(logged)}): pick one of those, or '' for none")
-  cooldown = o.get("cooldown_steps", 0)
-  if cooldown < 0 or (cooldown > cfg.get("num_train_steps", cooldown) > 0):
-    errors.append(f"optimizer.cooldown_steps={cooldown} must be in [0, num_train_steps="
-                  f"{cfg.get('num_train_steps')}] (0 = no cooldown)")
-  factor = cfg.get("divergence_factor", 0.0)
-  if not isinstance(factor, (int, float)) or (factor != 0 and factor <= 1):
-    errors.append(f"divergence_factor={factor!r} must be > 1 (a loss this many times its running "
-                  f"minimum stops the run) or 0 (off)")
-  if cfg.get("time_limit_minutes", 0.0) < 0:
-    errors.append(f"time_limit_minutes={cfg.get('time_limit_minutes')} must be >= 0 (0 = no limit)")
-  for n in ["num_encoder_layers", "num_decoder_layers"]:
-    if m.get(n, 0) < 0:
-      errors.append(f"model.{n}={m.get(n)} must be >= 0")
-  head_dim = m.get("head_dim", 0)
-  if not isinstance(head_dim, int) or head_dim < 0:
-    errors.append(f"model.head_dim={head_dim!r} must be an integer >= 0 (0 = d_model / num_heads)")
-  scale = m.get("logits_scale", 1.0)
-  if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-    errors.append(f"model.logits_scale={scale!r} must be a finite number > 0 (1.0 = none; T5's "
-                  f"tied head: d_model ** -0.5)")
-  if m.get("relative_shared", False) and m.get("positional") != "relative":
-    errors.append(f"model.relative_shared=True shares T5's relative bias table, which "
-                  f"model.positional={m.get('positional')!r} has not: set model.positional=relative "
-                  f"or model.relative_shared=False")
-  if (not head_dim and m.get("d_model", 1) > 0 and m.get("num_heads", 1) > 0
-      and m["d_model"] % m["num_heads"]):
-    h, dm = m["num_heads"], m["d_model"]
-    ok = [k for k in range(1, dm + 1) if dm % k == 0 and abs(k - h) <= max(h, 4)]
-    errors.append(f"model.d_model={dm} is not divisible by model.num_heads={h}: d_k = d_model / h must be "
-                  f"an integer; use num_heads in {ok[:6]} or change d_model")
-  errors.extend(_kv_heads_errors(cfg))
-  errors += _positional_errors(m)
-  errors += _mlm_errors(cfg.get("pretrain", {}))
+  errors += config_rules.run_errors(cfg)
+  errors += config_rules.kv_heads_errors(cfg)
+  errors += config_rules.positional_errors(m)
+  errors += config_rules.mlm_errors(cfg.get("pretrain", {}))
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "
                        f"declared by the model's variant tables: import txf.models before validating")
   choices = {**FIXED_CHOICES, **_declared_choices}
-  pattern = given.get("data.file_pattern", "")
-  if pattern:
-    fmt = given.get("data.format", "parallel")
-    needs = ["{split}"] + (["{lang}"] if fmt == "parallel" else [])
-    missing = [n for n in needs if n not in pattern]
-    try:
-      pattern.format(split="train", lang="en")
-    except (KeyError, IndexError, ValueError):
-      missing = missing or ["only {split} and {lang} (no other braces)"]
-    if missing:
-      errors.append(f"data.file_pattern={pattern!r} lacks {' and '.join(missing)}: write the file "
-                    f"names with placeholders, e.g. 'tok/{{split}}.lc.norm.tok.{{lang}}'")
+  errors += config_rules.file_pattern_errors(given)
   for key, allowed in choices.items():
     if key in given and given[key] not in allowed:
       errors.append(f"{key}={given[key]!r} is not one of {allowed}")
-  for key in ["model.dropout_rate", "model.attention_dropout_rate", "optimizer.label_smoothing"]:
-    v = given.get(key, 0.0)
-    if not 0.0 <= v < 1.0:
-      errors.append(f"{key}={v} must be in [0, 1)")
-  for key in ["eval_every", "checkpoint_every", "beam_size", "keep_checkpoints"]:
-    if given.get(key, 0) < 0:
-      errors.append(f"{key}={given.get(key)} must be >= 0")
-  if given.get("model.decoder_start_id", 1) < 0 or given.get("model.position_offset", 0) < 0:
-    errors.append(f"model.decoder_start_id={given.get('model.decoder_start_id')} and model.position_offset="
-                  f"{given.get('model.position_offset')} must be >= 0")
-  if not isinstance(given.get("model.type_vocab_size", 0), int) or given.get("model.type_vocab_size", 0) < 0:
-    errors.append(f"model.type_vocab_size={given.get('model.type_vocab_size')!r} must be an integer "
-                  f">= 0 (0 = no token-type table; BERT: 2)")
-  if given.get("beam_size", 1) < 1:
-    errors.append("beam_size must be >= 1")
-  if given.get("model.mask_special_logits", False) and given.get("optimizer.label_smoothing", 0.0):
-    errors.append(f"model.mask_special_logits=True (an imported GPT-2) needs "
-                  f"optimizer.label_smoothing=0, got {given.get('optimizer.label_smoothing')}: "
-                  f"smoothing would spread mass onto the masked ids")
-  for logical, value in dict(cfg.get("sharding_rules", {}) or {}).items():
-    for axis in rule_axes(str(value or "")):
-      if axis not in MESH_AXES:
-        errors.append(f"sharding_rules.{logical}={value!r} names mesh axis {axis!r}, which does not "
-                      f"exist: use some of {MESH_AXES} ('' = replicated)")
-  dcn = tuple(cfg.get("dcn_mesh_shape", ()) or ())
-  if dcn and (len(dcn) != 3 or any(s == 0 or s < -1 for s in dcn) or list(dcn).count(-1) > 1):
-    errors.append(f"dcn_mesh_shape={dcn} must be () or 3 positive sizes (data, fsdp, tensor) across "
-                  f"slices (or processes), at most one -1; e.g. (2, 1, 1) for data parallel over 2 slices")
-  if data_lengths and m.get("max_len"):
-    for name, length in data_lengths.items():
-      if length and length > m["max_len"]:
-        errors.append(f"model.max_len={m['max_len']} is shorter than the data's {name}={length}: "
-                      f"raise model.max_len to at least {length} or lower data.{name}")
-  errors += _span_errors(cfg)
-  profile = cfg.get("profile_steps", "")
-  if profile:
-    parts = str(profile).split(":")
-    if not (len(parts) == 2 and all(p.strip().isdigit() for p in parts) and 1 <= int(parts[0]) < int(parts[1])):
-      errors.append(f"profile_steps={profile!r} must be START:END with 1 <= START < END (steps START "
-                    f"to END-1 are traced), e.g. profile_steps=10:13")
+  errors += config_rules.range_errors(cfg, given)
+  errors += config_rules.length_errors(cfg, data_lengths)
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
   if cfg.get("tracker", "none") == "wandb" and importlib.util.find_spec("wandb") is None:

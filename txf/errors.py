@@ -22,6 +22,10 @@ class TxfError(Exception):
   """Bad input, found on purpose by txf: the message names the problem and the fix."""
 
 
+class ConfigError(TxfError, ValueError):
+  """A config that cannot work; the message names the field and the fix (``txf.config``)."""
+
+
 # How libraries word the disk failures of OSError errnos (ENOSPC 28, EDQUOT 122, EROFS 30) when they
 # re-raise them as other types: TensorStore (orbax's array writer) raises ValueError with the OS text.
 DISK_FAILURE_TEXTS = {"no space left on device": 28, "disk quota exceeded": 122,
