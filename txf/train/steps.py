@@ -7,6 +7,7 @@ label-smoothed cross-entropy) and the model comes from a ``txf.models.ModelBuild
 ``txf.models.build_model``), so a researcher's own loss or model trains in the same loop.
 """
 
+import functools
 from typing import Any, Callable, Dict, Optional
 
 import flax
@@ -28,6 +29,14 @@ class TrainState:
 
 
 def create_train_state(params, tx: optax.GradientTransformation) -> TrainState:
+  """Step 0: ``params`` as they are and ``tx.init(params)``, in one compiled program per (tx,
+  parameter shapes) (the optimizer's many small zero-filled moments would otherwise each be an
+  eager dispatch); the parameters are passed through, not copied."""
+  return _create_train_state(params, tx)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _create_train_state(params, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
 
 
