@@ -139,7 +139,10 @@ CATALOG_CASES = [("wmt14_translate/de-en", "encoder_decoder", {}),
                   {"src_lang": "pt", "tgt_lang": "en"}),
                  ("glue/sst2", "encoder_classifier", {}),
                  ("imdb_reviews", "encoder_classifier", {"eval_split": "test"}),
-                 ("lm1b", "decoder_lm", {"eval_split": "test", "packing": True})]
+                 ("lm1b", "decoder_lm", {"eval_split": "test", "packing": True}),
+                 # the pretraining objectives read a catalog text split as they read a local file
+                 ("lm1b", "encoder_mlm", {"eval_split": "test"}),
+                 ("lm1b", "span_corruption", {"eval_split": "test", "vocab_size": 420})]
 
 
 @pytest.mark.parametrize("name,family,extra", CATALOG_CASES, ids=[c[0] for c in CATALOG_CASES])
@@ -161,7 +164,14 @@ def test_catalog_datasets_run_the_whole_pipeline_without_tensorflow(tmp_path, mo
     got = next(restored)
     assert all(np.array_equal(want[k], got[k]) for k in want)
     assert task.eval_batches(data["eval_split"], 8, max_examples=16)
-    assert len(task.examples(data["eval_split"], 2)) == 2
+    pretraining = family in ("encoder_mlm", "span_corruption")  # no labelled examples to show
+    assert len(task.examples(data["eval_split"], 2)) == (0 if pretraining else 2)
+  if pretraining:  # full windows of the text; the loss masks or corrupts them
+    assert want["inputs"].shape == (8, 24) and (want["inputs"] != 0).all()
+    # span corruption: zero targets of the corrupted length (24 -> 4 noise tokens in 1 span: 6)
+    assert set(want) == ({"inputs", "targets"} if family == "span_corruption" else {"inputs"})
+    if family == "span_corruption":
+      assert want["targets"].shape == (8, 6) and not want["targets"].any()
   if family == "decoder_lm":
     assert "targets_segmentation" in want and set(want) == {"targets", "targets_segmentation",
                                                             "targets_position"}
