@@ -2,9 +2,10 @@
 
 Runners: pmap, mesh data (8,1,1), mesh fsdp (1,-1,1), mesh tensor (4,1,2), mesh (2,2,2); families:
 encoder-decoder (the default experiment, greedy and beam decoding), decoder LM
-(shakespeare_char, greedy sample continuations), encoder classifier (sst2, accuracy) and
+(shakespeare_char, greedy sample continuations), encoder classifier (sst2, accuracy),
 translation with the ablation bench's variants together (relative bias, multi-query attention,
-QK-norm, SwiGLU, RMSNorm, Muon), on the
+QK-norm, SwiGLU, RMSNorm, Muon), and the pretraining objectives (masked LM on SST-2's text, span
+corruption on Tiny Shakespeare's), on the
 shared data in ``../shared/data`` (``$TXF_DATA``) or, when it is absent, small stand-in files in
 the same formats. Each case trains 2 steps through ``txf.train.train`` (the loop the CLI runs)
 with checkpoints at steps 1 and 2 and an evaluation with decoding at the end, then resumes from
@@ -18,7 +19,7 @@ step 1 (checkpoint 2 and params.msgpack removed) to redo step 2 and evaluate aga
   equals decoding the run's own params.msgpack on one device, and the final params.msgpack holds
   unreplicated parameters of the model's shapes.
 
-Tiny models (d_model 16, one layer, short lengths); all 24 runs share one subprocess (XLA_FLAGS
+Tiny models (d_model 16, one layer, short lengths); all 36 runs share one subprocess (XLA_FLAGS
 set before jax is imported, XLA backend optimisation off, a persistent compilation cache), run
 once per session; each parametrised case checks its own results.
 """
@@ -63,7 +64,10 @@ RUNNERS = {
 }
 if os.environ.get("MATRIX_RUNNERS"):  # a subset, e.g. MATRIX_RUNNERS=pmap,2x2x2 (.ci/run's newest jax)
   RUNNERS = {name: RUNNERS[name] for name in os.environ["MATRIX_RUNNERS"].split(",")}
-FAMILIES = ("translate", "lm", "classify", "variants")
+FAMILIES = ("translate", "lm", "classify", "variants", "mlm", "span")
+if os.environ.get("MATRIX_FAMILIES"):  # a subset, e.g. MATRIX_FAMILIES=mlm,span (by hand)
+  FAMILIES = tuple(os.environ["MATRIX_FAMILIES"].split(","))
+DECODED = ("translate", "lm", "variants")  # the families whose in-loop samples are compared
 TINY = {"model.d_model": 16, "model.num_heads": 2, "model.d_ff": 32, "model.dropout_rate": 0.0,
         "batch_size": 16, "num_train_steps": 2, "log_every": 1, "eval_every": 0,
         "checkpoint_every": 1, "eval_batches": 1, "time_limit_minutes": 0.0,
@@ -89,6 +93,22 @@ FAMILY_CONFIG = {
                              "model.norm": "rms_norm", "model.pre_ln": True,
                              "optimizer.name": "muon", "optimizer.schedule": "constant",
                              "optimizer.learning_rate": 0.02}),
+    # the pretraining objectives: BERT's masked LM on SST-2's text, T5's span corruption on Tiny
+    # Shakespeare's. Their losses draw the masks from the step's rng, which pmap folds with the
+    # device index as it does dropout's (README, "From one CPU to a pod"); like dropout 0 above,
+    # every eligible token masked (rate 1, all to <mask>) and one span per 24-token window make
+    # the draw the same on every layout, so step 1 is compared across them
+    "mlm": ("sst2_mlm", {"model.num_encoder_layers": 1, "model.max_len": 32,
+                         "data.max_input_len": 24, "data.vocab_size": 512,
+                         "optimizer.weight_decay": 0.0, "pretrain.mask_rate": 1.0,
+                         "pretrain.mask_token_fraction": 1.0,
+                         "pretrain.random_token_fraction": 0.0}),
+    "span": ("shakespeare_char", {"model.family": "span_corruption",
+                                  "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
+                                  "model.max_len": 32, "data.max_input_len": 24,
+                                  "data.max_target_len": 24, "data.tokenizer": "sentencepiece",
+                                  "data.vocab_size": 512, "pretrain.num_sentinels": 8,
+                                  "num_samples": 0, "optimizer.label_smoothing": 0.0}),
 }
 # Beam search under some layouts, greedy under the others (the single-device reference decodes
 # the final parameters with the same setting).
@@ -195,7 +215,7 @@ def _case(family, runner, base, data_path):
   rows = _rows(workdir)
   with open(os.path.join(workdir, "params.msgpack"), "rb") as f:
     params_bytes = f.read()
-  expected_samples = _decode_on_one_device(config, workdir) if family != "classify" else []
+  expected_samples = _decode_on_one_device(config, workdir) if family in DECODED else []
   samples = []
   if expected_samples:  # translations: the hyp lines; LM: the whole text (it may hold newlines)
     text = _printed_samples(printed, 2)
@@ -287,7 +307,7 @@ def _check_run(result, family, model_shapes=None):
     if family == "lm":
       assert np.isclose(ev["perplexity"], np.exp(ev["nll"]), rtol=1e-6)
   # The decoding the loop printed equals decoding the saved parameters on one device.
-  if family != "classify":
+  if family in DECODED:
     assert result["expected_samples"], "nothing was decoded"
     assert result["samples"] == result["expected_samples"]
 
