@@ -1,6 +1,8 @@
 """Decode speed: greedy and beam search, with the KV cache and without, at two output lengths.
 
   python -m bench.decode --config small --batch 8
+  python -m bench.decode --config transformer_tiny --batch 32 --beam 5 --lengths 32 \
+    --num_kv_heads 4 2 1
 
 Prints decode tokens/s (output tokens of the batch, B * L, per second of steady-state time; beam
 search runs B * K rows to produce them), compile seconds (``jit(...).lower().compile()``, apart
@@ -42,6 +44,9 @@ CONFIGS = {
                   vocab_size=8000),
     "base": dict(d_model=512, num_encoder_layers=6, num_decoder_layers=6, num_heads=8, d_ff=2048,
                  vocab_size=32000),
+    # Transformer-Tiny (experiments/multi30k_en_de_tiny.py): the joint 8k vocabulary, one table
+    "transformer_tiny": dict(d_model=128, num_encoder_layers=4, num_decoder_layers=4, num_heads=4,
+                             d_ff=256, vocab_size=8000, share_embeddings=True),
 }
 
 
@@ -141,6 +146,69 @@ def decode_benchmark(model_cfg: TransformerConfig, batch_size: int,
   return rows
 
 
+def cache_bytes(cfg, params, batch_size: int, length: int, beam: int, inputs) -> int:
+  """Bytes of beam search's decode cache for ``batch_size`` sources (every leaf of
+  ``expand_cache(init_cache(...), beam)``, shapes only): per decoder layer the self-attention K/V
+  [B, h_kv, beam·length, d_k] and the cross-attention K/V [B, h_kv, S, d_k], with h_kv =
+  ``num_kv_heads``, plus the small per-row tables."""
+  shapes = jax.eval_shape(
+      lambda p, x: expand_cache(init_cache(cfg, p, batch_size, length, x), beam), params, inputs)
+  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(shapes))
+
+
+def kv_heads_benchmark(model_cfg: TransformerConfig, kv_heads: Sequence[int], batch_size: int,
+                       length: int, beam_size: int, rounds: int = 3, source_len: int = 32,
+                       seed: int = 0) -> List[dict]:
+  """Cached beam search with each ``num_kv_heads`` of ``kv_heads``, timed in alternating rounds.
+
+  Each arm is compiled once (its own random parameters: W^K, W^V are [d, h_kv, d_k]); then
+  ``rounds`` rounds each time every arm once, in order, so the arms share the machine's drifts.
+  tokens_per_s = batch_size · length / median seconds; ``speedup`` = tokens_per_s / the first
+  arm's; ``cache_mb`` = :func:`cache_bytes` at the full length.
+  """
+  rng_params, rng_src = jax.random.split(jax.random.key(seed))
+  inputs = jax.random.randint(rng_src, (batch_size, source_len), 4, model_cfg.vocab_size, jnp.int32)
+  example = {"targets": jnp.ones((1, 8), jnp.int32), "inputs": jnp.ones((1, 8), jnp.int32)}
+  arms = []
+  for h_kv in kv_heads:
+    cfg = dataclasses.replace(model_cfg, num_kv_heads=h_kv, max_len=max(model_cfg.max_len, length))
+    params = init_params(cfg, rng_params, example)
+    cfg_, params_ = prepared(cfg, params, cached=True)
+    start = time.perf_counter()
+    compiled = decode_fn(cfg_, f"beam{beam_size}", True, batch_size, length,
+                         beam_size).lower(params_, inputs).compile()
+    arms.append(dict(run=lambda c=compiled, p=params_: c(p, inputs), times=[],
+                     compile_s=time.perf_counter() - start,
+                     cache=cache_bytes(cfg_, params_, batch_size, length, beam_size, inputs)))
+  for _ in range(max(rounds, 1)):
+    for arm in arms:
+      start = time.perf_counter()
+      jax.block_until_ready(arm["run"]())
+      arm["times"].append(time.perf_counter() - start)
+  rows = []
+  for h_kv, arm in zip(kv_heads, arms):
+    seconds = statistics.median(arm["times"])
+    rows.append(dict(num_kv_heads=h_kv or model_cfg.num_heads, batch=batch_size, beam=beam_size,
+                     length=length, compile_s=arm["compile_s"], seconds=seconds,
+                     runs=len(arm["times"]), tokens_per_s=batch_size * length / seconds,
+                     cache_mb=arm["cache"] / 2**20))
+  for row in rows:
+    row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+  return rows
+
+
+def format_kv_table(rows: List[dict]) -> str:
+  """:func:`kv_heads_benchmark`'s rows as a fixed-width text table."""
+  head = (f"{'kv heads':>8} {'batch':>5} {'beam':>4} {'len':>4} {'compile s':>9} {'run s':>8} "
+          f"{'runs':>4} {'tok/s':>9} {'speed-up':>8} {'cache MiB':>9}")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    lines.append(f"{r['num_kv_heads']:>8} {r['batch']:>5} {r['beam']:>4} {r['length']:>4} "
+                 f"{r['compile_s']:>9.2f} {r['seconds']:>8.3f} {r['runs']:>4} "
+                 f"{r['tokens_per_s']:>9.1f} {r['speedup']:>7.2f}x {r['cache_mb']:>9.2f}")
+  return "\n".join(lines)
+
+
 def format_table(rows: List[dict]) -> str:
   """The rows as a fixed-width text table."""
   head = (f"{'method':<8} {'cache':<6} {'len':>4} {'batch':>5} {'compile s':>9} {'run s':>8} "
@@ -166,6 +234,9 @@ def main(argv=None) -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--max_seconds", type=float, default=30.0)
   parser.add_argument("--source_len", type=int, default=32)
+  parser.add_argument("--num_kv_heads", type=int, nargs="+", default=None,
+                      help="compare cached beam search across these K/V head counts (0 = "
+                           "num_heads) at the first of --lengths, in --repeats alternating rounds")
   args = parser.parse_args(argv)
   cfg = TransformerConfig(family=args.family, **CONFIGS[args.config])
   print(f"decode benchmark: {args.config} {args.family} (d_model {cfg.d_model}, layers "
@@ -173,6 +244,12 @@ def main(argv=None) -> None:
         f"d_ff {cfg.d_ff}, vocab {cfg.vocab_size}), batch {args.batch}, "
         f"source length {args.source_len}, device {jax.devices()[0].device_kind} "
         f"({os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f} at start)")
+  if args.num_kv_heads:
+    if args.family != "encoder_decoder":
+      parser.error("--num_kv_heads compares the encoder-decoder's beam search")
+    print(format_kv_table(kv_heads_benchmark(cfg, args.num_kv_heads, args.batch, args.lengths[0],
+                                             args.beam, args.repeats, args.source_len)))
+    return
   rows = decode_benchmark(cfg, args.batch, tuple(args.lengths), args.beam, args.repeats,
                           args.source_len, args.max_seconds)
   print(format_table(rows))

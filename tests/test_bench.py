@@ -98,3 +98,20 @@ def test_cpu_step_costs_report_every_field():
   c = cpu.step_costs("tiny", steps=2, warmup=1)
   assert set(c) == {"user_s", "sys_s", "wall_s", "minor_faults"}
   assert c["wall_s"] > 0 and c["user_s"] >= 0 and c["minor_faults"] >= 0
+
+
+def test_kv_heads_benchmark_reports_each_arm_and_its_cache():
+  from bench import decode as bench_decode
+  from txf.nn import TransformerConfig
+  cfg = TransformerConfig(family="encoder_decoder", d_model=16, num_encoder_layers=1,
+                          num_decoder_layers=2, num_heads=2, d_ff=32, vocab_size=32, max_len=16)
+  b, beam, length, s = 2, 3, 4, 5
+  rows = bench_decode.kv_heads_benchmark(cfg, [0, 1], b, length, beam, rounds=2, source_len=s)
+  assert [r["num_kv_heads"] for r in rows] == [2, 1]
+  assert rows[0]["speedup"] == 1.0 and all(r["runs"] == 2 and r["tokens_per_s"] > 0 for r in rows)
+  # one K/V head fewer drops, per decoder layer, K and V of the self-attention beam slots
+  # [B, beam * T, d_k] and of the cross-attention [B, S, d_k], float32
+  d_k, layers = 8, 2
+  dropped = layers * 2 * b * (beam * length + s) * d_k * 4
+  assert (rows[0]["cache_mb"] - rows[1]["cache_mb"]) * 2**20 == pytest.approx(dropped)
+  assert "speed-up" in bench_decode.format_kv_table(rows)
