@@ -208,6 +208,9 @@ NOT_RUN = {
     "python -m bench.profile --config base --dtype bfloat16":
         "minutes of benchmarking: tests/test_bench_profile.py profiles the tiny config",
     "python -m bench.decode --config small": "a benchmark: tests/test_bench.py",
+    "python -m bench.decode --config transformer_tiny --batch 64 --beam 5 --lengths 32 "
+    "--source_len 24 --repeats 7 --num_kv_heads 4 2 1":
+        "a benchmark: tests/test_bench.py runs its --num_kv_heads comparison",
     "python -m bench.memory": "a benchmark: tests/test_bench.py",
     "python -m bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":
         "the peers' own venv with torch and a Flax WMT copy (BENCHMARKS.md)",
@@ -236,6 +239,9 @@ NOT_RUN = {
     "--config.optimizer.warmup_steps=1": VARIANT,
     "TXF_DATA=../shared/data txf sweep experiments/sweeps/shakespeare_glu.py --parallel 2":
         "15 Shakespeare runs (about an hour on 2 cores); the sweep runner is tested by "
+        "tests/test_sweep.py",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/multi30k_kv_heads.py":
+        "9 Multi30k runs (about 85 minutes on 2 cores); the sweep runner is tested by "
         "tests/test_sweep.py",
     "pip install 'txf[wandb]'": "an optional extra from PyPI: tests/test_sweep.py runs the tracker "
                                 "offline when wandb is installed",
