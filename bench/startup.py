@@ -9,8 +9,10 @@ first train step is done:
   no evaluation), until its ``step 1/`` line; then the process is stopped.
 * ``small``, ``base``: the peers' shapes (bench.train.BENCH_CONFIGS), the train step the peer
   sitting times (bench.peer_worker), run by this module as a worker that reports as soon as one
-  step is finished. The worker also reports its in-process first step (trace + compile + step),
-  the figure the peer harnesses print as ``first_step_s``.
+  step is finished, under tcmalloc where a ``txf`` command would re-execute with it
+  (``txf.runtime.reexec_plan``). The worker also reports its in-process first step (trace +
+  compile + step, or reading the programs back), the figure the peer harnesses print as
+  ``first_step_s``.
 
 ``cold`` runs with an empty compilation cache (a new ``TXF_COMPILE_CACHE`` folder); ``warm`` runs
 again with the folder the cold run filled; ``off`` runs with ``TXF_COMPILE_CACHE=off``. Rounds
@@ -31,7 +33,7 @@ from typing import Dict, List, Optional
 import jax
 
 from bench import train as train_bench
-from txf import compile_cache
+from txf import compile_cache, runtime
 from txf.machine import cpu_model_and_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,6 +70,10 @@ def measure(config: str, cache: str, timeout: float = 600.0) -> Dict[str, Option
   workdir = tempfile.mkdtemp(prefix="txf-startup-run-")
   env = {**os.environ, "TXF_COMPILE_CACHE": cache, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  if config != "default":  # the worker runs under the allocator a txf command re-executes with
+    plan = runtime.reexec_plan(env, ["txf"])
+    if plan is not None:
+      env = plan[1]
   start = time.perf_counter()
   proc = subprocess.Popen(command(config, workdir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

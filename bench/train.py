@@ -151,10 +151,12 @@ def build_step(model_cfg: TransformerConfig, batch: Dict[str, np.ndarray], seed:
   opt = config_lib.base_config().optimizer
   schedule = inverse_sqrt_schedule(model_cfg.d_model, opt.warmup_steps, opt.learning_rate_scale)
   tx = make_optimizer(opt, model_cfg.d_model)
-  params = init_params(model_cfg, jax.random.key(seed), batch)
   runner = SingleDeviceRunner(make_train_step(model_cfg, tx, opt.label_smoothing, schedule),
                               make_eval_step(model_cfg, opt.label_smoothing))
-  return runner, runner.place_state(create_train_state(params, tx))
+  new_state = lambda: create_train_state(init_params(model_cfg, jax.random.key(seed), batch), tx)
+  # a kept train step loads on a thread while the parameters are initialised
+  runner.prefetch(jax.eval_shape(new_state), batch, jax.random.key(1))
+  return runner, runner.place_state(new_state())
 
 
 def train_benchmark(name: str, model_cfg: TransformerConfig, batch_size: int, source_len: int,

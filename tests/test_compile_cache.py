@@ -131,6 +131,7 @@ def test_txf_info_says_where_and_how_big_and_survives_an_unwritable_folder(tmp_p
   assert proc.returncode == 0, proc.stderr
   line = next(l for l in proc.stdout.splitlines() if l.startswith("compile_cache: "))
   assert line.startswith(f"compile_cache: {cache}{os.sep}") and "programs" in line and "MB" in line
+  assert "kept whole in programs/" in line
   blocker = tmp_path / "file"
   blocker.write_text("x")
   proc = run_txf("info", env={compile_cache.ENV: str(blocker / "c")})
@@ -144,10 +145,11 @@ def test_txf_info_says_where_and_how_big_and_survives_an_unwritable_folder(tmp_p
 @pytest.mark.slow
 def test_a_run_is_bit_identical_cold_warm_and_off(tmp_path):
   """The copy experiment, shortened, three times: with an empty cache, with the cache it filled,
-  and with the cache off: metrics.jsonl (but its timings) and params.msgpack equal. (The whole
+  and with the cache off: metrics.jsonl (but its timings) and params.msgpack equal. The warm run
+  reads its init, state and train step back whole from the program cache. (The whole
   default run, the same three ways: BENCHMARKS.md, "Time to first step".)"""
   cache = str(tmp_path / "cache")
-  results = {}
+  results, kept = {}, {}
   for mode, setting in (("cold", cache), ("warm", cache), ("off", "off")):
     workdir = tmp_path / mode
     proc = run_txf("train", "--config", "copy", "--workdir", str(workdir),
@@ -160,5 +162,13 @@ def test_a_run_is_bit_identical_cold_warm_and_off(tmp_path):
       for key in [k for k in row if "per_second" in k or "time" in k or "seconds" in k]:
         row.pop(key)
     results[mode] = (rows, (workdir / "params.msgpack").read_bytes())
+    if mode != "off":  # whole programs (txf.program_cache): kept cold, read back warm, none added
+      kept[mode] = {p: os.stat(p).st_mtime_ns for p in
+                    glob.glob(os.path.join(cache, "*", compile_cache.PROGRAMS_SUBDIR, "*.program"))}
+      if mode == "cold":  # a read marks an entry used: set every mark back to see which are read
+        for path in kept["cold"]:
+          os.utime(path, ns=(1, 1))
+  assert len(kept["cold"]) >= 3 and sorted(kept["warm"]) == sorted(kept["cold"])
+  assert all(stamp > 1 for stamp in kept["warm"].values()), kept  # init, state and step read back
   assert glob.glob(os.path.join(compile_cache.cache_dir(cache, {**os.environ, "JAX_PLATFORMS": "cpu"}), "*-cache"))
   assert results["cold"] == results["warm"] == results["off"]

@@ -16,6 +16,10 @@ CPUs (AVX-512 beside AVX2), or kept across an upgrade, therefore never hands bac
 for something else. The folder is bounded (``TXF_COMPILE_CACHE_MAX_MB``, default 2048 MB per
 fingerprint): jax evicts the least recently used programs past it.
 
+Beside jax's entries, ``txf.program_cache`` keeps whole programs (keyed by the code, the config and
+the argument shapes, so a warm start skips tracing as well) in the ``programs`` sub-folder, under
+the same bound.
+
 A cache that cannot be used is never a failed run: an unwritable folder is one ``txf: warning:``
 line and compiling as usual; so is a corrupt entry (jax recompiles the program and writes it again).
 
@@ -41,6 +45,8 @@ DEFAULT_MAX_MB = 2048
 # eviction's scan of the folder
 MIN_COMPILE_SECS = 0.5  # TXF_COMPILE_CACHE_MIN_SECS overrides (0 keeps every program)
 OFF = ("off", "0", "none", "false", "no")
+# the sub-folder where txf.program_cache keeps whole programs (traced, lowered and compiled)
+PROGRAMS_SUBDIR = "programs"
 # the messages jax's compiler warns with when an entry cannot be read or written
 _JAX_CACHE_WARNINGS = ("Error reading persistent compilation cache entry",
                        "Error writing persistent compilation cache entry")
@@ -244,6 +250,14 @@ def describe(setting: str = "", environ: Mapping[str, str] = os.environ) -> str:
       if entry.is_file() and entry.name.endswith("-cache"):
         count += 1
         size += entry.stat().st_size
+  kept, kept_size = 0, 0
+  whole = os.path.join(path, PROGRAMS_SUBDIR)
+  if os.path.isdir(whole):
+    for entry in os.scandir(whole):
+      if entry.is_file() and entry.name.endswith(".program"):
+        kept += 1
+        kept_size += entry.stat().st_size
   bound = max_bytes(environ)
   limit = "unbounded" if bound < 0 else f"at most {bound / 2 ** 20:.0f} MB"
-  return f"{path} ({count} programs, {size / 2 ** 20:.1f} MB, {limit})"
+  return (f"{path} ({count} programs, {size / 2 ** 20:.1f} MB, {limit}; {kept} kept whole in "
+          f"{PROGRAMS_SUBDIR}/, {kept_size / 2 ** 20:.1f} MB, {limit})")

@@ -11,8 +11,9 @@ Special ids are fixed for every tokenizer: PAD=0, BOS=1, EOS=2, UNK=3.
 """
 
 import abc
+import collections.abc
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -140,6 +141,26 @@ class Task(abc.ABC):
     return {"family": self.family, "vocab_size": self.vocab_size,
             "target_vocab_size": self.target_vocab_size, "num_classes": self.num_classes,
             "max_input_len": self.max_input_len, "max_target_len": self.max_target_len}
+
+
+class LazyBatches(collections.abc.Sequence):
+  """A fixed list of ``count`` batches made on first use: ``make(i)`` builds batch i, once. Its
+  length is known without building any (a run's set-up does not pay for evaluation data before
+  its first evaluation)."""
+
+  def __init__(self, count: int, make: Callable[[int], Dict[str, np.ndarray]]):
+    self._made: List[Optional[Dict[str, np.ndarray]]] = [None] * count
+    self._make = make
+
+  def __len__(self) -> int:
+    return len(self._made)
+
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return [self[j] for j in range(*i.indices(len(self)))]
+    if self._made[i] is None:
+      self._made[i] = self._make(range(len(self))[i])
+    return self._made[i]
 
 
 def pad_batch(rows: Sequence[np.ndarray], length: int, batch_size: Optional[int] = None) -> np.ndarray:

@@ -24,8 +24,7 @@ import numpy as np
 from txf import families
 from txf.config import ConfigError
 from txf.data.base import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Batch, CheckpointableIterator, Example,
-                           RowLayout,
-                           Task, pad_batch)
+                           LazyBatches, RowLayout, Task, pad_batch)
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 
@@ -223,10 +222,15 @@ class SyntheticTask(Task):
 
     return _StepIterator(make)
 
-  def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> List[Batch]:
+  def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
+                   ) -> Sequence[Batch]:
+    """The split's first ``max_examples`` (default 1000) examples in batches, each made when it
+    is first read."""
+    self._SPLIT_KEYS[split]  # an unknown split fails here, not at the first evaluation
     total = max_examples or 1000
-    return [self._batch(split, s, min(batch_size, total - s), batch_size)
-            for s in range(0, total, batch_size)]
+    starts = range(0, total, batch_size)
+    return LazyBatches(len(starts), lambda i: self._batch(split, starts[i],
+                                                          min(batch_size, total - starts[i]), batch_size))
 
   def examples(self, split: str, n: int) -> List[Example]:
     out = []

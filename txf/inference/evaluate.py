@@ -3,6 +3,7 @@ with exact match and BLEU. The training loop evaluates with it in-loop, ``txf ev
 report from it (``evaluate_split``), notebooks call it directly.
 """
 
+import collections.abc
 import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -82,7 +83,9 @@ class Evaluator:
                decode_batch_size: int = 64, bleu_protocol: str = "sacrebleu", lang: str = "en"):
     self.model_cfg, self.task = model_cfg, task
     self.bleu_protocol, self.lang = bleu_protocol, lang
-    self.batches, self.examples = list(batches), list(examples)
+    # a Sequence is kept as it is (a task's lazily made batches are made at the first evaluation)
+    self.batches = batches if isinstance(batches, collections.abc.Sequence) else list(batches)
+    self.examples = list(examples)
     self.spec = spec
     self.decode_batch_size = decode_batch_size
 

@@ -2,14 +2,13 @@
 a family-agnostic forward, the model config a run builds, and the vocabulary tables' padding."""
 
 import dataclasses
-import functools
 from typing import Callable, Dict, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import families, kernels
+from txf import families, kernels, program_cache
 from txf.config import resolve_vocab_multiple
 from txf.models.decoder_lm import DecoderLM
 from txf.models.encoder_decoder import EncoderDecoder
@@ -59,7 +58,7 @@ def _probe(batch: Dict[str, jnp.ndarray]) -> Dict[str, jnp.ndarray]:
   return {k: jnp.zeros((1,) * len(v.shape), v.dtype) for k, v in batch.items()}
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
+@program_cache.cached_jit(static_argnums=(0, 3))
 def _init_unboxed(cfg: TransformerConfig, rng: jax.Array, batch: Dict[str, jnp.ndarray],
                   build: Optional[ModelBuilder]):
   """``nn.unbox(init_boxed_params(...))`` compiled once per (config, builder, batch signature)."""
@@ -73,8 +72,15 @@ def param_axes(cfg: TransformerConfig, batch: Dict[str, jnp.ndarray],
 
   Nothing is computed (``jax.eval_shape``); ``batch`` may hold ShapeDtypeStructs.
   """
+  return abstract_params(cfg, batch, build)[1]
+
+
+def abstract_params(cfg: TransformerConfig, batch: Dict[str, jnp.ndarray],
+                    build: Optional[ModelBuilder] = None):
+  """(the parameters as ``jax.ShapeDtypeStruct``s, their logical axes as in ``param_axes``), from
+  one trace of the init; nothing is computed."""
   boxed = jax.eval_shape(lambda b: init_boxed_params(cfg, jax.random.key(0), b, build), batch)
-  return nn.get_partition_spec(boxed)
+  return nn.unbox(boxed), nn.get_partition_spec(boxed)
 
 
 def forward(model: nn.Module, params, batch: Dict[str, jnp.ndarray], dropout_rng=None

@@ -65,6 +65,9 @@ class MeshRunner:
     only its own shards."""
     return sharding_lib.abstract_sharded(abstract, self.mesh, self.rules, self.param_axes)
 
+  def prefetch(self, state, batch, rng) -> None:
+    """Nothing: only the single-device runner keeps its step in the program cache."""
+
   def place_state(self, state):
     """Shard ``state`` over the mesh (host arrays: the same values must be given on every process)."""
     shardings = self.state_shardings(state)

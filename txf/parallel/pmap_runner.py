@@ -36,6 +36,9 @@ class PmapRunner:
     self._rows_fns = {}
 
   # -- placement ------------------------------------------------------------------------------
+  def prefetch(self, state, batch, rng) -> None:
+    """Nothing: only the single-device runner keeps its step in the program cache."""
+
   def place_state(self, state):
     """An unreplicated state (host or one device) -> a [devices, ...] copy on every local device."""
     def put(x):

@@ -2,6 +2,8 @@
 
 Runner API (numpy host batches in, the same pure step function inside every runner):
   place_state(state) -> state on device(s); host values must be the same on every process
+  prefetch(state, batch, rng) -> start reading the train step's program back from the program
+      cache (``txf.program_cache``) on a thread, where the runner keeps it there (single device)
   train_step(state, batch, rng) -> (state, metrics)    compiled, state buffers donated;
       ``batch`` is the global batch [B, ...], of which a process fills only the rows its devices
       hold (``txf.parallel.feeding.Feed``; all of them on one process)
@@ -26,6 +28,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from txf import program_cache
 from txf.config import ConfigError
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
@@ -38,14 +41,20 @@ class SingleDeviceRunner:
   axis_name = None
 
   def __init__(self, train_step: Callable, eval_step: Callable):
-    self._train = jax.jit(train_step, donate_argnums=(0,))
+    self._train = program_cache.CachedJit(train_step, donate_argnums=(0,))
     self._eval = jax.jit(lambda state, batch: eval_step(state.params, batch))
     self._rows_fns = {}
 
   @property
   def train_jit(self):
-    """The jitted, state-donating train step: ``.lower(...).compile()`` for AOT, ``._cache_size()``."""
+    """The jitted, state-donating train step (kept in the program cache, ``txf.program_cache``):
+    ``.lower(...).compile()`` for AOT, ``._cache_size()``."""
     return self._train
+
+  def prefetch(self, state, batch, rng) -> None:
+    """Starts reading the train step's program back from the program cache on a thread, when it
+    holds one for these arguments (arrays or ``jax.ShapeDtypeStruct``s); the first step waits."""
+    self._train.prefetch(state, batch, rng)
 
   def place_state(self, state):
     return jax.device_put(state)

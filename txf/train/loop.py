@@ -37,7 +37,7 @@ from txf.data import make_task
 from txf.decode import DecodingSpec
 from txf.inference import Evaluator, make_eval_step
 from txf.metrics import MetricWriter
-from txf.models import (LossFn, ModelBuilder, count_params, init_params, model_config_from,
+from txf.models import (LossFn, ModelBuilder, abstract_params, count_params, init_params, model_config_from,
                         param_axes, unpad_vocab)
 from txf.parallel import distributed, make_runner
 from txf.parallel.feeding import Feed
@@ -47,7 +47,7 @@ from txf.train.logs import Eta, LogWindow, unpack_rows
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.profile import StepProfiler
 from txf.train.samples import lm_prompts, lm_samples
-from txf.train.steps import create_train_state, fold_step_into_key, make_train_step
+from txf.train.steps import create_train_state, fold_step_into_key, make_train_step, run_keys
 from txf.train.report import Reporter, Silent
 from txf.train.stopping import DivergenceGuard, NonFiniteGuard, Preemption, TimeLimit
 
@@ -166,7 +166,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   task = made["task"] if is_main else _make_task(config, workdir, model)
   model_cfg = model_config_from(config, task)
   decodes = config.decode_examples and families.get(model_cfg.family).decoding == "seq2seq"
-  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  init_rng, dropout_rng = run_keys(config.seed)
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
   schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
   tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
@@ -179,8 +179,12 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
     init_state = lambda: create_train_state(init_params(model_cfg, init_rng, example_batch, model), tx)
   else:
     init_state = lambda: create_train_state(jax.tree_util.tree_map(jax.numpy.asarray, start), tx)
-  abstract_state = jax.eval_shape(init_state)
-  axes = param_axes(model_cfg, example_batch, model)
+  if start is None:  # one trace of the init gives the state's shapes and the parameters' axes
+    shapes, axes = abstract_params(model_cfg, example_batch, model)
+    abstract_state = jax.eval_shape(lambda p: create_train_state(p, tx), shapes)
+  else:
+    abstract_state = jax.eval_shape(init_state)
+    axes = param_axes(model_cfg, example_batch, model)
   check_splits(config, abstract_state.params, axes, jax.device_count())  # before any compile
   say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
       f"data {config.data.source}, "
@@ -193,6 +197,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
           model_cfg, tx, smoothing, schedule, axis, config.grad_accum_steps, loss_fn=loss_fn,
           build=model)),
       lambda axis: make_eval_step(model_cfg, smoothing, axis, loss_fn=loss_fn, build=model), axes)
+  runner.prefetch(abstract_state, example_batch, dropout_rng)  # loads while the state is made
   born_sharded = getattr(runner, "init_state", None)  # mesh: created in its shardings
   new_state = (lambda: born_sharded(init_state)) if born_sharded else init_state
   train_it = task.train_iterator(config.batch_size, config.seed, jax.process_index(),

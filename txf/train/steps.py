@@ -7,14 +7,15 @@ label-smoothed cross-entropy) and the model comes from a ``txf.models.ModelBuild
 ``txf.models.build_model``), so a researcher's own loss or model trains in the same loop.
 """
 
-import functools
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from txf import program_cache
 from txf.inference.evaluate import make_eval_step  # noqa: F401  (the eval step, for callers of both)
 from txf.models import LossFn, ModelBuilder, build_model, default_loss
 from txf.nn import TransformerConfig
@@ -35,9 +36,23 @@ def create_train_state(params, tx: optax.GradientTransformation) -> TrainState:
   return _create_train_state(params, tx)
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@program_cache.cached_jit(static_argnums=(1,))
 def _create_train_state(params, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def run_keys(seed: int) -> Tuple[jax.Array, jax.Array]:
+  """(init key, dropout key) = ``split(key(seed))``, the same bits as the eager split, as one
+  compiled program (kept in the program cache: a warm start compiles nothing for it). Seeds outside
+  int32 take the eager split."""
+  if not -2 ** 31 <= seed < 2 ** 31:
+    return tuple(jax.random.split(jax.random.key(seed)))
+  return _run_keys(np.int32(seed))
+
+
+@program_cache.cached_jit
+def _run_keys(seed):
+  return tuple(jax.random.split(jax.random.key(seed)))
 
 
 def guarded_update(tx: optax.GradientTransformation, finite: jnp.ndarray, grads, params, opt_state):
