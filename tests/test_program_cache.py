@@ -1,6 +1,7 @@
-"""The program cache (txf/program_cache.py): what its key sees, that a kept program is read back
-whole in a new process (nothing traced, the same bits, the state still donated), that a program
-jax's own cache handed back is not kept, and that an unreadable entry is one warning line."""
+"""The program cache (txf/program_cache.py, keyed by txf/fingerprint.py): what its key sees,
+that a kept program is read back whole in a new process (nothing traced, the same bits, the
+state still donated), that a program jax's own cache handed back is not kept, and that an
+unreadable entry is one warning line."""
 
 import dataclasses
 import functools
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from txf import compile_cache, program_cache
+from txf import compile_cache, fingerprint, program_cache
 
 
 # --------------------------------------------------------------------------- the fingerprint
@@ -32,7 +33,7 @@ class _Cfg:
 
 
 def test_the_fingerprint_follows_what_a_closure_holds():
-  fp = program_cache.closure_fingerprint
+  fp = fingerprint.closure_fingerprint
   assert fp(_scaled(2.0)) == fp(_scaled(2.0))
   assert fp(_scaled(2.0)) != fp(_scaled(3.0))  # a closed-over number
   assert fp(_scaled(np.ones(3))) != fp(_scaled(np.array([1.0, 1.0, 2.0])))  # an array's values
@@ -52,8 +53,8 @@ def test_what_the_fingerprint_cannot_describe_is_refused():
   class Opaque:
     __slots__ = ()
 
-  with pytest.raises(program_cache.Unfingerprintable):
-    program_cache.closure_fingerprint(_scaled(Opaque()))
+  with pytest.raises(fingerprint.Unfingerprintable):
+    fingerprint.closure_fingerprint(_scaled(Opaque()))
 
 
 def test_txf_s_train_step_and_init_are_described():
@@ -65,10 +66,10 @@ def test_txf_s_train_step_and_init_are_described():
                             d_ff=64, vocab_size=64)
   batch = train_bench.random_batch(cfg, 2, 5, 6)
   runner, _ = train_bench.build_step(cfg, batch)
-  first = program_cache.closure_fingerprint(runner.train_jit._fun)  # pylint: disable=protected-access
+  first = fingerprint.closure_fingerprint(runner.train_jit._fun)  # pylint: disable=protected-access
   other = dataclasses.replace(cfg, dropout_rate=cfg.dropout_rate + 0.1)
   runner2, _ = train_bench.build_step(other, batch)
-  assert first != program_cache.closure_fingerprint(runner2.train_jit._fun)  # pylint: disable=protected-access
+  assert first != fingerprint.closure_fingerprint(runner2.train_jit._fun)  # pylint: disable=protected-access
 
 
 # ------------------------------------------------------------------ in process: like jax.jit
@@ -103,7 +104,7 @@ def test_inside_a_trace_it_is_staged_not_run():
 # step was traced in this process and whether the donated input was consumed
 SCRIPT = """
 import hashlib, json, os, sys, jax, jax.numpy as jnp
-from txf import compile_cache, program_cache
+from txf import compile_cache, fingerprint, program_cache
 compile_cache.apply(jax.config)
 traced = []
 
@@ -206,3 +207,33 @@ def test_on_a_host_of_several_devices_a_kept_program_runs_on_the_one_it_was_buil
   warm = _python(cache, devices=8)
   assert warm.returncode == 0 and warm.stderr == "", warm.stderr
   assert json.loads(warm.stdout) == {**json.loads(cold.stdout), "traced": 0}
+
+
+def test_a_closure_it_cannot_describe_is_plain_jit(tmp_path):
+  class Opaque:
+    __slots__ = ()
+    scale = 3.0
+
+  thing = Opaque()
+  jitted = program_cache.CachedJit(lambda x: x * thing.scale)
+  np.testing.assert_array_equal(jitted(jnp.ones(2)), np.full(2, 3.0))
+  np.testing.assert_array_equal(jitted(jnp.ones(3)), np.full(3, 3.0))
+  assert jitted._plain and not jitted._programs  # pylint: disable=protected-access
+
+
+def _cell(source):
+  """What a notebook cell defines: functions and classes of a module with no source file."""
+  namespace = {"__name__": "notebook_cell", "jnp": jnp}
+  exec(source, namespace)  # pylint: disable=exec-used
+  return namespace
+
+
+def test_code_defined_in_a_notebook_is_described_by_its_body():
+  fp = fingerprint.closure_fingerprint
+  cell = _cell("def helper(x):\n  return x * 2\n\ndef step(x):\n  return helper(x) + 1\n")
+  before = fp(cell["step"])
+  exec("def helper(x):\n  return x * 3\n", cell)  # the helper cell run again, changed
+  assert fp(cell["step"]) != before
+  model = _cell("class Model:\n  scale = 2.0\n  def __call__(self, x):\n    return x * self.scale\n")
+  other = _cell("class Model:\n  scale = 2.0\n  def __call__(self, x):\n    return x / self.scale\n")
+  assert fp(model["Model"]) != fp(other["Model"])

@@ -7,22 +7,25 @@ program by what determines the module instead, and keeps the executable (``jax.e
 serialize_executable``) under ``<compile cache folder>/programs``:
 
   key = sha256(the function's module and name,
-               its static arguments and everything its closure holds (``closure_fingerprint``),
+               its static arguments and everything its closure holds,
                the dynamic arguments' tree, shapes and dtypes,
-               the code: every ``.py`` file of the txf package and every other loaded module
-                 outside the Python installation, by content; the versions of jax, jaxlib,
-                 flax, optax, numpy and Python,
-               the jax configuration, the ``JAX_*``/``XLA_*``/``TXF_*`` environment, the
-                 devices and the CPU (the compile cache's folder fingerprint))
+               the code: the txf package and every other loaded module outside the Python
+                 installation, by content; the versions of jax, jaxlib, flax, optax, numpy
+                 and Python,
+               the jax configuration, the JAX_*/XLA_*/TXF_* environment, the devices and
+                 the CPU)
 
-Only a program XLA compiled in this process is kept: XLA:CPU serialises an executable that
-jax's persistent cache handed back without some of its functions, so such a program is used and
-not kept (after a code change that leaves the lowered module as it was, jax's cache keeps serving
-it, as it did before this cache existed). A function whose closure holds something the fingerprint cannot describe (an object of unknown
-kind, a live tracer) is never cached here: it is compiled as ``jax.jit`` would. Multi-process runs
-and arguments sharded over several devices are not cached here either. A corrupt or unreadable
-entry is one warning line and a normal compile. The folder is bounded by the compile cache's size
-bound (least recently used entries go first). Off whenever the compile cache is off.
+(``txf.fingerprint`` computes the parts.) Only a program XLA compiled in this process is kept:
+XLA:CPU serialises an executable that jax's persistent cache handed back without some of its
+functions, so such a program is used and not kept. After a code change that leaves the lowered
+module as it was, jax's cache keeps serving it, as it did before this cache existed.
+
+Not cached here, compiled as ``jax.jit`` would: a function whose closure holds something the
+fingerprint cannot describe (an object of unknown kind, a live tracer), multi-process runs, and
+arguments sharded over several devices. A kept program is loaded onto the one device it was
+compiled for. A corrupt or unreadable entry is one warning line and a normal compile. The folder
+is bounded by the compile cache's size bound (least recently used entries go first). It is off
+whenever the compile cache is off.
 
 Loading is C++ work that releases the GIL: ``CachedJit.prefetch`` starts it on a thread, so a
 program loads while the caller builds its inputs (the train loop loads its step while the
@@ -30,24 +33,22 @@ parameters are initialised).
 """
 
 import dataclasses
-import enum
 import functools
 import hashlib
 import io
 import os
 import pickle
-import sys
-import sysconfig
 import threading
-import types
 from concurrent import futures
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
 from jax.experimental import serialize_executable
 
 from txf import compile_cache
+from txf.fingerprint import (Unfingerprintable, closure_fingerprint, code_fingerprint,
+                             environment_fingerprint)
 
 try:  # True outside any jax transformation (eval_shape, jit, grad): only then is a program run
   from jax._src.core import trace_state_clean as _top_level
@@ -56,227 +57,6 @@ except ImportError:  # a jax without it: an op staged into a trace makes a trace
     return not isinstance(jax.lax.full((), 0), jax.core.Tracer)
 
 SUBDIR = compile_cache.PROGRAMS_SUBDIR
-# environment variables that only say where and whether to cache or log: not part of a program
-_ENV_SKIP = ("TXF_COMPILE_CACHE", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_LOG",
-             "JAX_ENABLE_COMPILATION_CACHE", "TXF_PROGRESS")
-_CONFIG_SKIP = ("cache", "log", "explain")
-_VERSIONED = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_collections")
-_MAX_ARRAY_BYTES = 64 << 20
-
-
-class Unfingerprintable(Exception):
-  """The closure holds something whose effect on the program cannot be described."""
-
-
-def closure_fingerprint(obj: Any) -> str:
-  """sha256 hex of a description of ``obj`` that changes whenever what it would make a traced
-  program compute could change: values by value, functions by module, name, code, defaults and
-  closure cells (recursively), the plain-data globals their code names, dataclasses (flax modules
-  and configs) and NamedTuples (optax transformations) field by field, arrays by their bytes.
-  Raises ``Unfingerprintable`` for anything else."""
-  h = hashlib.sha256()
-  _describe(obj, h, {})
-  return h.hexdigest()
-
-
-def _describe(obj: Any, h, seen: Dict[int, int]) -> None:
-  """Feeds ``obj``'s description to ``h``; ``seen``: id -> position, for shared and cyclic parts."""
-  put = lambda *parts: h.update(("\x1f".join(str(p) for p in parts) + "\x1e").encode())
-  if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
-    put(type(obj).__name__, repr(obj))
-    return
-  if id(obj) in seen:
-    put("ref", seen[id(obj)])
-    return
-  seen[id(obj)] = len(seen)
-  kind = type(obj)
-  if isinstance(obj, enum.Enum):
-    put("enum", kind.__module__, kind.__qualname__, obj.name)
-  elif isinstance(obj, (types.ModuleType,)):
-    put("module", obj.__name__)
-  elif isinstance(obj, type):
-    put("class", obj.__module__, obj.__qualname__)
-  elif isinstance(obj, np.dtype):
-    put("dtype", obj.str)
-  elif isinstance(obj, (np.ndarray, np.generic)):
-    _describe_array(np.asarray(obj), h, put)
-  elif isinstance(obj, jax.core.Tracer):
-    raise Unfingerprintable("a traced value")
-  elif isinstance(obj, jax.Array):
-    if jax.dtypes.issubdtype(obj.dtype, jax.dtypes.prng_key):
-      put("key", str(obj.dtype))
-      obj = jax.random.key_data(obj)
-    _describe_array(np.asarray(obj), h, put)
-  elif isinstance(obj, jax.ShapeDtypeStruct):
-    put("sds", obj.shape, obj.dtype, getattr(obj, "weak_type", False))
-  elif dataclasses.is_dataclass(obj):
-    put("dataclass", kind.__module__, kind.__qualname__)
-    for field in dataclasses.fields(obj):
-      put("field", field.name)
-      _describe(getattr(obj, field.name, None), h, seen)
-  elif isinstance(obj, functools.partial):
-    put("partial")
-    for part in (obj.func, obj.args, obj.keywords):
-      _describe(part, h, seen)
-  elif isinstance(obj, types.MethodType):
-    put("method")
-    _describe(obj.__func__, h, seen)
-    _describe(obj.__self__, h, seen)
-  elif isinstance(obj, types.FunctionType):
-    _describe_function(obj, h, seen, put)
-  elif isinstance(obj, types.BuiltinFunctionType):
-    put("builtin", getattr(obj, "__module__", ""), obj.__qualname__)
-  elif hasattr(obj, "__wrapped__") and callable(obj):  # jax.jit and functools.wraps wrappers
-    put("wrapper", kind.__module__, kind.__qualname__)
-    _describe(obj.__wrapped__, h, seen)
-  elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # NamedTuple
-    put("namedtuple", kind.__module__, kind.__qualname__, len(obj))
-    for item in obj:
-      _describe(item, h, seen)
-  elif isinstance(obj, (list, tuple)):
-    put(kind.__name__, len(obj))
-    for item in obj:
-      _describe(item, h, seen)
-  elif isinstance(obj, (set, frozenset)):
-    put(kind.__name__, len(obj))
-    for item in sorted(obj, key=repr):
-      _describe(item, h, seen)
-  elif isinstance(obj, dict) or hasattr(obj, "to_dict") and hasattr(obj, "items"):
-    items = sorted(obj.items(), key=lambda kv: repr(kv[0]))
-    put("mapping", kind.__module__, kind.__qualname__, len(items))
-    for k, v in items:
-      _describe(k, h, seen)
-      _describe(v, h, seen)
-  elif hasattr(obj, "__dict__") and not callable(obj) and kind.__module__.split(".")[0] in ("flax",):
-    put("object", kind.__module__, kind.__qualname__)  # flax's sentinels (an unset parent)
-    _describe(dict(vars(obj)), h, seen)
-  else:
-    raise Unfingerprintable(f"{kind.__module__}.{kind.__qualname__}")
-
-
-def _describe_array(arr: np.ndarray, h, put) -> None:
-  if arr.nbytes > _MAX_ARRAY_BYTES:
-    raise Unfingerprintable(f"an array of {arr.nbytes} bytes")
-  put("array", arr.dtype.str, arr.shape)
-  h.update(np.ascontiguousarray(arr).tobytes())
-
-
-def _describe_function(fn: types.FunctionType, h, seen, put) -> None:
-  put("function", fn.__module__, fn.__qualname__)
-  _describe_code(fn.__code__, put)
-  for part in (fn.__defaults__, fn.__kwdefaults__):
-    _describe(part, h, seen)
-  for cell in fn.__closure__ or ():
-    try:
-      value = cell.cell_contents
-    except ValueError:  # an empty cell
-      put("empty-cell")
-      continue
-    _describe(value, h, seen)
-  for name in _global_names(fn.__code__):  # plain data the code reads from its module
-    value = fn.__globals__.get(name)
-    if value is None or isinstance(value, (types.ModuleType, type, types.FunctionType,
-                                           types.BuiltinFunctionType, functools.partial)) or callable(value):
-      continue
-    put("global", name)
-    _describe(value, h, seen)
-
-
-def _describe_code(code: types.CodeType, put) -> None:
-  put("code", code.co_name, code.co_code.hex(), code.co_names, code.co_varnames, code.co_freevars)
-  for const in code.co_consts:
-    if isinstance(const, types.CodeType):
-      _describe_code(const, put)
-    else:
-      put("const", type(const).__name__, repr(const))
-
-
-def _global_names(code: types.CodeType) -> Iterable[str]:
-  yield from code.co_names
-  for const in code.co_consts:
-    if isinstance(const, types.CodeType):
-      yield from _global_names(const)
-
-
-# ----------------------------------------------------------------------------------------- code
-
-_file_hashes: Dict[Tuple[str, int, int], str] = {}
-
-
-def _file_digest(path: str) -> str:
-  st = os.stat(path)
-  key = (path, st.st_mtime_ns, st.st_size)
-  if key not in _file_hashes:
-    with open(path, "rb") as f:
-      _file_hashes[key] = hashlib.sha256(f.read()).hexdigest()
-  return _file_hashes[key]
-
-
-@functools.lru_cache(maxsize=1)
-def _installation_dirs() -> Tuple[str, ...]:
-  paths = sysconfig.get_paths()
-  dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-  dirs |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
-  dirs = {os.path.realpath(d) for d in dirs if d} | {os.path.abspath(d) for d in dirs if d}
-  return tuple(d + os.sep for d in sorted(dirs))
-
-
-_outside: Dict[str, Optional[str]] = {}  # a module's __file__ -> its real path, or None (installed)
-
-
-def _own_file(path: str) -> Optional[str]:
-  """The real path of a module file outside the Python installation, else None (memoised)."""
-  if path not in _outside:
-    installed = _installation_dirs()
-    real = "" if not path.endswith(".py") or path.startswith(installed) else os.path.realpath(path)
-    _outside[path] = real if real and not real.startswith(installed) else None
-  return _outside[path]
-
-
-def code_fingerprint() -> str:
-  """sha256 hex over the txf package's ``.py`` files and every loaded module's file that lies
-  outside the Python installation (experiments, plugins, benchmarks), by content (re-read when a
-  file's size or modification time changes), and the versions of the libraries that trace and
-  compile."""
-  h = hashlib.sha256()
-  package = os.path.dirname(os.path.abspath(__file__))
-  files = set()
-  for root, _, names in os.walk(package):
-    files.update(os.path.join(root, n) for n in names if n.endswith(".py"))
-  for module in list(sys.modules.values()):
-    path = getattr(module, "__file__", None)
-    own = _own_file(path) if isinstance(path, str) else None
-    if own is not None:
-      files.add(own)
-  for path in sorted(files):
-    if not os.path.isfile(path):
-      continue
-    h.update(f"{os.path.relpath(path, package) if path.startswith(package) else path}="
-             f"{_file_digest(path)}\n".encode())
-  h.update(_versions().encode())
-  return h.hexdigest()
-
-
-@functools.lru_cache(maxsize=1)
-def _versions() -> str:
-  return "".join(f"{name}=={compile_cache._version(name)}\n"  # pylint: disable=protected-access
-                 for name in _VERSIONED) + sys.version
-
-
-def environment_fingerprint() -> str:
-  """sha256 hex over the jax configuration, the ``JAX_*``/``XLA_*``/``TXF_*``/``TPU_*``/``LIBTPU*``
-  environment (less the cache's and logging's own switches), the devices and processes."""
-  h = hashlib.sha256()
-  for name, value in sorted(jax.config.values.items()):
-    if not any(s in name for s in _CONFIG_SKIP):
-      h.update(f"{name}={value!r}\n".encode())
-  for name, value in sorted(os.environ.items()):
-    if name.startswith(("JAX_", "XLA_", "TXF_", "TPU_", "LIBTPU")) and not name.startswith(_ENV_SKIP):
-      h.update(f"env {name}={value}\n".encode())
-  for d in jax.devices():
-    h.update(f"device {d.platform} {d.device_kind} {d.id} {d.process_index}\n".encode())
-  h.update(f"processes {jax.process_count()} {compile_cache.fingerprint()}".encode())
-  return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------ the store
@@ -356,6 +136,7 @@ class CachedJit:
     self._last: Optional[Callable] = None  # the program of the last call, and its static arguments
     self._last_statics: Tuple = ()
     self._closure: Optional[str] = None
+    self._plain = False  # the closure cannot be fingerprinted: always plain jax.jit
     self._lock = threading.Lock()
     functools.update_wrapper(self, fun)
 
@@ -367,8 +148,8 @@ class CachedJit:
     return len(self._programs) + self._jit._cache_size()  # pylint: disable=protected-access
 
   def __call__(self, *args):
-    if not _top_level():  # inside eval_shape or another trace: staged, as jax.jit is
-      return self._jit(*args)
+    if self._plain or not _top_level():  # not cacheable here, or inside eval_shape or another
+      return self._jit(*args)            # trace: staged, as jax.jit is
     statics = tuple(args[i] for i in self._static)
     if self._last is not None and _same(statics, self._last_statics):
       try:
@@ -392,7 +173,8 @@ class CachedJit:
     return [a for i, a in enumerate(args) if i not in self._static]
 
   def _signature(self, args):
-    """(in-process key, leaves) or None when these arguments are not cached here."""
+    """(tree, ((shape, dtype, weak type) per leaf), ((index, value) per static argument)) of a
+    call, this process's key for its program; None when these arguments are not cached here."""
     dyn = self._dynamic(args)
     leaves, tree = jax.tree_util.tree_flatten(dyn)
     avals = []
@@ -441,6 +223,10 @@ class CachedJit:
     try:
       if self._closure is None:
         self._closure = closure_fingerprint(self._fun)
+    except Unfingerprintable:
+      self._plain = True
+      return None
+    try:
       static_part = closure_fingerprint([value for _, value in statics])
     except Unfingerprintable:
       return None
