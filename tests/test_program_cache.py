@@ -237,3 +237,13 @@ def test_code_defined_in_a_notebook_is_described_by_its_body():
   model = _cell("class Model:\n  scale = 2.0\n  def __call__(self, x):\n    return x * self.scale\n")
   other = _cell("class Model:\n  scale = 2.0\n  def __call__(self, x):\n    return x / self.scale\n")
   assert fp(model["Model"]) != fp(other["Model"])
+
+
+def test_a_write_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+  def full_disk(*_, **__):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(program_cache.pickle, "dump", full_disk)
+  with pytest.raises(OSError):
+    program_cache._write(str(tmp_path / "p" / "k.program"), ("entry",))  # pylint: disable=protected-access
+  assert os.listdir(tmp_path / "p") == []

@@ -85,9 +85,13 @@ def _write(path: str, entry) -> None:
   """Writes ``entry`` to ``path`` atomically (a temporary file renamed), then trims the folder."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.tmp{os.getpid()}"
-  with io.open(tmp, "wb") as f:
-    pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
-  os.replace(tmp, path)
+  try:
+    with io.open(tmp, "wb") as f:
+      pickle.dump(entry, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):  # a write that failed half-way (a full disk) leaves nothing behind
+      os.remove(tmp)
   _evict(os.path.dirname(path), compile_cache.max_bytes())
 
 
@@ -99,7 +103,10 @@ def _evict(where: str, limit: int) -> None:
   entries = []
   for name in os.listdir(where):
     if name.endswith(".program"):
-      st = os.stat(os.path.join(where, name))
+      try:
+        st = os.stat(os.path.join(where, name))
+      except FileNotFoundError:  # another process evicted it meanwhile
+        continue
       entries.append((st.st_mtime_ns, st.st_size, name))
   total = sum(size for _, size, _ in entries)
   for _, size, name in sorted(entries):
