@@ -247,3 +247,44 @@ def test_a_write_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
   with pytest.raises(OSError):
     program_cache._write(str(tmp_path / "p" / "k.program"), ("entry",))  # pylint: disable=protected-access
   assert os.listdir(tmp_path / "p") == []
+
+
+def test_eval_shape_s_result_is_kept_and_follows_the_closure(tmp_path, monkeypatch):
+  monkeypatch.setattr(program_cache, "folder", lambda: str(tmp_path))
+  traced, real = [], jax.eval_shape
+  monkeypatch.setattr(jax, "eval_shape", lambda f, *a: traced.append(a[0].shape) or real(f, *a))
+
+  def shapes_of(width):
+    return lambda x: {"w": jnp.zeros((x.shape[0], width)), "b": jnp.zeros((width,), jnp.int32)}
+
+  x = jax.ShapeDtypeStruct((3, 2), jnp.float32)
+  first = program_cache.cached_eval_shape(shapes_of(4), x)
+  again = program_cache.cached_eval_shape(shapes_of(4), x)  # read back, not traced
+  assert len(traced) == 1
+  assert first == again == {"w": jax.ShapeDtypeStruct((3, 4), jnp.float32),
+                            "b": jax.ShapeDtypeStruct((4,), jnp.int32)}
+  other = program_cache.cached_eval_shape(shapes_of(5), x)  # another closure: traced
+  assert len(traced) == 2 and other["w"].shape == (3, 5)
+  wider = program_cache.cached_eval_shape(shapes_of(4), jax.ShapeDtypeStruct((7, 2), jnp.float32))
+  assert len(traced) == 3 and wider["w"].shape == (7, 4)  # other argument shapes: traced
+  assert len(glob.glob(str(tmp_path / "*.shapes"))) == 3
+
+
+def test_a_binding_changed_at_run_time_changes_the_code_fingerprint(monkeypatch):
+  """A monkeypatched initializer (a wrapper that copies the name of the function it wraps), a
+  replaced method and a changed constant each give another key; undone, the key comes back."""
+  from txf.nn import attention, layers  # pylint: disable=import-outside-toplevel
+  before = fingerprint.code_fingerprint()
+  with monkeypatch.context() as m:
+    m.setattr(attention, "OUT_INIT", attention.xavier)
+    assert fingerprint.code_fingerprint() != before
+  assert fingerprint.code_fingerprint() == before
+  some_class = next(v for v in vars(layers).values()
+                    if isinstance(v, type) and v.__module__ == layers.__name__ and "__call__" in vars(v))
+  with monkeypatch.context() as m:
+    m.setattr(some_class, "__call__", lambda self, *a, **k: None)
+    assert fingerprint.code_fingerprint() != before
+  with monkeypatch.context() as m:
+    m.setattr(program_cache, "SUBDIR", "elsewhere")
+    assert fingerprint.code_fingerprint() != before
+  assert fingerprint.code_fingerprint() == before

@@ -226,18 +226,85 @@ def code_fingerprint() -> str:
   files = set()
   for root, _, names in os.walk(package):
     files.update(os.path.join(root, n) for n in names if n.endswith(".py"))
-  for module in list(sys.modules.values()):
+  own_modules = []
+  for name, module in list(sys.modules.items()):
     path = getattr(module, "__file__", None)
     own = _own_file(path) if isinstance(path, str) else None
     if own is not None:
       files.add(own)
+      own_modules.append((name, module))
   for path in sorted(files):
     if not os.path.isfile(path):
       continue
     h.update(f"{os.path.relpath(path, package) if path.startswith(package) else path}="
              f"{_file_digest(path)}\n".encode())
+  for name, module in sorted(own_modules, key=lambda nm: nm[0]):
+    _describe_bindings(name, module, h)
   h.update(_versions().encode())
   return h.hexdigest()
+
+
+def _describe_bindings(name: str, module: types.ModuleType, h) -> None:
+  """Feeds what ``module``'s names are bound to now, so that a binding changed at run time (a
+  monkeypatched function or constant, a replaced method) changes the fingerprint: functions and
+  classes by where they were defined (a class of this module with its methods), other public
+  values by value where they can be described, by type where not. Private data (``_cache``-like
+  names) is left out: it changes as a run goes."""
+  put = lambda *parts: h.update(("\x1f".join(str(p) for p in parts) + "\x1e").encode())
+  put("bindings", name)
+  for key, value in sorted(vars(module).items(), key=lambda kv: kv[0]):
+    if key.startswith("__"):
+      continue
+    if isinstance(value, types.ModuleType):
+      put(key, "module", value.__name__)
+    elif isinstance(value, (types.FunctionType, type)):
+      put(key, _defined_as(value))
+      if isinstance(value, type) and value.__module__ == name:
+        for attr, member in sorted(vars(value).items(), key=lambda kv: kv[0]):
+          if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)):
+            put(key, attr, _defined_as(getattr(member, "__func__", None) or
+                                       getattr(member, "fget", None) or member))
+    elif not key.startswith("_"):
+      put(key, "value", _value_digest(value))
+
+
+# id -> (the object, its digest), for objects that do not change once made (functions, classes,
+# tuples, strings, numbers, frozen dataclasses): described once a process; the object is held so
+# that its id is not reused
+_memo: Dict[int, Tuple[Any, str]] = {}
+
+
+def _immutable(value) -> bool:
+  if isinstance(value, (types.FunctionType, type, tuple, frozenset, str, bytes, int, float)):
+    return True
+  params = getattr(type(value), "__dataclass_params__", None)
+  return bool(params is not None and params.frozen)
+
+
+def _value_digest(value) -> str:
+  """sha256 hex of ``_describe(value)``, or its type's name where it cannot be described."""
+  hit = _memo.get(id(value))
+  if hit is not None and hit[0] is value:
+    return hit[1]
+  sub = hashlib.sha256()
+  try:
+    _describe(value, sub, {})
+    digest = sub.hexdigest()
+  except Unfingerprintable:
+    digest = f"object {type(value).__module__}.{type(value).__qualname__}"
+  if _immutable(value):
+    _memo[id(value)] = (value, digest)
+  return digest
+
+
+def _defined_as(obj) -> str:
+  """A function's or class's module and qualified name; with its code and what its closure holds
+  when no file holds the code or the function is a closure (a wrapper may copy another's name)."""
+  where = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+  closure = isinstance(obj, types.FunctionType) and (obj.__closure__ or obj.__defaults__)
+  if closure or isinstance(obj, (types.FunctionType, type)) and not _from_file(obj):
+    return f"{where} {_value_digest(obj)}"
+  return where
 
 
 @functools.lru_cache(maxsize=1)

@@ -10,8 +10,9 @@ serialize_executable``) under ``<compile cache folder>/programs``:
                its static arguments and everything its closure holds,
                the dynamic arguments' tree, shapes and dtypes,
                the code: the txf package and every other loaded module outside the Python
-                 installation, by content; the versions of jax, jaxlib, flax, optax, numpy
-                 and Python,
+                 installation, by content, and what their names are bound to now (a
+                 monkeypatched function or constant is seen); the versions of jax, jaxlib,
+                 flax, optax, numpy and Python,
                the jax configuration, the JAX_*/XLA_*/TXF_* environment, the devices and
                  the CPU)
 
@@ -19,6 +20,9 @@ serialize_executable``) under ``<compile cache folder>/programs``:
 XLA:CPU serialises an executable that jax's persistent cache handed back without some of its
 functions, so such a program is used and not kept. After a code change that leaves the lowered
 module as it was, jax's cache keeps serving it, as it did before this cache existed.
+
+A change made at run time inside an installed library (a monkeypatched ``flax`` or ``jax``
+function) is not seen: turn the cache off for such experiments (``TXF_COMPILE_CACHE=off``).
 
 Not cached here, compiled as ``jax.jit`` would: a function whose closure holds something the
 fingerprint cannot describe (an object of unknown kind, a live tracer), multi-process runs, and
@@ -57,6 +61,7 @@ except ImportError:  # a jax without it: an op staged into a trace makes a trace
     return not isinstance(jax.lax.full((), 0), jax.core.Tracer)
 
 SUBDIR = compile_cache.PROGRAMS_SUBDIR
+_SUFFIXES = (".program", ".shapes")  # whole programs; the results of eval_shape
 
 
 # ------------------------------------------------------------------------------------ the store
@@ -71,7 +76,8 @@ def folder() -> Optional[str]:
 
 
 def _read(path: str):
-  """(payload, in_tree, out_tree, device ids) from ``path``, or None when there is none."""
+  """What ``_write`` kept at ``path`` (a program: payload, in_tree, out_tree, device ids), or None
+  when there is none."""
   try:
     with open(path, "rb") as f:
       blob = f.read()
@@ -102,7 +108,7 @@ def _evict(where: str, limit: int) -> None:
     return
   entries = []
   for name in os.listdir(where):
-    if name.endswith(".program"):
+    if name.endswith(_SUFFIXES):
       try:
         st = os.stat(os.path.join(where, name))
       except FileNotFoundError:  # another process evicted it meanwhile
@@ -182,19 +188,10 @@ class CachedJit:
   def _signature(self, args):
     """(tree, ((shape, dtype, weak type) per leaf), ((index, value) per static argument)) of a
     call, this process's key for its program; None when these arguments are not cached here."""
-    dyn = self._dynamic(args)
-    leaves, tree = jax.tree_util.tree_flatten(dyn)
-    avals = []
-    for leaf in leaves:
-      sharding = getattr(leaf, "sharding", None)
-      if isinstance(leaf, jax.Array) and sharding is not None and len(sharding.device_set) > 1:
-        return None
-      shape, dtype = np.shape(leaf), getattr(leaf, "dtype", None)
-      if dtype is None:
-        dtype = np.asarray(leaf).dtype
-      avals.append((tuple(shape), str(dtype), bool(getattr(leaf, "weak_type", False))))
-    statics = tuple((i, args[i]) for i in self._static)
-    return (tree, tuple(avals), statics)
+    described = _avals(self._dynamic(args))
+    if described is None:
+      return None
+    return described + (tuple((i, args[i]) for i in self._static),)
 
   def _program(self, args, wait: bool = True) -> Optional[Callable]:
     where = folder()
@@ -260,6 +257,56 @@ class CachedJit:
       compile_cache.warn(f"a compiled program could not be written ({e.strerror or e}): "
                          "it is compiled again next time")
     return compiled
+
+
+def _avals(args) -> Optional[Tuple[Any, Tuple]]:
+  """(tree, ((shape, dtype, weak type) per leaf)) of arrays or ShapeDtypeStructs; None when a leaf
+  is sharded over several devices."""
+  leaves, tree = jax.tree_util.tree_flatten(args)
+  avals = []
+  for leaf in leaves:
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(leaf, jax.Array) and sharding is not None and len(sharding.device_set) > 1:
+      return None
+    shape, dtype = np.shape(leaf), getattr(leaf, "dtype", None)
+    if dtype is None:
+      dtype = np.asarray(leaf).dtype
+    avals.append((tuple(shape), str(dtype), bool(getattr(leaf, "weak_type", False))))
+  return tree, tuple(avals)
+
+
+def cached_eval_shape(fun: Callable, *args):
+  """``jax.eval_shape(fun, *args)``, its result kept beside the programs and keyed like them (what
+  ``fun``'s closure holds, the arguments' tree, shapes and dtypes, the code, the environment):
+  a warm start does not trace ``fun`` for its shapes. Computed as jax does when the cache is off,
+  in a multi-process run, or when ``fun`` cannot be described."""
+  where = folder()
+  described = _avals(args) if where is not None and jax.process_count() == 1 else None
+  if described is None:
+    return jax.eval_shape(fun, *args)
+  try:
+    closure = closure_fingerprint(fun)
+  except Unfingerprintable:
+    return jax.eval_shape(fun, *args)
+  text = "\n".join(["eval_shape", getattr(fun, "__module__", ""), getattr(fun, "__qualname__", ""),
+                    closure, str(described[0]), repr(described[1]), code_fingerprint(),
+                    environment_fingerprint()])
+  path = os.path.join(where, f"{hashlib.sha256(text.encode()).hexdigest()[:40]}.shapes")
+  try:
+    kept = _read(path)
+    if kept is not None:
+      return kept
+  except Exception as e:  # pylint: disable=broad-except  # an unreadable entry: trace instead
+    compile_cache.warn(f"kept shapes could not be read ({type(e).__name__}: {str(e)[:120]}): "
+                       "traced as usual")
+  out = jax.eval_shape(fun, *args)
+  try:
+    _write(path, out)
+  except (pickle.PicklingError, TypeError, AttributeError):
+    pass  # a result pickle cannot keep: traced again next time
+  except OSError as e:
+    compile_cache.warn(f"shapes could not be written ({e.strerror or e}): traced again next time")
+  return out
 
 
 _REQUESTED = "/jax/compilation_cache/compile_requests_use_cache"

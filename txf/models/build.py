@@ -78,8 +78,10 @@ def param_axes(cfg: TransformerConfig, batch: Dict[str, jnp.ndarray],
 def abstract_params(cfg: TransformerConfig, batch: Dict[str, jnp.ndarray],
                     build: Optional[ModelBuilder] = None):
   """(the parameters as ``jax.ShapeDtypeStruct``s, their logical axes as in ``param_axes``), from
-  one trace of the init; nothing is computed."""
-  boxed = jax.eval_shape(lambda b: init_boxed_params(cfg, jax.random.key(0), b, build), batch)
+  one trace of the init (kept in the program cache: a warm start does not trace); nothing is
+  computed."""
+  boxed = program_cache.cached_eval_shape(
+      lambda b: init_boxed_params(cfg, jax.random.key(0), b, build), batch)
   return nn.unbox(boxed), nn.get_partition_spec(boxed)
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import jax
 
-from txf import compile_cache, families
+from txf import compile_cache, families, program_cache
 from txf import config as config_lib
 from txf import workdir as workdir_lib
 from txf.checkpoint import Checkpointer
@@ -181,7 +181,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
     init_state = lambda: create_train_state(jax.tree_util.tree_map(jax.numpy.asarray, start), tx)
   if start is None:  # one trace of the init gives the state's shapes and the parameters' axes
     shapes, axes = abstract_params(model_cfg, example_batch, model)
-    abstract_state = jax.eval_shape(lambda p: create_train_state(p, tx), shapes)
+    abstract_state = program_cache.cached_eval_shape(lambda p: create_train_state(p, tx), shapes)
   else:
     abstract_state = jax.eval_shape(init_state)
     axes = param_axes(model_cfg, example_batch, model)
