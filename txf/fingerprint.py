@@ -67,7 +67,7 @@ def _describe(obj: Any, h, seen: Dict[int, int]) -> None:
   elif isinstance(obj, type):
     put("class", obj.__module__, obj.__qualname__)
     if not _from_file(obj):  # defined in a notebook cell or by exec: its body is part of it
-      for name, value in sorted(vars(obj).items()):
+      for name, value in sorted(vars(obj).copy().items()):
         if not name.startswith("__") or name == "__call__":
           put("attribute", name)
           _describe(value, h, seen)
@@ -119,14 +119,15 @@ def _describe(obj: Any, h, seen: Dict[int, int]) -> None:
     for item in sorted(obj, key=repr):
       _describe(item, h, seen)
   elif isinstance(obj, dict) or hasattr(obj, "to_dict") and hasattr(obj, "items"):
-    items = sorted(obj.items(), key=lambda kv: repr(kv[0]))
+    mapping = obj.copy() if isinstance(obj, dict) else obj  # a copy: no change mid-iteration
+    items = sorted(mapping.items(), key=lambda kv: repr(kv[0]))
     put("mapping", kind.__module__, kind.__qualname__, len(items))
     for k, v in items:
       _describe(k, h, seen)
       _describe(v, h, seen)
   elif hasattr(obj, "__dict__") and not callable(obj) and kind.__module__.split(".")[0] in ("flax",):
     put("object", kind.__module__, kind.__qualname__)  # flax's sentinels (an unset parent)
-    _describe(dict(vars(obj)), h, seen)
+    _describe(vars(obj).copy(), h, seen)
   else:
     raise Unfingerprintable(f"{kind.__module__}.{kind.__qualname__}")
 
@@ -227,7 +228,9 @@ def code_fingerprint() -> str:
   for root, _, names in os.walk(package):
     files.update(os.path.join(root, n) for n in names if n.endswith(".py"))
   own_modules = []
-  for name, module in list(sys.modules.items()):
+  # one copy in one C call: iterating sys.modules itself allocates, and a collection run then
+  # may call a finaliser that imports (seen in CI: "dictionary changed size during iteration")
+  for name, module in sys.modules.copy().items():
     path = getattr(module, "__file__", None)
     own = _own_file(path) if isinstance(path, str) else None
     if own is not None:
@@ -252,7 +255,7 @@ def _describe_bindings(name: str, module: types.ModuleType, h) -> None:
   names) is left out: it changes as a run goes."""
   put = lambda *parts: h.update(("\x1f".join(str(p) for p in parts) + "\x1e").encode())
   put("bindings", name)
-  for key, value in sorted(vars(module).items(), key=lambda kv: kv[0]):
+  for key, value in sorted(vars(module).copy().items(), key=lambda kv: kv[0]):
     if key.startswith("__"):
       continue
     if isinstance(value, types.ModuleType):
@@ -260,7 +263,7 @@ def _describe_bindings(name: str, module: types.ModuleType, h) -> None:
     elif isinstance(value, (types.FunctionType, type)):
       put(key, _defined_as(value))
       if isinstance(value, type) and value.__module__ == name:
-        for attr, member in sorted(vars(value).items(), key=lambda kv: kv[0]):
+        for attr, member in sorted(vars(value).copy().items(), key=lambda kv: kv[0]):
           if isinstance(member, (types.FunctionType, staticmethod, classmethod, property)):
             put(key, attr, _defined_as(getattr(member, "__func__", None) or
                                        getattr(member, "fget", None) or member))
