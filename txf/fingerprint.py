@@ -229,7 +229,7 @@ def code_fingerprint() -> str:
     files.update(os.path.join(root, n) for n in names if n.endswith(".py"))
   own_modules = []
   # one copy in one C call: iterating sys.modules itself allocates, and a collection run then
-  # may call a finaliser that imports (seen in CI: "dictionary changed size during iteration")
+  # may call a finaliser that imports ("dictionary changed size during iteration")
   for name, module in sys.modules.copy().items():
     path = getattr(module, "__file__", None)
     own = _own_file(path) if isinstance(path, str) else None
