@@ -288,3 +288,16 @@ def test_a_binding_changed_at_run_time_changes_the_code_fingerprint(monkeypatch)
     m.setattr(program_cache, "SUBDIR", "elsewhere")
     assert fingerprint.code_fingerprint() != before
   assert fingerprint.code_fingerprint() == before
+
+
+def test_the_fingerprint_is_the_same_in_every_process():
+  """Each process seeds string hashing anew, so a set literal in code iterates in another order:
+  the fingerprint of code holding one, and of txf's modules, must not follow it."""
+  script = ("from txf import fingerprint\n"
+            "def f(x):\n  return x in {'alpha', 'beta', 'gamma', 'delta'}\n"
+            "import txf.train.loop\n"
+            "print(fingerprint.closure_fingerprint(f), fingerprint.code_fingerprint())")
+  outs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONHASHSEED": str(seed)},
+                         timeout=120).stdout for seed in (1, 2, 3)}
+  assert len(outs) == 1 and len(next(iter(outs)).split()) == 2, outs

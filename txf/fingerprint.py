@@ -174,7 +174,17 @@ def _describe_code(code: types.CodeType, put) -> None:
     if isinstance(const, types.CodeType):
       _describe_code(const, put)
     else:
-      put("const", type(const).__name__, repr(const))
+      put("const", type(const).__name__, _const_repr(const))
+
+
+def _const_repr(const) -> str:
+  """A code constant's repr, the same in every process: a frozenset's (``x in {"a", "b"}``)
+  elements sorted, since their order follows string hashing, which each process seeds anew."""
+  if isinstance(const, frozenset):
+    return "frozenset(" + ", ".join(sorted(_const_repr(c) for c in const)) + ")"
+  if isinstance(const, tuple):
+    return "(" + ", ".join(_const_repr(c) for c in const) + ")"
+  return repr(const)
 
 
 def _global_names(code: types.CodeType) -> Iterable[str]:
