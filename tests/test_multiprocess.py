@@ -213,6 +213,32 @@ def test_a_workdir_conflict_on_process_0_stops_every_process_with_its_error(tmp_
   assert os.listdir(workdir) == ["notes.txt"]  # nothing written
 
 
+LATE_FAILURE = """
+import time
+from txf import supervise
+from txf.parallel import distributed
+distributed._initialize(supervise.distributed_args())  # no failure watch: stop_all alone hands over
+import jax
+if jax.process_index() == 1:
+  time.sleep(6)  # process 0 has published the failure long ago and waits for this process
+distributed.stop_all('txf: error: the same failure on every process', 2)
+"""
+
+
+def test_a_process_that_meets_another_processs_failure_in_stop_all_exits_with_it_at_once():
+  # both fail with the same error (main_first raises it everywhere); process 1 reaches stop_all
+  # 6 s after process 0 published it. Process 0 must still be up (its coordination service with
+  # it) when process 1 exits: process 1 acknowledges and exits at once, process 0 after that.
+  status, out, seconds = _launch(2, 1, [sys.executable, "-c", LATE_FAILURE], timeout=90,
+                                 kill_after=60)
+  errors = [line for line in out.splitlines() if "txf: error:" in line]
+  assert sorted(e[:4] for e in errors) == ["[0] ", "[1] "], out[-3000:]
+  assert all(e.endswith("the same failure on every process") for e in errors), out[-3000:]
+  assert status == 2 and "process 1 exit status 2" in out and "process 0 exit status 2" in out, \
+      out[-3000:]
+  assert seconds < 60, seconds
+
+
 WORKER = """
 import os, sys, time
 from txf.parallel import distributed

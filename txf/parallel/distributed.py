@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 
@@ -203,13 +203,10 @@ def start_failure_watch() -> None:
       status, origin, line = value.split("|", 2)
       if int(origin) == me or _state["done"]:
         return
-      try:
-        client.key_value_set(f"txf/ack/{me}", "1")
-      except Exception:  # pylint: disable=broad-except
-        pass
-      if me == 0:  # the coordination service lives here: let the failing process exit first
-        time.sleep(3.0)
-      _say_and_exit(line, int(status))
+      if not _state["lock"].acquire(blocking=False):
+        time.sleep(3600)  # another thread is already ending this process
+      _state["done"] = True
+      _acknowledge_and_exit(client, int(status), line)
 
   def watchdog():  # the store does not answer (a stopped coordinator): the watch is stuck in it
     stale = 0
@@ -242,7 +239,9 @@ def stop_all(line: str, status: int) -> None:
   try:
     client.key_value_set(_FAILURE_KEY, f"{status}|{me}|{line}")
   except Exception:  # pylint: disable=broad-except  # another process's failure came first
-    pass
+    first = _published_failure(client)
+    if first is not None and first[1] != me:  # stop with it now, as the failure watch would:
+      _acknowledge_and_exit(client, first[0], first[2])  # its process waits for this
   deadline = time.time() + ACK_TIMEOUT
   for p in range(count):
     if p == me:
@@ -252,6 +251,29 @@ def stop_all(line: str, status: int) -> None:
     except Exception:  # pylint: disable=broad-except  # gone already, or failed itself
       pass
   if me == 0:  # the coordination service lives here: let the others exit before it goes away
+    time.sleep(3.0)
+  _say_and_exit_now(line, status)
+
+
+def _published_failure(client) -> Optional[Tuple[int, int, str]]:
+  """(status, process, line) of the failure a process published with ``stop_all``, or None."""
+  try:
+    value = client.key_value_try_get(_FAILURE_KEY)
+  except Exception:  # pylint: disable=broad-except  # none, or the store is gone
+    return None
+  status, origin, line = value.split("|", 2)
+  return int(status), int(origin), line
+
+
+def _acknowledge_and_exit(client, status: int, line: str) -> None:
+  """Another process published a failure: tell it this process has seen it, then exit with its
+  ``line`` and ``status`` (process 0, which holds the coordination service, after giving the
+  others time to exit first)."""
+  try:
+    client.key_value_set(f"txf/ack/{jax.process_index()}", "1")
+  except Exception:  # pylint: disable=broad-except
+    pass
+  if jax.process_index() == 0:
     time.sleep(3.0)
   _say_and_exit_now(line, status)
 
