@@ -118,6 +118,26 @@ def test_translate_warns_on_overlong_line(translated):
   assert result.stdout.split("\n")[lineno - 1].strip()  # still translated
 
 
+def test_translate_and_eval_decode_with_bfloat16_weights_when_asked(copy_run, held_out, tmp_path):
+  """--decode_dtype bfloat16: the same trained copy model decoded with its weights cast to bfloat16
+  still copies the held-out sources; the spec says so in translate's summary and eval's report."""
+  path = tmp_path / "src.txt"
+  path.write_text("\n".join(held_out) + "\n")
+  result = _txf("translate", f"--workdir={copy_run}", f"--input={path}", "--beam=2",
+                "--batch_size=8", "--decode_dtype=bfloat16")
+  assert result.returncode == 0, result.stderr
+  assert "beam 2, gnmt alpha 0.6, bfloat16 weights" in result.stderr
+  out = result.stdout.splitlines()
+  assert len(out) == len(held_out)
+  assert sum(src == hyp for src, hyp in zip(held_out, out)) >= 0.8 * len(held_out), out
+  report_path = tmp_path / "report.json"
+  ev = _txf("eval", f"--workdir={copy_run}", "--split=test", "--max_examples=16", "--batch_size=8",
+            "--decode_dtype=bfloat16", f"--output={report_path}")
+  assert ev.returncode == 0, ev.stderr
+  report = json.loads(report_path.read_text())
+  assert report["decoding"]["weights_dtype"] == "bfloat16" and report["exact_match"] >= 0.8
+
+
 def test_translate_without_trained_params_is_a_clear_error(copy_run, tmp_path):
   shutil.copy(os.path.join(copy_run, "config.json"), tmp_path / "config.json")
   message = _user_error(_txf("translate", f"--workdir={tmp_path}", stdin="s1 s2\n"))

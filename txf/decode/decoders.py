@@ -14,12 +14,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Task, pad_batch
-from txf.decode.adapter import expand_cache, init_cache, make_logits_fn, reorder_cache
+from txf.decode.adapter import (cast_for_decoding, expand_cache, init_cache, make_logits_fn,
+                                reorder_cache)
 from txf.decode.beam import beam_search
 from txf.decode.greedy import greedy_decode
 from txf.decode.sampling import sample
 from txf.decode.spec import DecodingSpec
 from txf.nn import TransformerConfig
+
+
+def decoding_model(model_cfg: TransformerConfig, params, spec: DecodingSpec):
+  """(model_cfg, params) to decode with, inside the compiled call: as given, or with
+  ``spec.weights_dtype`` the weights cast to it and the compute dtype set to it
+  (:func:`txf.decode.adapter.cast_for_decoding`). The cast runs once per call, before the search
+  loop; the parameters passed in keep their dtype, layout and shardings."""
+  if not spec.weights_dtype:
+    return model_cfg, params
+  return cast_for_decoding(model_cfg, params, spec.weights_dtype)
 
 
 @functools.lru_cache(maxsize=16)
@@ -30,13 +41,14 @@ def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: in
   ``run`` takes its row count from ``inputs`` (under pmap each device sees batch_size / devices
   rows). Decoders start from ``model_cfg.decoder_start_id``; beam search scores and stops as
   ``spec`` says (txf.decode.beam); ``spec.banned_ids`` (and PAD when ``model_cfg.forbid_pad``)
-  are never generated."""
+  are never generated; ``spec.weights_dtype`` sets the weights' dtype (:func:`decoding_model`)."""
   never = tuple(sorted(set(spec.banned_ids) | ({PAD_ID} if model_cfg.forbid_pad else set())))
 
   def run(params, inputs):
     rows = inputs.shape[0]
-    cache = init_cache(model_cfg, params, rows, max_len, inputs)
-    logits_fn = make_logits_fn(model_cfg, params)
+    cfg, params = decoding_model(model_cfg, params, spec)
+    cache = init_cache(cfg, params, rows, max_len, inputs)
+    logits_fn = make_logits_fn(cfg, params)
     if spec.greedy:
       return greedy_decode(logits_fn, cache, rows, max_len,
                            bos_id=model_cfg.decoder_start_id, never_ids=never)
@@ -115,8 +127,9 @@ def compiled_sampler(model_cfg: TransformerConfig, num_samples: int, prompt_len:
   drawn with ``spec``'s temperature, top_k and top_p."""
 
   def run_sampler(params, prompts, rng):
-    cache = init_cache(model_cfg, params, num_samples, prompt_len + max_new_tokens)
-    return sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, rng,
+    cfg, params = decoding_model(model_cfg, params, spec)
+    cache = init_cache(cfg, params, num_samples, prompt_len + max_new_tokens)
+    return sample(text_logits_fn(make_logits_fn(cfg, params)), cache, prompts, rng,
                   max_new_tokens, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
                   bos_id=model_cfg.decoder_start_id)
 
@@ -146,8 +159,9 @@ def compiled_ragged_sampler(model_cfg: TransformerConfig, rows: int, prompt_len:
   the other rows of the batch. Draws with ``spec``'s temperature, top_k and top_p."""
 
   def run_sampler(params, prompts, lengths, keys):
-    cache = init_cache(model_cfg, params, rows, prompt_len + max_new_tokens)
-    return sample(text_logits_fn(make_logits_fn(model_cfg, params)), cache, prompts, keys,
+    cfg, params = decoding_model(model_cfg, params, spec)
+    cache = init_cache(cfg, params, rows, prompt_len + max_new_tokens)
+    return sample(text_logits_fn(make_logits_fn(cfg, params)), cache, prompts, keys,
                   max_new_tokens, temperature=spec.temperature, top_k=spec.top_k,
                   top_p=spec.top_p, prompt_lengths=lengths, bos_id=model_cfg.decoder_start_id)
 

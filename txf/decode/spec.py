@@ -31,6 +31,10 @@ class DecodingSpec:
   banned_ids: ids never generated (beside PAD for a model with ``forbid_pad``).
   temperature, top_k, top_p: sampling (language models): 0 temperature = greedy; top_k 0 and
     top_p 1 = no filtering.
+  weights_dtype: "" decodes with the run's own weights and compute dtype; "bfloat16" (or
+    "float32") casts the weights to it once per call and computes in it (LayerNorm statistics,
+    softmax and the matmuls' accumulation stay float32): on a CPU with AVX512-BF16 the matmuls run
+    on its bf16 units (txf.decode.adapter.cast_for_decoding).
   """
   beam_size: int = 1
   alpha: float = 0.6
@@ -41,6 +45,7 @@ class DecodingSpec:
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
+  weights_dtype: str = ""
 
   def __post_init__(self):
     # normalise types so equal settings hash equal (0.6 from a flag, 0.6 from a config)
@@ -52,6 +57,7 @@ class DecodingSpec:
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
     object.__setattr__(self, "top_p", float(self.top_p))
+    object.__setattr__(self, "weights_dtype", str(self.weights_dtype or ""))
 
   @property
   def greedy(self) -> bool:
@@ -68,6 +74,9 @@ class DecodingSpec:
     if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
       raise TxfError(f"sampling settings temperature={self.temperature}, top_k={self.top_k}, "
                      f"top_p={self.top_p}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1")
+    if self.weights_dtype not in WEIGHTS_DTYPES:
+      raise TxfError(f"decode_dtype={self.weights_dtype!r} (--decode_dtype): use one of "
+                     f"{', '.join(d for d in WEIGHTS_DTYPES if d)} (or leave it out: the run's own)")
     return self
 
   def replace(self, **changes: Any) -> "DecodingSpec":
@@ -75,13 +84,15 @@ class DecodingSpec:
     return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
   def describe(self) -> str:
-    """One phrase for logs: ``greedy`` or ``beam 4, gnmt alpha 0.6, early stopping``."""
+    """One phrase for logs: ``greedy`` or ``beam 4, gnmt alpha 0.6, early stopping`` (and
+    ``, bfloat16 weights`` with a ``weights_dtype``)."""
+    weights = f", {self.weights_dtype} weights" if self.weights_dtype else ""
     if self.greedy:
-      return "greedy"
+      return "greedy" + weights
     stop = ", early stopping" if self.early_stopping else ""
     penalty = self.length_penalty if self.length_penalty in ("average", "none") else \
         f"{self.length_penalty} alpha {self.alpha:g}"
-    return f"beam {self.beam_size}, {penalty}{stop}"
+    return f"beam {self.beam_size}, {penalty}{stop}{weights}"
 
   def as_dict(self) -> dict:
     """The fields as plain JSON values (reports, exports)."""
@@ -99,9 +110,12 @@ class DecodingSpec:
     base = cls(beam_size=get("beam_size", 1), alpha=get("alpha", 0.6),
                length_penalty=get("length_penalty", "gnmt"),
                early_stopping=get("early_stopping", False),
-               max_extra=get("decode_max_extra", 50))
+               max_extra=get("decode_max_extra", 50), weights_dtype=get("decode_dtype", ""))
     return base.replace(**overrides)
 
+
+# What DecodingSpec.weights_dtype may be: "" = the run's own dtype
+WEIGHTS_DTYPES = ("", "float32", "bfloat16")
 
 # What ``txf generate`` and ``txf.inference.sample_texts`` draw with unless told otherwise.
 SAMPLING = DecodingSpec(temperature=0.8, top_p=0.95)
