@@ -3,6 +3,7 @@
   python -m bench.decode --config small --batch 8
   python -m bench.decode --config transformer_tiny --batch 32 --beam 5 --lengths 32 \
     --num_kv_heads 4 2 1
+  python -m bench.decode --config small --batch 16 --lengths 32 --weights_dtypes float32 bfloat16
 
 Prints decode tokens/s (output tokens of the batch, B * L, per second of steady-state time; beam
 search runs B * K rows to produce them), compile seconds (``jit(...).lower().compile()``, apart
@@ -16,10 +17,12 @@ that fixed-size buffer (positions after the current one are masked by causality)
 step serves all steps. Only the needed position goes through the output projection. Decoding is forced to the
 asked length with ``eos_id=-1`` (never produced). The model is randomly initialised.
 
-The cached decoder runs as a user runs it: parameters prepared once
+The cached decoder's parameters are prepared once
 (:func:`~txf.decode.adapter.prepare_for_decoding`: optional bf16 cast, transposed output table)
 and passed to the jit'd call as arguments, beam search with the model's beam-layout cache
 (:func:`~txf.decode.adapter.expand_cache` / :func:`~txf.decode.adapter.reorder_cache`).
+``txf translate`` passes the model's own parameters and, with ``--decode_dtype``, casts them inside
+the call; ``--weights_dtypes`` times that path.
 """
 
 import argparse
@@ -32,7 +35,8 @@ from typing import List, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
-from txf.decode import beam_search, gather_rows, greedy_decode
+from txf.decode import DecodingSpec, beam_search, gather_rows, greedy_decode
+from txf.decode.decoders import decoding_model
 from txf.decode.adapter import (cast_for_decoding, expand_cache, init_cache, init_uncached_cache,
                                 make_logits_fn, make_uncached_logits_fn, prepare_for_decoding,
                                 reorder_cache)
@@ -50,11 +54,17 @@ CONFIGS = {
 }
 
 
-def decode_fn(cfg, method: str, cached: bool, batch: int, length: int, beam: int):
+def decode_fn(cfg, method: str, cached: bool, batch: int, length: int, beam: int,
+              spec: DecodingSpec = DecodingSpec()):
   """jit'd ``run(params, inputs [B, S]) -> ids``: build the cache (encoder included), decode
   ``length`` tokens. ``params``: the model's, or :func:`~txf.decode.adapter.prepare_for_decoding`'s
-  (with its ``cfg``)."""
+  (with its ``cfg``); ``spec.weights_dtype`` casts them inside the call, as ``txf translate``
+  does (:func:`txf.decode.decoders.decoding_model`)."""
   def run(params, inputs):
+    cfg_, params = decoding_model(cfg, params, spec)
+    return _run(cfg_, params, inputs)
+
+  def _run(cfg, params, inputs):
     if cached:
       cache, fn = init_cache(cfg, params, batch, length, inputs), make_logits_fn(cfg, params)
     else:
@@ -197,6 +207,61 @@ def kv_heads_benchmark(model_cfg: TransformerConfig, kv_heads: Sequence[int], ba
   return rows
 
 
+def weights_benchmark(model_cfg: TransformerConfig, dtypes: Sequence[str], batch_size: int,
+                      length: int, beam_size: int, rounds: int = 3, source_len: int = 32,
+                      seed: int = 0) -> List[dict]:
+  """Cached greedy and beam search with the weights cast to each of ``dtypes`` inside the call
+  (``DecodingSpec.weights_dtype``, as ``txf translate --decode_dtype`` runs; "float32" = the
+  float32 model as it is), timed in alternating rounds like :func:`kv_heads_benchmark`.
+
+  One random float32 model; each (method, dtype) arm compiled once. Rows: method, weights,
+  tokens_per_s (batch_size · length / median seconds), ``speedup`` over the first dtype's arm of
+  the same method, ``same_ids`` (the arm's ids equal the first dtype's: 1.0 = all rows).
+  """
+  rng_params, rng_src = jax.random.split(jax.random.key(seed))
+  cfg = dataclasses.replace(model_cfg, max_len=max(model_cfg.max_len, length))
+  inputs = jax.random.randint(rng_src, (batch_size, source_len), 4, cfg.vocab_size, jnp.int32)
+  params = init_params(cfg, rng_params, {"targets": jnp.ones((1, 8), jnp.int32),
+                                         "inputs": jnp.ones((1, 8), jnp.int32)})
+  arms = []
+  for method in ("greedy", f"beam{beam_size}"):
+    for dtype in dtypes:
+      spec = DecodingSpec(weights_dtype="" if dtype == "float32" else dtype)
+      start = time.perf_counter()
+      compiled = decode_fn(cfg, method, True, batch_size, length, beam_size,
+                           spec).lower(params, inputs).compile()
+      arms.append(dict(method=method, weights=dtype, run=lambda c=compiled: c(params, inputs),
+                       times=[], compile_s=time.perf_counter() - start))
+  for arm in arms:
+    arm["ids"] = jax.device_get(arm["run"]())
+  for _ in range(max(rounds, 1)):
+    for arm in arms:
+      start = time.perf_counter()
+      jax.block_until_ready(arm["run"]())
+      arm["times"].append(time.perf_counter() - start)
+  rows, first = [], {}
+  for arm in arms:
+    seconds = statistics.median(arm["times"])
+    base = first.setdefault(arm["method"], dict(arm, seconds=seconds))
+    rows.append(dict(method=arm["method"], weights=arm["weights"], batch=batch_size, length=length,
+                     compile_s=arm["compile_s"], seconds=seconds, runs=len(arm["times"]),
+                     tokens_per_s=batch_size * length / seconds, speedup=base["seconds"] / seconds,
+                     same_ids=float((arm["ids"] == base["ids"]).all(axis=-1).mean())))
+  return rows
+
+
+def format_weights_table(rows: List[dict]) -> str:
+  """:func:`weights_benchmark`'s rows as a fixed-width text table."""
+  head = (f"{'method':<8} {'weights':<9} {'batch':>5} {'len':>4} {'compile s':>9} {'run s':>8} "
+          f"{'runs':>4} {'tok/s':>9} {'speed-up':>8} {'same ids':>8}")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    lines.append(f"{r['method']:<8} {r['weights']:<9} {r['batch']:>5} {r['length']:>4} "
+                 f"{r['compile_s']:>9.2f} {r['seconds']:>8.3f} {r['runs']:>4} "
+                 f"{r['tokens_per_s']:>9.1f} {r['speedup']:>7.2f}x {r['same_ids']:>8.2f}")
+  return "\n".join(lines)
+
+
 def format_kv_table(rows: List[dict]) -> str:
   """:func:`kv_heads_benchmark`'s rows as a fixed-width text table."""
   head = (f"{'kv heads':>8} {'batch':>5} {'beam':>4} {'len':>4} {'compile s':>9} {'run s':>8} "
@@ -237,6 +302,11 @@ def main(argv=None) -> None:
   parser.add_argument("--num_kv_heads", type=int, nargs="+", default=None,
                       help="compare cached beam search across these K/V head counts (0 = "
                            "num_heads) at the first of --lengths, in --repeats alternating rounds")
+  parser.add_argument("--weights_dtypes", nargs="+", default=None,
+                      choices=("float32", "bfloat16"),
+                      help="compare cached greedy and beam decoding with the weights cast to each "
+                           "(txf translate --decode_dtype) at the first of --lengths, in --repeats "
+                           "alternating rounds")
   args = parser.parse_args(argv)
   cfg = TransformerConfig(family=args.family, **CONFIGS[args.config])
   print(f"decode benchmark: {args.config} {args.family} (d_model {cfg.d_model}, layers "
@@ -249,6 +319,13 @@ def main(argv=None) -> None:
       parser.error("--num_kv_heads compares the encoder-decoder's beam search")
     print(format_kv_table(kv_heads_benchmark(cfg, args.num_kv_heads, args.batch, args.lengths[0],
                                              args.beam, args.repeats, args.source_len)))
+    return
+  if args.weights_dtypes:
+    if args.family != "encoder_decoder":
+      parser.error("--weights_dtypes compares the encoder-decoder's decoding")
+    print(format_weights_table(weights_benchmark(cfg, args.weights_dtypes, args.batch,
+                                                 args.lengths[0], args.beam, args.repeats,
+                                                 args.source_len)))
     return
   rows = decode_benchmark(cfg, args.batch, tuple(args.lengths), args.beam, args.repeats,
                           args.source_len, args.max_seconds)

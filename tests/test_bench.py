@@ -100,6 +100,23 @@ def test_cpu_step_costs_report_every_field():
   assert c["wall_s"] > 0 and c["user_s"] >= 0 and c["minor_faults"] >= 0
 
 
+def test_weights_benchmark_times_each_dtype_and_compares_its_ids():
+  """Each (method, dtype) arm: float32 first (speed-up 1, the same ids as itself), the bfloat16 arm
+  decodes every row the same length; its rows' ids are compared with float32's."""
+  from bench import decode as bench_decode
+  from txf.nn import TransformerConfig
+  cfg = TransformerConfig(family="encoder_decoder", d_model=16, num_encoder_layers=1,
+                          num_decoder_layers=1, num_heads=2, d_ff=32, vocab_size=32, max_len=16)
+  rows = bench_decode.weights_benchmark(cfg, ["float32", "bfloat16"], 2, 4, 2, rounds=2,
+                                        source_len=5)
+  assert [(r["method"], r["weights"]) for r in rows] == [
+      ("greedy", "float32"), ("greedy", "bfloat16"), ("beam2", "float32"), ("beam2", "bfloat16")]
+  assert rows[0]["speedup"] == 1.0 and rows[2]["speedup"] == 1.0
+  assert rows[0]["same_ids"] == 1.0 and all(0.0 <= r["same_ids"] <= 1.0 for r in rows)
+  assert all(r["runs"] == 2 and r["tokens_per_s"] == pytest.approx(2 * 4 / r["seconds"]) for r in rows)
+  assert "same ids" in bench_decode.format_weights_table(rows)
+
+
 def test_kv_heads_benchmark_reports_each_arm_and_its_cache():
   from bench import decode as bench_decode
   from txf.nn import TransformerConfig

@@ -65,6 +65,7 @@ RUN = {
     # Decoding and evaluation, on the runs made above
     "printf 'the big dog sees a small cat\\nthe small cats see the dog\\n' > sources.txt": "",
     "txf translate --workdir runs/default --beam 4 --alpha 0.6 < sources.txt > hyps.txt": "",
+    "txf translate --workdir runs/default --beam 4 --decode_dtype bfloat16 < sources.txt > hyps16.txt": "",
     'echo "the big dog sees a small cat" | txf translate --workdir runs/default': "",
     "txf eval --workdir runs/default --split test --beam 4": "--max_examples=8",
     "TXF_DATA=../shared/data txf eval --workdir runs/sst2 --split dev": "",
