@@ -48,7 +48,18 @@ TXF_FLAGS = {"txf": [], "txf-attn-dropout": ["--attention_dropout", "0.1", "--no
 _TORCH_AUTOCAST = ("import runpy, sys, torch; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
                    "torch.autocast('cpu', dtype=torch.bfloat16).__enter__(); "
                    "runpy.run_path(path, run_name='__main__')")
-CONFIGS = ("small", "base")
+CONFIGS = ("small", "base", "transformer_tiny")
+# Configs the peers' harness does not know, in its own size keys: a wrapper adds them to the
+# harness script's CONFIGS table before its main() runs. Transformer-Tiny is
+# experiments/multi30k_en_de_tiny.py's model and batch (bench.train.BENCH_CONFIGS["transformer_tiny"]:
+# one 8k table for both languages, 64 rows x 64 tokens a side); the harness keeps its dropout 0.1
+# where txf's tiny row draws 0.3, the same work per step.
+HARNESS_EXTRA = {"transformer_tiny": dict(V=8000, d=128, f=256, h=4, L=4, B=64, S=64, T=64)}
+_WITH_CONFIG = ("import importlib.util, json, sys; path, extra = sys.argv[1], json.loads(sys.argv[2]); "
+                "sys.argv = [path] + sys.argv[3:]; {prelude}"
+                "spec = importlib.util.spec_from_file_location('txf_peer_harness', path); "
+                "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; "
+                "spec.loader.exec_module(m); m.CONFIGS.update(extra); m.main()")
 
 
 def cpu_model() -> str:
@@ -226,14 +237,24 @@ def command(system: str, config: str, harness: str, peers_venv: Optional[str],
             ] + TXF_FLAGS[system] + (["--bf16_decode"] if bf16_decode and system == "txf" else [])
   python = os.path.join(peers_venv, "bin", "python")
   if system == "torch-bf16":
-    return [python, "-c", _TORCH_AUTOCAST, os.path.join(harness, "bench_torch.py"), "--peer",
-            "torch-eager", "--config", config, "--phase", "train", "--steps", str(steps)]
-  if system == "flax-wmt":
-    return [python, os.path.join(harness, "bench_flax.py"), "--wmt_dir", flaxwmt, "--config", config,
-            "--phase", "both", "--steps", str(steps), "--decode-reps", str(decode_reps)]
-  phase = "both" if system == "marian" else "train"
-  return [python, os.path.join(harness, "bench_torch.py"), "--peer", system, "--config", config,
-          "--phase", phase, "--steps", str(steps), "--decode-reps", str(decode_reps)]
+    script, args = "bench_torch.py", ["--peer", "torch-eager", "--config", config, "--phase",
+                                      "train", "--steps", str(steps)]
+  elif system == "flax-wmt":
+    script, args = "bench_flax.py", ["--wmt_dir", flaxwmt, "--config", config, "--phase", "both",
+                                     "--steps", str(steps), "--decode-reps", str(decode_reps)]
+  else:
+    script, args = "bench_torch.py", ["--peer", system, "--config", config, "--phase",
+                                      "both" if system == "marian" else "train", "--steps",
+                                      str(steps), "--decode-reps", str(decode_reps)]
+  path = os.path.join(harness, script)
+  if config in HARNESS_EXTRA:
+    prelude = ("import torch; torch.autocast('cpu', dtype=torch.bfloat16).__enter__(); "
+               if system == "torch-bf16" else "")
+    return [python, "-c", _WITH_CONFIG.format(prelude=prelude), path,
+            json.dumps({config: HARNESS_EXTRA[config]})] + args
+  if system == "torch-bf16":
+    return [python, "-c", _TORCH_AUTOCAST, path] + args
+  return [python, path] + args
 
 
 def parse_records(stdout: str) -> List[dict]:

@@ -5,6 +5,9 @@ expected medians and ratios are worked by hand.
 """
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -117,6 +120,45 @@ def test_commands_name_the_harness_scripts():
   assert peers.command("txf", "small", "/h", "/v", None, 3, 2)[1:4] == ["-m", "bench.peers",
                                                                          "--worker"]
   assert peers.command("txf", "small", "/h", "/v", None, 3, 2, bf16_decode=True)[-1] == "--bf16_decode"
+
+
+FAKE_HARNESS = """
+import argparse, json
+CONFIGS = {"small": dict(V=8000, d=256, f=1024, h=4, L=3, B=64, S=32, T=32)}
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--config", choices=list(CONFIGS))
+  p.add_argument("--peer", default="torch-eager")
+  a, _ = p.parse_known_args()
+  print(json.dumps(dict(peer=a.peer, config=a.config, sizes=CONFIGS[a.config])))
+if __name__ == "__main__":
+  main()
+"""
+
+
+@pytest.mark.parametrize("system", ["marian", "flax-wmt"])
+def test_a_config_the_harness_lacks_is_added_to_its_table_before_it_runs(tmp_path, system):
+  """transformer_tiny: the harness script (here a stand-in with only 'small') is run with the
+  tiny sizes added to its CONFIGS, so its own argument parser accepts the config."""
+  for name in ("bench_torch.py", "bench_flax.py"):
+    (tmp_path / name).write_text(FAKE_HARNESS)
+  venv = tmp_path / "venv" / "bin"
+  venv.mkdir(parents=True)
+  os.symlink(sys.executable, venv / "python")
+  argv = peers.command(system, "transformer_tiny", str(tmp_path), str(tmp_path / "venv"), "/f", 3, 2)
+  out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  assert record["config"] == "transformer_tiny"
+  assert record["sizes"] == dict(V=8000, d=128, f=256, h=4, L=4, B=64, S=64, T=64)
+  # the sizes are bench.train's Transformer-Tiny
+  from bench import train as train_bench
+  tiny = train_bench.BENCH_CONFIGS["transformer_tiny"]
+  model = tiny["model"]
+  assert (model["d_model"], model["d_ff"], model["num_heads"], model["num_encoder_layers"],
+          model["vocab_size"], tiny["batch"], tiny["source_len"]) == (128, 256, 4, 4, 8000, 64, 64)
+  # a config the harness knows runs its script as it is
+  assert peers.command(system, "small", "/h", "/v", "/f", 3, 2)[1].startswith("/h/bench_")
 
 
 def test_sitting_interleaves_systems_and_saves_after_every_process(monkeypatch):
