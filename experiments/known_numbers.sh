@@ -10,7 +10,8 @@
 #   TRAIN_FLAGS="--config.time_limit_minutes=70" bash experiments/known_numbers.sh m30k  # extra train flags
 #
 # Runs: m30k (raw cased text, both BLEU protocols), m30k_tiny (the papers' lowercased tokenized
-# files, Transformer-Tiny, tok-lc BLEU beside Wu et al. 2021), sst2 (dev, then test once with the
+# files, Transformer-Tiny, tok-lc BLEU beside Wu et al. 2021), m30k_span (T5's span corruption on
+# Multi30k's training text, then m30k_tiny's model from it in m30k_tiny's wall time), sst2 (dev, then test once with the
 # parameters dev chose), sst2_pretrained (masked-LM pretraining on SST-2's own training text, then
 # the same fine-tuning and scoring), shakespeare (default: m30k m30k_tiny sst2 shakespeare).
 set -euo pipefail
@@ -35,6 +36,19 @@ score_sst2() {  # score_sst2 W: dev for the final and the best-on-dev parameters
   paste "$w/samples.pred" "$w/samples.gold.tsv" > "$w/samples.tsv"
 }
 
+score_m30k_tiny() {  # score_m30k_tiny W: the last 10 (the paper's) or 5 checkpoints averaged, chosen
+                     # on val with beam 5; test2016 once with val's choice
+  local w=$1 n chosen
+  for n in 10 5; do
+    txf average-checkpoints --workdir "$w" --last $n
+    txf eval --workdir "$w" --split val --beam 5 --bleu tok-lc --params params_avg$n.msgpack \
+      --output "$w/eval_val_avg$n.json"
+  done
+  chosen=$(python -c 'import json, sys; b = {n: json.load(open(f"{sys.argv[1]}/eval_val_avg{n}.json"))["bleu"]
+    for n in (10, 5)}; print(f"params_avg{max(b, key=b.get)}.msgpack")' "$w")
+  txf eval --workdir "$w" --split test_2016_flickr --beam 5 --bleu tok-lc --params "$chosen"
+}
+
 for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
   for r in $run; do
     case "$r" in
@@ -47,16 +61,18 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
         txf translate --workdir runs/multi30k_en_de --beam 4 --input runs/multi30k_en_de/samples.en \
           --output runs/multi30k_en_de/samples.de ;;
       m30k_tiny)  # the last 10 (the paper's) or 5 checkpoints averaged, chosen on val with beam 5; test2016 once
-        w=runs/multi30k_en_de_tiny
         txf train --config experiments/multi30k_en_de_tiny.py --progress=false "${extra[@]}"
-        for n in 10 5; do
-          txf average-checkpoints --workdir $w --last $n
-          txf eval --workdir $w --split val --beam 5 --bleu tok-lc --params params_avg$n.msgpack \
-            --output $w/eval_val_avg$n.json
-        done
-        chosen=$(python -c 'import json; b = {n: json.load(open(f"runs/multi30k_en_de_tiny/eval_val_avg{n}.json"))["bleu"]
-          for n in (10, 5)}; print(f"params_avg{max(b, key=b.get)}.msgpack")')
-        txf eval --workdir $w --split test_2016_flickr --beam 5 --bleu tok-lc --params "$chosen" ;;
+        score_m30k_tiny runs/multi30k_en_de_tiny ;;
+      m30k_span)  # span corruption on train.en + train.de for 3600 steps (~15 min), then the tiny
+                  # translation model from it for 6000 of its 8000 updates, so that the whole command
+                  # takes m30k_tiny's wall time; scored as m30k_tiny
+        txf train --config experiments/multi30k_span.py --config.num_train_steps=3600 \
+          --config.eval_every=300 --config.checkpoint_every=600 --progress=false "${extra[@]}"
+        txf train --config experiments/multi30k_en_de_tiny.py --config.name=multi30k_en_de_tiny_span \
+          --config.init_from=runs/multi30k_span --config.num_train_steps=6000 \
+          --config.optimizer.warmup_steps=1000 --config.optimizer.learning_rate_scale=1.79 \
+          --progress=false "${extra[@]}"
+        score_m30k_tiny runs/multi30k_en_de_tiny_span ;;
       sst2)  # the final model (eval_dev.json) and the best on dev (eval_dev_best.json); test once, with
              # whichever of the two dev chose (eval_test.json)
         txf train --config experiments/sst2.py --progress=false "${extra[@]}"
@@ -72,7 +88,7 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
         txf eval --workdir runs/shakespeare_char --split val
         txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --num_samples 3 \
           --max_new_tokens 250 > runs/shakespeare_char/samples.txt ;;
-      *) echo "unknown run '$r': use m30k, m30k_tiny, sst2, sst2_pretrained or shakespeare" >&2; exit 2 ;;
+      *) echo "unknown run '$r': use m30k, m30k_tiny, m30k_span, sst2, sst2_pretrained or shakespeare" >&2; exit 2 ;;
     esac
   done
 done
