@@ -10,10 +10,11 @@
 #   TRAIN_FLAGS="--config.time_limit_minutes=70" bash experiments/known_numbers.sh m30k  # extra train flags
 #
 # Runs: m30k (raw cased text, both BLEU protocols), m30k_tiny (the papers' lowercased tokenized
-# files, Transformer-Tiny, tok-lc BLEU beside Wu et al. 2021), m30k_span (T5's span corruption on
-# Multi30k's training text, then m30k_tiny's model from it in m30k_tiny's wall time), sst2 (dev, then test once with the
-# parameters dev chose), sst2_pretrained (masked-LM pretraining on SST-2's own training text, then
-# the same fine-tuning and scoring), shakespeare (default: m30k m30k_tiny sst2 shakespeare).
+# files, Transformer-Tiny, tok-lc BLEU beside Wu et al. 2021), m30k_span (T5's span corruption
+# on Multi30k's training text, then m30k_tiny's model from it in m30k_tiny's wall time), sst2 (dev,
+# then test once with the parameters dev chose), sst2_pretrained (masked-LM pretraining on SST-2's
+# own training text, then the same fine-tuning and scoring), sst2_seeds (both, 3 seeds each, with
+# statistics), shakespeare (default: m30k m30k_tiny sst2 shakespeare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TXF_DATA="${TXF_DATA:-../shared/data}"
@@ -83,12 +84,25 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
         txf train --config experiments/sst2.py --config.name=sst2_pretrained \
           --config.init_from=runs/sst2_mlm --progress=false "${extra[@]}"
         score_sst2 runs/sst2_pretrained ;;
+      sst2_seeds)  # sst2.py from scratch and from sst2_mlm's pretraining (trained first unless
+                   # runs/sst2_mlm has its parameters), 3 seeds each: dev statistics and Welch's
+                   # t-test (txf sweep), then test once per run with dev's choice, per-arm summary
+        [[ -f runs/sst2_mlm/params.msgpack ]] ||
+          txf train --config experiments/sst2_mlm.py --progress=false "${extra[@]}"
+        txf sweep experiments/sweeps/sst2_pretrained.py
+        for w in runs/sweeps/sst2_pretrained/*/seed-*; do score_sst2 "$w"; done
+        python -c 'import glob, json, statistics as st
+for arm in ("scratch", "pretrained"):
+  acc = [100 * json.load(open(f))["accuracy"] for f in
+         sorted(glob.glob(f"runs/sweeps/sst2_pretrained/{arm}/seed-*/eval_test.json"))]
+  seeds = ", ".join(f"{a:.2f}" for a in acc)
+  print(f"{arm}: test accuracy {st.mean(acc):.2f} (seeds {seeds}; spread {max(acc) - min(acc):.2f})")' | tee runs/sweeps/sst2_pretrained/test.txt ;;
       shakespeare)
         txf train --config experiments/shakespeare_char.py --progress=false "${extra[@]}"
         txf eval --workdir runs/shakespeare_char --split val
         txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --num_samples 3 \
           --max_new_tokens 250 > runs/shakespeare_char/samples.txt ;;
-      *) echo "unknown run '$r': use m30k, m30k_tiny, m30k_span, sst2, sst2_pretrained or shakespeare" >&2; exit 2 ;;
+      *) echo "unknown run '$r': use m30k, m30k_tiny, m30k_span, sst2, sst2_pretrained, sst2_seeds or shakespeare" >&2; exit 2 ;;
     esac
   done
 done
