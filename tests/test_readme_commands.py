@@ -218,6 +218,8 @@ NOT_RUN = {
     "python -m bench.peers ... --systems txf,flax-wmt,torch-eager,marian,txf-bf16,torch-bf16,"
     "txf-attn-dropout --before_tree OLD_CHECKOUT": "the peers' own venv with torch and an old checkout",
     "python -m bench.dropout --masks": "a benchmark: tests/test_dropout.py checks the masks",
+    "python -m bench.programs --config small --program beam4 --before_tree OLD_CHECKOUT":
+        "an old checkout: tests/test_bench_programs.py compares a copy of this tree",
     # docs/sweeps.md
     "txf sweep experiments/sweeps/copy_norm.py --parallel 2": SWEEP,
     "txf sweep experiments/sweeps/copy_norm.py --set model.d_ff=256 --set num_train_steps=300 "
