@@ -90,9 +90,9 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
         [[ -f runs/sst2_mlm/params.msgpack ]] ||
           txf train --config experiments/sst2_mlm.py --progress=false "${extra[@]}"
         txf sweep experiments/sweeps/sst2_pretrained.py
-        for w in runs/sweeps/sst2_pretrained/*/seed-*; do score_sst2 "$w"; done
+        for w in runs/sweeps/sst2_pretrained/*/seed-*; do if [[ -d "$w" ]]; then score_sst2 "$w"; fi; done
         python -c 'import glob, json, statistics as st
-for arm in ("scratch", "pretrained"):
+for arm in ("scratch", "pretrained", "pretrained_lr"):
   acc = [100 * json.load(open(f))["accuracy"] for f in
          sorted(glob.glob(f"runs/sweeps/sst2_pretrained/{arm}/seed-*/eval_test.json"))]
   seeds = ", ".join(f"{a:.2f}" for a in acc)

@@ -243,6 +243,9 @@ NOT_RUN = {
     "TXF_DATA=../shared/data txf sweep experiments/sweeps/shakespeare_glu.py --parallel 2":
         "15 Shakespeare runs (about an hour on 2 cores); the sweep runner is tested by "
         "tests/test_sweep.py",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/sst2_pretrained.py":
+        "9 SST-2 runs after a 32-minute pretraining (known_numbers.sh sst2_seeds); the sweep "
+        "runner is tested by tests/test_sweep.py",
     "TXF_DATA=../shared/data txf sweep experiments/sweeps/multi30k_kv_heads.py":
         "9 Multi30k runs (about 85 minutes on 2 cores); the sweep runner is tested by "
         "tests/test_sweep.py",
