@@ -41,8 +41,8 @@ def get_config():
 
   config.optimizer.warmup_steps = 1000       # the translation model's schedule
   config.optimizer.learning_rate_scale = 0.358  # peak lr 0.001 at step 1000: at the translation
-                                             # model's 0.005 the encoder goes unused (its last
-                                             # LayerNorm scale falls to 0.02 by step 300)
+                                             # model's 0.005 the decoder stops reading the
+                                             # encoder (its last LayerNorm scale ends at 0.02)
   config.optimizer.label_smoothing = 0.0     # T5 pretrains without smoothing
 
   config.pretrain.noise_density = 0.15       # T5's

@@ -93,3 +93,28 @@ def test_sample_evenly():
   np.testing.assert_array_equal(tokenizer.sample_evenly(5, 10), np.arange(5))
   s = tokenizer.sample_evenly(1000, 10)
   assert len(s) == 10 and s[0] == 0 and s[-1] == 999
+
+
+@pytest.mark.parametrize("extra, sentinels, mask, warns", [
+    ({"sentinels": 100}, 0, False, False),     # a span-corruption run's tokenizer, fine-tuned from
+    ({"mask_token": "<mask>"}, 0, False, False),  # a masked-LM run's tokenizer, fine-tuned from
+    ({"sentinels": 100}, 100, False, False),   # the pretraining itself, resumed
+    ({"sentinels": 50}, 100, False, True),     # other sentinels than the config's
+    ({"vocab_size": 999}, 0, False, True),     # another vocabulary than the config's
+])
+def test_run_tokenizer_warns_only_on_a_real_mismatch(tmp_path, monkeypatch, extra, sentinels, mask,
+                                                      warns):
+  from txf import workdir as workdir_lib
+  from txf.config import base_config
+  from txf.data import sources
+  d = base_config().data
+  settings = dict(sources._tokenizer_settings(d), **extra)
+  char = tokenizer.CharTokenizer("abc\n")
+  tokenizer.Codec(char, char, settings).save(
+      workdir_lib.path_of(str(tmp_path), workdir_lib.TOKENIZER_DIR))
+  heard = []
+  monkeypatch.setattr(sources.logging, "warning", lambda *a: heard.append(a))
+  codec = sources.build_codec(d, str(tmp_path), "plain", [], None, "", str(tmp_path / "cache"),
+                              sentinels=sentinels, mask_token=mask)
+  assert codec.settings == settings
+  assert bool(heard) == warns

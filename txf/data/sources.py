@@ -111,6 +111,13 @@ def _train_with_sentinels(d, kind: str, train: Sequence[Any], adapt: Callable, c
   return tokenizer.Codec(tok, tok, _tokenizer_settings(d, count))
 
 
+def _without_pretraining_pieces(settings: Dict[str, Any]) -> Dict[str, Any]:
+  """``settings`` without the pieces a pretraining objective adds on top ("sentinels",
+  "mask_token"): a run fine-tuned from a pretrained one (init_from) keeps its tokenizer, extra
+  pieces included, and that is no mismatch with a config that asks for none."""
+  return {k: v for k, v in settings.items() if k not in ("sentinels", "mask_token")}
+
+
 def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callable,
                 fingerprint: str, data_dir: str, sentinels: int = 0, mask_token: bool = False
                 ) -> tokenizer.Codec:
@@ -122,7 +129,8 @@ def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callabl
     directory = workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR)
     codec = tokenizer.load_codec(directory)
     if codec is not None:
-      if codec.settings != wanted and codec.settings.get("tokenizer") not in ("marian", "wordpiece", "gpt2"):
+      if (codec.settings != wanted and _without_pretraining_pieces(codec.settings) != wanted
+          and codec.settings.get("tokenizer") not in ("marian", "wordpiece", "gpt2")):
         logging.warning("using the run's tokenizer in %s (built with %s); the config asks for %s",
                         directory, codec.settings, wanted)
       return codec
