@@ -64,7 +64,7 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
       m30k_tiny)  # the last 10 (the paper's) or 5 checkpoints averaged, chosen on val with beam 5; test2016 once
         txf train --config experiments/multi30k_en_de_tiny.py --progress=false "${extra[@]}"
         score_m30k_tiny runs/multi30k_en_de_tiny ;;
-      m30k_span)  # span corruption on train.en + train.de for 3600 steps (~15 min), then the tiny
+      m30k_span)  # span corruption on train.en + train.de for 3600 steps (~20 min), then the tiny
                   # translation model from it for 6000 of its 8000 updates, so that the whole command
                   # takes m30k_tiny's wall time; scored as m30k_tiny
         txf train --config experiments/multi30k_span.py --config.num_train_steps=3600 \
