@@ -115,6 +115,7 @@ with open(os.path.join(os.environ["RESULT_DIR"], f"{p}.json"), "w") as f:  # a f
 """
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_two_processes_agree_over_loopback(tmp_path):
   status, out, seconds = _launch(2, 1, [sys.executable, "-c", WORKER], timeout=90, kill_after=10,
                                  env={"RESULT_DIR": str(tmp_path)})

@@ -211,6 +211,7 @@ def test_restore_params_only_and_average(tmp_path):
     average_checkpoints(str(tmp_path), 5)
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_restore_onto_another_device_count(tmp_path):
   """Saved from one device; restored in a process with 4 CPU devices onto a sharded mesh target."""
   ck = Checkpointer(str(tmp_path), _config())

@@ -45,6 +45,7 @@ def test_command_help_prints_its_purpose_and_own_flags(name):
   assert "--xla_" not in r.stdout and "--jax_" not in r.stdout  # no global library flags
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_train_help_names_the_config_flag_and_required_flags_are_marked():
   assert "--config.FIELD=VALUE" in run_txf("train", "-h").stdout
   assert "--workdir: run directory of a trained run (required)" in run_txf("eval", "--help").stdout
@@ -128,6 +129,7 @@ def test_info_is_quiet_by_default_and_logs_with_v():
   assert "xla_bridge" in loud.stderr  # jax's own INFO lines are back when asked for
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_average_checkpoints_has_no_orbax_read_only_warning(tmp_path):
   from tests.test_checkpoint import _config, _state
   from txf.checkpoint import Checkpointer

@@ -118,6 +118,7 @@ def test_translate_warns_on_overlong_line(translated):
   assert result.stdout.split("\n")[lineno - 1].strip()  # still translated
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_translate_and_eval_decode_with_bfloat16_weights_when_asked(copy_run, held_out, tmp_path):
   """--decode_dtype bfloat16: the same trained copy model decoded with its weights cast to bfloat16
   still copies the held-out sources; the spec says so in translate's summary and eval's report."""
@@ -262,6 +263,7 @@ def test_eval_classifier_accuracy_is_argmax_over_real_rows():
   assert "perplexity" not in report and "bleu" not in report
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_generate_samples_from_a_language_model(lm_run):
   result = _txf("generate", f"--workdir={lm_run}", "--prompt=s1 s2", "--max_new_tokens=6",
                 "--num_samples=2", "--seed=3")

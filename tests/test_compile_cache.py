@@ -96,6 +96,7 @@ def test_an_unusable_folder_is_one_warning_and_no_cache(tmp_path, capsys):
   assert len(err) == 1 and err[0].startswith("txf: warning: compilation cache: cannot create")
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_programs_are_written_read_back_and_a_corrupt_entry_is_one_line(tmp_path):
   cache = str(tmp_path / "cache")
   cold = _python(cache)

@@ -95,6 +95,7 @@ def _small_model(vocab=40):
 
 
 @pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_bfloat16_weights_decode_as_a_model_stored_in_bfloat16(beam):
   """weights_dtype='bfloat16' casts the float32 weights inside the compiled call: the outputs are
   those of the same model whose weights were cast to bfloat16 beforehand and whose compute dtype is

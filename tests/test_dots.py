@@ -174,6 +174,7 @@ def test_bf16_model_with_the_dots_equals_the_reference_bf16_path_and_float32(mon
   assert _rel(grads_ref, grads_f32) < 0.1
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_float32_model_does_not_use_the_dots(monkeypatch):
   # float32 compute keeps XLA's own dots: the bf16 functions are never called
   def boom(*args):

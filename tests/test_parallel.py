@@ -480,6 +480,7 @@ def test_gradient_accumulation_equals_the_large_batch_step():  # accumulation on
   assert result["accum"]["param_diff"] < 1e-6
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_bfloat16_compute_keeps_float32_params_and_trains():
   r = _worker_result("bf16")["bf16"]
   assert r["param_dtypes"] == ["float32"]  # before and after training

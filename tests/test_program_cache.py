@@ -139,6 +139,7 @@ def _programs(cache):
   return sorted(glob.glob(os.path.join(cache, "*", program_cache.SUBDIR, "*.program")))
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_a_kept_program_is_read_back_whole_and_a_bad_one_is_one_line(tmp_path):
   cache = str(tmp_path / "cache")
   cold = _python(cache)
@@ -290,6 +291,7 @@ def test_a_binding_changed_at_run_time_changes_the_code_fingerprint(monkeypatch)
   assert fingerprint.code_fingerprint() == before
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_the_fingerprint_is_the_same_in_every_process():
   """Each process seeds string hashing anew, so a set literal in code iterates in another order:
   the fingerprint of code holding one, and of txf's modules, must not follow it."""

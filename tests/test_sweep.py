@@ -297,6 +297,7 @@ def test_run_values_final_min_max_and_a_relogged_step_keeps_its_last_value(tmp_p
   assert report.run_value(missing, "eval/loss", "final") == (None, "not run")
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_the_report_table_csv_and_figure_from_fake_runs(tmp_path):
   sweep = grid.load_sweep(write_spec(tmp_path, seeds=3), str(tmp_path / "r"))
   values = {("base", 0): 2.0, ("base", 1): 2.2, ("base", 2): 2.1, ("rms", 0): 1.8, ("rms", 1): 1.95}
@@ -332,6 +333,7 @@ def test_the_report_table_csv_and_figure_from_fake_runs(tmp_path):
     ({"arms": {"a": {"model.d_modle": 8}}}, "unknown config field 'model.d_modle' in arm 'a'"),
     ({"baseline": "nope"}, "unknown baseline arm 'nope'"),
 ])
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_the_command_refuses_a_bad_sweep_with_one_line_and_exit_2(tmp_path, fields, message):
   path = str(tmp_path / "missing.json") if fields is None else write_spec(tmp_path, **fields)
   r = run_txf("sweep", path, "--root", str(tmp_path / "r"))

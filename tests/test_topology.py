@@ -32,6 +32,7 @@ def test_topology_names():
     topology.parse_topology("v9z-8")
 
 
+@pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_unknown_topology_is_one_error_line():
   out = subprocess.run([sys.executable, "-m", "txf.cli", "plan", "--topology", "v9z-8", *TINY], cwd=ROOT,
                        capture_output=True, text=True, timeout=300,
