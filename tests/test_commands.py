@@ -92,6 +92,7 @@ def translated(copy_run, held_out, tmp_path_factory):
   return lines, result
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_translate_round_trip_copies_held_out_sources(translated, held_out):
   lines, result = translated
   out = result.stdout.split("\n")[:-1]
@@ -100,6 +101,7 @@ def test_translate_round_trip_copies_held_out_sources(translated, held_out):
   assert sum(src == hyp for src, hyp in pairs) >= 0.8 * len(pairs), pairs
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_translate_preserves_empty_lines_and_line_count(translated):
   lines, result = translated
   assert result.stdout.endswith("\n")
@@ -109,6 +111,7 @@ def test_translate_preserves_empty_lines_and_line_count(translated):
     assert (hyp == "") == (src.strip() == ""), (src, hyp)
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_translate_warns_on_overlong_line(translated):
   lines, result = translated
   lineno = lines.index(OVERLONG) + 1
@@ -139,17 +142,20 @@ def test_translate_and_eval_decode_with_bfloat16_weights_when_asked(copy_run, he
   assert report["decoding"]["weights_dtype"] == "bfloat16" and report["exact_match"] >= 0.8
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_translate_without_trained_params_is_a_clear_error(copy_run, tmp_path):
   shutil.copy(os.path.join(copy_run, "config.json"), tmp_path / "config.json")
   message = _user_error(_txf("translate", f"--workdir={tmp_path}", stdin="s1 s2\n"))
   assert "no trained parameters" in message and "params.msgpack" in message
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_translate_beam_below_one_is_a_clear_error(copy_run):
   message = _user_error(_txf("translate", f"--workdir={copy_run}", "--beam=0", stdin="s1 s2\n"))
   assert "--beam=0" in message and ">= 1" in message
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_params_flag_loads_an_alternate_file(copy_run, tmp_path):
   run = inference.load_run(copy_run)
   zeros = jax.tree_util.tree_map(np.zeros_like, jax.device_get(run.params))
@@ -171,6 +177,7 @@ def test_params_flag_loads_an_alternate_file(copy_run, tmp_path):
     os.remove(os.path.join(copy_run, "params_zero.msgpack"))
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_params_of_another_model_are_refused(copy_run, lm_run):
   with pytest.raises(TxfError, match="does not match this run's model"):
     inference.load_run(copy_run, os.path.join(lm_run, "params.msgpack"))
@@ -204,6 +211,7 @@ def test_read_lines_keeps_count_and_names_bad_bytes(tmp_path):
     terminal.read_lines(str(tmp_path / "missing.txt"))
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_eval_writes_translation_report(copy_run):
   result = _txf("eval", f"--workdir={copy_run}", "--split=test", "--max_examples=64")
   assert result.returncode == 0, result.stderr
@@ -221,6 +229,7 @@ def test_eval_writes_translation_report(copy_run):
   assert report["params"] == os.path.join(copy_run, "params.msgpack")
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_eval_language_model_reports_perplexity(lm_run):
   run = inference.load_run(lm_run)
   report = inference.evaluate_split(run, "val", max_examples=40, batch_size=16)
@@ -273,6 +282,7 @@ def test_generate_samples_from_a_language_model(lm_run):
   assert all(len(s.split()) <= 2 + 6 for s in samples)
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_generate_is_deterministic_and_fits_the_context(lm_run):
   run = inference.load_run(lm_run)
   warned = []
@@ -288,6 +298,7 @@ def test_generate_is_deterministic_and_fits_the_context(lm_run):
     inference.sample_texts(run, "s3", spec=DecodingSpec(top_p=0.0))
 
 
+@pytest.mark.slow  # a trained run through the CLI: the slow tier
 def test_generate_refuses_other_families(copy_run):
   run = inference.load_run(copy_run)
   with pytest.raises(TxfError, match="needs a model.family=decoder_lm run.*txf translate"):
