@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from txf.data import tokenizer
+from txf import workdir as workdir_lib
+from txf.config import base_config
+from txf.data import sources, tokenizer
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from txf.data.base import DataError
 
@@ -95,18 +97,14 @@ def test_sample_evenly():
   assert len(s) == 10 and s[0] == 0 and s[-1] == 999
 
 
-@pytest.mark.parametrize("extra, sentinels, mask, warns", [
-    ({"sentinels": 100}, 0, False, False),     # a span-corruption run's tokenizer, fine-tuned from
-    ({"mask_token": "<mask>"}, 0, False, False),  # a masked-LM run's tokenizer, fine-tuned from
-    ({"sentinels": 100}, 100, False, False),   # the pretraining itself, resumed
-    ({"sentinels": 50}, 100, False, True),     # other sentinels than the config's
-    ({"vocab_size": 999}, 0, False, True),     # another vocabulary than the config's
+@pytest.mark.parametrize("extra, sentinels, warns", [
+    ({"sentinels": 100}, 0, False),            # a span-corruption run's tokenizer, fine-tuned from
+    ({"mask_token": "<mask>"}, 0, False),      # a masked-LM run's tokenizer, fine-tuned from
+    ({"sentinels": 100}, 100, False),          # the pretraining itself, resumed
+    ({"sentinels": 50}, 100, True),            # other sentinels than the config's
+    ({"vocab_size": 999}, 0, True),            # another vocabulary than the config's
 ])
-def test_run_tokenizer_warns_only_on_a_real_mismatch(tmp_path, monkeypatch, extra, sentinels, mask,
-                                                      warns):
-  from txf import workdir as workdir_lib
-  from txf.config import base_config
-  from txf.data import sources
+def test_run_tokenizer_warns_only_on_a_real_mismatch(tmp_path, monkeypatch, extra, sentinels, warns):
   d = base_config().data
   settings = dict(sources._tokenizer_settings(d), **extra)
   char = tokenizer.CharTokenizer("abc\n")
@@ -115,6 +113,6 @@ def test_run_tokenizer_warns_only_on_a_real_mismatch(tmp_path, monkeypatch, extr
   heard = []
   monkeypatch.setattr(sources.logging, "warning", lambda *a: heard.append(a))
   codec = sources.build_codec(d, str(tmp_path), "plain", [], None, "", str(tmp_path / "cache"),
-                              sentinels=sentinels, mask_token=mask)
+                              sentinels=sentinels)
   assert codec.settings == settings
   assert bool(heard) == warns

@@ -44,6 +44,10 @@ def read_records(source: Sequence[Any], indices: Sequence[int], adapt: Callable)
   return out
 
 
+# The settings keys a pretraining objective adds to a tokenizer's (its extra pieces on top).
+PRETRAINING_KEYS = ("sentinels", "mask_token")
+
+
 def _tokenizer_settings(d, sentinels: int = 0, mask_token: bool = False) -> Dict[str, Any]:
   """How the tokenizer is built; ``sentinels`` (span corruption) adds the key "sentinels",
   ``mask_token`` (masked-LM runs) the key "mask_token", so every other run's settings (and cache
@@ -112,10 +116,10 @@ def _train_with_sentinels(d, kind: str, train: Sequence[Any], adapt: Callable, c
 
 
 def _without_pretraining_pieces(settings: Dict[str, Any]) -> Dict[str, Any]:
-  """``settings`` without the pieces a pretraining objective adds on top ("sentinels",
-  "mask_token"): a run fine-tuned from a pretrained one (init_from) keeps its tokenizer, extra
+  """``settings`` without the pieces a pretraining objective adds on top (``PRETRAINING_KEYS``):
+  a run fine-tuned from a pretrained one (init_from) keeps its tokenizer, extra
   pieces included, and that is no mismatch with a config that asks for none."""
-  return {k: v for k, v in settings.items() if k not in ("sentinels", "mask_token")}
+  return {k: v for k, v in settings.items() if k not in PRETRAINING_KEYS}
 
 
 def build_codec(d, workdir: str, kind: str, train: Sequence[Any], adapt: Callable,
