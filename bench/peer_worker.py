@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from bench import train as train_bench
-from bench.decode import decoder
+from bench.decode import decode_fn, decoder, prepared
 from txf.models import init_params
 
 DECODE_BATCH, DECODE_SRC, DECODE_OUT, DECODE_BEAM = 16, 32, 32, 4
@@ -29,6 +29,29 @@ def _stats(times: Sequence[float]) -> Dict[str, float]:
 
 def _rate(n: int, st: Dict[str, float]) -> Dict[str, float]:
   return {"median": n / st["median"], "min": n / st["max"], "max": n / st["min"]}
+
+
+def decode_inputs(cfg) -> jnp.ndarray:
+  """The sitting's decode sources: int32 [DECODE_BATCH, DECODE_SRC], random ids 4..V-1."""
+  return jax.random.randint(jax.random.key(2), (DECODE_BATCH, DECODE_SRC), 4, cfg.vocab_size,
+                            jnp.int32)
+
+
+def decode_program(config: str, program: str, dtype: str = "float32"):
+  """(jit'd fn, params, inputs): the decode call the sitting times, fn(params, inputs) -> ids,
+  for bench config ``config`` and ``program`` "greedy" or "beamK"; the parameters are the
+  worker's (random, key 0) laid out for decoding (:func:`bench.decode.prepared`)."""
+  if program != "greedy" and not (program.startswith("beam") and program[4:].isdigit()
+                                  and int(program[4:]) >= 1):
+    raise ValueError(f"program must be greedy or beamK (K >= 1), got {program!r}")
+  cfg = train_bench.config_for(config, dtype, "auto")
+  shape = train_bench.BENCH_CONFIGS[config]
+  batch = train_bench.random_batch(cfg, 1, shape["source_len"], shape["target_len"])
+  params = init_params(cfg, jax.random.key(0), batch)
+  beam = 1 if program == "greedy" else int(program[4:])
+  cfg, params = prepared(cfg, params, True)
+  fn = decode_fn(cfg, program, True, DECODE_BATCH, DECODE_OUT, beam)
+  return fn, params, decode_inputs(cfg)
 
 
 def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: str = "float32",
@@ -67,8 +90,7 @@ def worker(config: str, steps: int, decode_reps: int, warmup: int = 2, dtype: st
     return
 
   params = init_params(cfg, jax.random.key(0), {k: v[:1] for k, v in batch.items()})
-  inputs = jax.random.randint(jax.random.key(2), (DECODE_BATCH, DECODE_SRC), 4, cfg.vocab_size,
-                              jnp.int32)
+  inputs = decode_inputs(cfg)
   for method in ("beam", "greedy") + (("beam-bf16",) if bf16_decode else ()):
     run = decoder(cfg, params, "greedy" if method == "greedy" else f"beam{DECODE_BEAM}", True,
                   DECODE_BATCH, DECODE_OUT, DECODE_BEAM,

@@ -1,6 +1,7 @@
-"""Where a train step spends its time: a jax.profiler trace of a few steps, summed by XLA op kind.
+"""Where a train step or a decode call spends its time: a jax.profiler trace, summed by XLA op kind.
 
   python -m bench.profile --config base --dtype bfloat16 [--steps 3] [--trace_dir DIR]
+  python -m bench.profile --config small --program beam4   (a decode call, as the peers time it)
   python -m bench.profile --read DIR      (the table of an earlier run's --trace_dir)
 
 Builds the train step exactly as ``python -m bench`` does (:func:`bench.train.build_step` on the
@@ -21,6 +22,11 @@ the optimized HLO (``compiled.as_text()``) says they compute:
 * fusion: the other (elementwise and reduce) fusions;
 * other: everything else (control flow's own time, rng, gather/scatter, sort, custom-calls).
 
+``--program greedy`` or ``beamK`` profiles a decode call instead, built as the peers' sitting builds
+it (:func:`bench.peer_worker.decode_program`: a random model of the config, 16 sources of 32
+tokens, 32 tokens out, never stopping early); a "step" is then one whole call (encoder, cache and
+every search step), and an instruction inside the search loop is summed over its iterations.
+
 The step time is the traced one: per execution (``args.run_id``), from its first op's start to its
 last op's end; the wall time of each traced step (``time.perf_counter``) is printed beside it.
 The executor runs independent ops on several threads at once, so a category's ``ms/step`` is wall
@@ -37,12 +43,14 @@ import json
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import jax
 
+from bench import peer_worker
 from bench import train as train_bench
 from txf import kernels
 
@@ -299,6 +307,34 @@ def profile_step(name: str = "base", dtype: str = "float32", steps: int = 3,
   return read_profile(trace_dir, top)
 
 
+def profile_decode(name: str = "small", program: str = "beam4", dtype: str = "float32",
+                   calls: int = 3, trace_dir: Optional[str] = None, top: int = 10
+                   ) -> Dict[str, object]:
+  """Compile the peers' decode call (:func:`bench.peer_worker.decode_program`: ``program``
+  "greedy" or "beamK" at bench config ``name``), run it once untraced, trace ``calls`` calls;
+  returns :func:`summarize`'s figures (a "step" = one call) as :func:`profile_step` does."""
+  fn, params, inputs = peer_worker.decode_program(name, program, dtype)
+  compiled = fn.lower(params, inputs).compile()
+  hlo_text = compiled.as_text()
+  jax.block_until_ready(compiled(params, inputs))
+  trace_dir = trace_dir or tempfile.mkdtemp(prefix="txf-profile-")
+  load_before, walls = train_bench.load_average(), []
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    for _ in range(calls):
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(params, inputs))
+      walls.append(time.perf_counter() - start)
+  meta = dict(config=f"{name} {program}", dtype=dtype, batch=int(inputs.shape[0]),
+              length=peer_worker.DECODE_OUT, jax=jax.__version__, bf16_dots="",
+              wall_ms=1e3 * statistics.mean(walls), load_before=load_before,
+              load_after=train_bench.load_average())
+  with open(os.path.join(trace_dir, HLO_FILE), "w") as f:
+    f.write(hlo_text)
+  with open(os.path.join(trace_dir, META_FILE), "w") as f:
+    json.dump(meta, f)
+  return read_profile(trace_dir, top)
+
+
 def read_profile(trace_dir: str, top: int = 10) -> Dict[str, object]:
   """:func:`summarize`'s figures of the trace that :func:`profile_step` left in ``trace_dir``
   (with its HLO text and run details), and the trace file's path."""
@@ -348,7 +384,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   p.add_argument("--config", default="base", choices=sorted(train_bench.BENCH_CONFIGS),
                  help="bench config (model size, batch, lengths), as python -m bench --configs")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-  p.add_argument("--steps", type=int, default=3, help="traced steps (after 1 warm-up step)")
+  p.add_argument("--program", default="train",
+                 help="train (a train step), greedy or beamK (a decode call of the peers' sitting)")
+  p.add_argument("--steps", type=int, default=3, help="traced steps or decode calls (after 1 warm-up)")
   p.add_argument("--top", type=int, default=10, help="how many individual ops to list")
   p.add_argument("--batch", type=int, default=0, help="batch size (default: the config's)")
   p.add_argument("--length", type=int, default=0, help="source and target length (default: the config's)")
@@ -357,6 +395,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   a = p.parse_args(argv)
   if a.read:
     print(format_table(read_profile(a.read, a.top)))
+    return
+  if a.program != "train":
+    if a.program != "greedy" and not (a.program.startswith("beam") and a.program[4:].isdigit()
+                                       and int(a.program[4:]) >= 1):
+      print(f"txf: error: --program must be train, greedy or beamK (K >= 1), got {a.program!r}",
+            file=sys.stderr)
+      sys.exit(2)
+    print(format_table(profile_decode(a.config, a.program, a.dtype, a.steps, a.trace_dir or None,
+                                      a.top)))
     return
   print(format_table(profile_step(a.config, a.dtype, a.steps, a.trace_dir or None, a.top,
                                  a.batch or None, a.length or None)))

@@ -1,11 +1,11 @@
-"""bench/profile.py: a jax.profiler trace of train steps, summed by XLA op category."""
+"""bench/profile.py: a jax.profiler trace of train steps or decode calls, summed by XLA op category."""
 
 import gzip
 import json
 
 import pytest
 
-from bench import profile
+from bench import peer_worker, profile
 
 # A hand-written optimized-HLO module: one instruction of each category (names as XLA:CPU prints).
 HLO = """HloModule jit_example, entry_computation_layout={(f32[4,4]{1,0})->f32[]}
@@ -109,3 +109,28 @@ def test_profile_tiny_train_step(tmp_path):
   text = profile.format_table(r)
   for category in profile.CATEGORIES:
     assert category in text
+
+
+@pytest.mark.slow  # a profiled decode call (beam 2 at the tiny config): end-to-end tier
+def test_profile_of_a_beam_decode_call_counts_the_search_loop_once_per_step(tmp_path):
+  r = profile.profile_decode("tiny", "beam2", calls=2, trace_dir=str(tmp_path))
+  assert r["steps"] == 2, "the trace has no per-op events of the decode call"
+  assert not r["unknown"], r["unknown"]
+  assert sum(r["categories"].values()) + r["idle_ms"] == pytest.approx(r["step_ms"], rel=0.1)
+  assert 0 < r["step_ms"] <= 1.05 * r["wall_ms"]
+  # the output projection runs once per search step: DECODE_OUT times in a call
+  runs = {name: count for name, category, _, _, count in
+          profile.summarize(profile.op_events(r["trace_file"], r["module"]),
+                            *profile.parse_hlo((tmp_path / profile.HLO_FILE).read_text())[1:],
+                            top=10 ** 6)["top"] if category == "matmul"}
+  assert max(runs.values()) == peer_worker.DECODE_OUT, runs
+  assert r["config"] == "tiny beam2" and r["batch"] == peer_worker.DECODE_BATCH
+
+
+@pytest.mark.parametrize("program", ["beam0", "beam", "sample"])
+def test_profile_refuses_a_program_it_cannot_build_in_one_line(program, capsys):
+  with pytest.raises(SystemExit) as stop:
+    profile.main(["--config", "tiny", "--program", program])
+  assert stop.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("txf: error: --program must be"), err
