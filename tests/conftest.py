@@ -41,6 +41,28 @@ def pytest_configure(config):
   compile_cache.apply(jax.config)
 
 
+# The test files that take longest (`pytest -n 2 --durations=0`, both tiers, 2 cores), longest
+# first. xdist hands each worker one file at a time in collection order (--dist=loadfile
+# --no-loadscope-reorder, pyproject.toml): starting the long files first keeps one worker from
+# running a long file alone at the end while the other is idle.
+LONGEST_FIRST = ("test_matrix.py", "test_multiprocess_pod.py", "test_multiprocess.py",
+                 "test_lost_hosts.py", "test_readme_commands.py", "test_stack.py", "test_plan.py",
+                 "test_train_terminal.py", "test_disk_full.py", "test_attention_impl.py",
+                 "test_notebooks.py", "test_models.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+  """Orders the files: LONGEST_FIRST's, then the others by their number of tests, most first
+  (xdist's own order for the rest); the tests of a file keep their order."""
+  del session, config
+  files = {}
+  for item in items:
+    files.setdefault(item.nodeid.split("::")[0], []).append(item)
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  order = sorted(files, key=lambda f: (rank.get(os.path.basename(f), len(rank)), -len(files[f])))
+  items[:] = [item for f in order for item in files[f]]
+
+
 def run_txf(*args, timeout=300, env=None, cwd=None):
   """Run ``python -m txf.cli ARGS`` in a subprocess; returns CompletedProcess (text).
   ``env`` entries are added to this process's environment; a None value removes the variable."""
