@@ -337,11 +337,15 @@ def test_expand_cache_layout_and_reorder():
   beams = expand_cache(cache, BEAM)
   for layer in ("layer_0", "layer_1"):
     before, after = cache["decoder"][layer], beams["decoder"][layer]
-    key = np.asarray(before["self_attention"]["cached_key"])  # [3, h, T, d]
-    got = np.asarray(after["self_attention"]["cached_key"])  # [3, h, 2T, d]
-    assert got.shape == (3, key.shape[1], BEAM * MAX_LEN, key.shape[3])
-    for slot in range(BEAM):
-      np.testing.assert_array_equal(got[:, :, slot * MAX_LEN:(slot + 1) * MAX_LEN], key)
+    for name in ("cached_key", "cached_value"):
+      plain = np.asarray(before["self_attention"][name])  # [3, h, T, d]
+      got = np.asarray(after["self_attention"][name])  # values [3, h, 2T, d], keys [3, h, d, 2T]
+      if name == "cached_key":
+        assert got.shape == (3, plain.shape[1], plain.shape[3], BEAM * MAX_LEN)
+        got = got.transpose(0, 1, 3, 2)
+      assert got.shape == (3, plain.shape[1], BEAM * MAX_LEN, plain.shape[3])
+      for slot in range(BEAM):
+        np.testing.assert_array_equal(got[:, :, slot * MAX_LEN:(slot + 1) * MAX_LEN], plain)
     np.testing.assert_array_equal(after["self_attention"]["beam_slots"],
                                   np.tile(np.arange(BEAM), 3)[:, None].repeat(MAX_LEN, 1))
     for name in ("cross_key", "cross_value", "cross_valid"):
@@ -392,7 +396,8 @@ def test_the_cache_holds_only_the_key_value_heads(kv_heads):
   for name in ("cross_key", "cross_value"):
     assert layer["cross_attention"][name].shape == (3, kv_heads, max(LENGTHS), dk)
   beams = expand_cache(cache, BEAM)["decoder"]["layer_0"]["self_attention"]
-  assert beams["cached_key"].shape == (3, kv_heads, BEAM * MAX_LEN, dk)
+  assert beams["cached_key"].shape == (3, kv_heads, dk, BEAM * MAX_LEN)  # keys stored transposed
+  assert beams["cached_value"].shape == (3, kv_heads, BEAM * MAX_LEN, dk)
   key = np.asarray(layer["cross_attention"]["cross_key"], np.float64)  # RMS-normed, gain g
   gain = np.asarray(params["decoder"]["layer_0"]["cross_attention"]["key_norm"]["scale"])
   np.testing.assert_allclose(np.sqrt(((key / gain) ** 2).mean(-1)), 1.0, rtol=1e-4)
@@ -425,3 +430,36 @@ def test_prepared_parameters_give_the_model_logits(tie):
   assert not np.allclose(full[0], full[1], atol=1e-3)  # the rows see different sources
   np.testing.assert_allclose(fast, full, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_beam_step_writes_each_beams_keys_and_values_into_its_own_slot():
+  # write_beam_step against numpy: B=2 sources, G=3 beams, T=4 positions, 2 heads of d_k=5; the
+  # keys land transposed ([B, h, d_k, G*T]), the values not, each beam's at its slot g, position i
+  b, g, t, h, d, index = 2, 3, 4, 2, 5, 2
+  rs = np.random.RandomState(0)
+  f32 = lambda *shape: rs.randn(*shape).astype(np.float32)
+  keys, values, k, v = f32(b, h, d, g * t), f32(b, h, g * t, d), f32(b * g, h, 1, d), f32(b * g, h, 1, d)
+  slots = np.tile(np.arange(g), b)[:, None].repeat(t, 1)
+  slots[:, :index] = rs.randint(0, g, (b * g, index))  # reordered history
+  got_k, got_v, got_slots, new_index, mask = kv_cache.write_beam_step(
+      jnp.asarray(keys), jnp.asarray(values), jnp.asarray(slots), jnp.array(index), jnp.asarray(k),
+      jnp.asarray(v))
+  want_k, want_v, want_slots = keys.copy(), values.copy(), slots.copy()
+  for row in range(b * g):
+    source, beam = divmod(row, g)
+    want_k[source, :, :, beam * t + index] = k[row, :, 0]
+    want_v[source, :, beam * t + index] = v[row, :, 0]
+    want_slots[row, index] = beam
+  np.testing.assert_array_equal(np.asarray(got_k), want_k)
+  np.testing.assert_array_equal(np.asarray(got_v), want_v)
+  np.testing.assert_array_equal(np.asarray(got_slots), want_slots)
+  assert int(new_index) == index + 1
+  # beam q sees slot s at position u iff u <= index and its history is in slot s at u
+  want_mask = np.zeros((b, 1, g, g * t), bool)
+  for row in range(b * g):
+    source, beam = divmod(row, g)
+    for u in range(index + 1):
+      want_mask[source, 0, beam, want_slots[row, u] * t + u] = True
+  np.testing.assert_array_equal(np.asarray(mask), want_mask)
+  # attention reads the keys as [B, h, G*T, d_k]
+  np.testing.assert_array_equal(np.asarray(kv_cache.beam_keys(got_k)), want_k.transpose(0, 1, 3, 2))

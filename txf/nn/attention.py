@@ -166,6 +166,7 @@ class MultiHeadAttention(nn.Module):
       slots = self.variable("cache", kv_cache.BEAM_SLOTS, None)
       cached_k.value, cached_v.value, slots.value, index.value, step_mask = (
           kv_cache.write_beam_step(cached_k.value, cached_v.value, slots.value, index.value, k, v))
+      return kv_cache.beam_keys(cached_k.value), cached_v.value, step_mask
     else:
       cached_k.value, cached_v.value, index.value, step_mask = kv_cache.write_step(
           cached_k.value, cached_v.value, index.value, k, v)

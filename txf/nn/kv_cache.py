@@ -7,7 +7,8 @@ collection holding some of these entries:
 - causal self-attention: ``cached_key`` / ``cached_value`` [B, h_kv, T, d_k] (T = the decode length;
   h_kv the key/value heads: ``model.num_kv_heads``, = h unless grouped-query attention)
   and ``cache_index`` (0-d int32, the next position to write); in beam search's layout (made by
-  :func:`expand_for_beams`) also ``beam_slots`` int32 [B*G, T];
+  :func:`expand_for_beams`) ``cached_key`` [B, h_kv, d_k, G*T] (keys stored transposed),
+  ``cached_value`` [B, h_kv, G*T, d_k] and ``beam_slots`` int32 [B*G, T];
 - cross-attention: ``cross_key`` / ``cross_value`` [B, h_kv, S, d_k] and ``cross_valid`` bool [B, S],
   the encoder memory's, stored once when the cache is built (:data:`PER_SOURCE`);
 - the decoder's position embedding: ``position`` (0-d int32).
@@ -49,28 +50,44 @@ def write_step(cached_k, cached_v, index, k, v):
   return cached_k, cached_v, index + k.shape[2], mask
 
 
+def beam_keys(cached_k):
+  """The keys of beam search's layout as attention reads them: cached_k [B, h_kv, d_k, G*T] (as
+  stored) -> [B, h_kv, G*T, d_k]. A transpose that XLA folds into the Q K^T dot: the stored
+  layout makes it a plain [G*L, d_k] @ [d_k, G*T] product per source and head, which XLA:CPU runs
+  without repacking the keys (the [G*T, d_k] layout contracted on its last axis does not)."""
+  return jnp.swapaxes(cached_k, 2, 3)
+
+
 def write_beam_step(cached_k, cached_v, slots, index, k, v):
   """Write L new key/value heads at ``index`` into beam search's layout, never reordered.
 
-  The G beams of a source keep their keys/values side by side in the source's row: cached_k,
-  cached_v [B, h_kv, G*T, d_k] (beam slot g holds positions g*T .. g*T + T - 1), and ``slots`` int
-  [B*G, T] says, for each beam, which slot holds each position of its history (beam search
-  reorders that table only). k, v [B*G, h_kv, L, d_k] go to each beam's own slot at ``index``.
+  The G beams of a source keep their keys/values side by side in the source's row: cached_k
+  [B, h_kv, d_k, G*T] (keys transposed, :func:`beam_keys`), cached_v [B, h_kv, G*T, d_k] (beam
+  slot g holds positions g*T .. g*T + T - 1), and ``slots`` int [B*G, T] says, for each beam,
+  which slot holds each position of its history (beam search reorders that table only).
+  k, v [B*G, h_kv, L, d_k] go to each beam's own slot at ``index``.
 
-  Returns (keys [B, h_kv, G*T, d_k], values, slots, index + L, mask bool [B, 1, G*L, G*T]) where
-  beam q's query at position index + p sees slot s at position u iff u <= index + p and
-  slots[q, u] == s (the keys of the gather-reordered cache, at the same positions).
+  Returns (keys [B, h_kv, d_k, G*T] as stored, values [B, h_kv, G*T, d_k], slots, index + L,
+  mask bool [B, 1, G*L, G*T]) where beam q's query at position index + p sees slot s at position u
+  iff u <= index + p and slots[q, u] == s (the keys of the gather-reordered cache, at the same
+  positions).
   """
   n, l = k.shape[0], k.shape[2]
   b, t = cached_k.shape[0], slots.shape[1]
   g = n // b
+  h, d = cached_v.shape[1], cached_v.shape[3]
 
-  def write(buffer, x):  # x [B*G, h, L, d] into buffer [B, h, G*T, d] at slot g, positions i..
-    x = x.reshape((b, g) + x.shape[1:]).transpose(0, 2, 1, 3, 4).astype(buffer.dtype)
-    grouped = buffer.reshape(b, buffer.shape[1], g, t, buffer.shape[3])
-    return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, index, 0)).reshape(buffer.shape)
+  def write_values(x):  # x [B*G, h, L, d] into [B, h, G*T, d] at slot g, positions index..
+    x = x.reshape(b, g, h, l, d).transpose(0, 2, 1, 3, 4).astype(cached_v.dtype)
+    grouped = cached_v.reshape(b, h, g, t, d)
+    return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, index, 0)).reshape(cached_v.shape)
 
-  cached_k, cached_v = write(cached_k, k), write(cached_v, v)
+  def write_keys(x):  # x [B*G, h, L, d] into [B, h, d, G*T] at slot g, positions index..
+    x = x.reshape(b, g, h, l, d).transpose(0, 2, 4, 1, 3).astype(cached_k.dtype)
+    grouped = cached_k.reshape(b, h, d, g, t)
+    return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, 0, index)).reshape(cached_k.shape)
+
+  cached_k, cached_v = write_keys(k), write_values(v)
   own = jnp.broadcast_to((jnp.arange(n) % g)[:, None], (n, l)).astype(slots.dtype)
   slots = jax.lax.dynamic_update_slice(slots, own, (0, index))
   seen = jnp.arange(t)[None, :] <= index + jnp.arange(l)[:, None]  # [L, T]
@@ -82,9 +99,10 @@ def write_beam_step(cached_k, cached_v, slots, index, k, v):
 def expand_for_beams(cache, beam: int):
   """Beam search's initial cache: the cache of B sources laid out for B*beam beams.
 
-  - Causal self-attention buffers [B, h_kv, T, d_k] become [B, h_kv, beam*T, d_k], one slot of T
-    positions per beam (each a copy of the source's), with ``beam_slots`` int32 [B*beam, T] (beam
-    k of a source reads every position from slot k): the layout of :func:`write_beam_step`, where
+  - Causal self-attention buffers [B, h_kv, T, d_k] become values [B, h_kv, beam*T, d_k] and keys
+    [B, h_kv, d_k, beam*T] (transposed, :func:`beam_keys`), one slot of T positions per beam (each
+    a copy of the source's), with ``beam_slots`` int32 [B*beam, T] (beam k of a source reads every
+    position from slot k): the layout of :func:`write_beam_step`, where
     beams read the slots their history was written in and :func:`reorder_beams` reorders that
     table instead of copying the buffers.
   - Per-source entries (:data:`PER_SOURCE`) stay at B rows: each is read once per source for all
@@ -102,6 +120,7 @@ def expand_for_beams(cache, beam: int):
       b, h, t, d = tree[name].shape
       out[name] = jnp.broadcast_to(tree[name][:, :, None], (b, h, beam, t, d)).reshape(
           b, h, beam * t, d)
+    out[CACHED_KEY] = jnp.swapaxes(out[CACHED_KEY], 2, 3)  # [B, h_kv, d_k, beam*T]
     rows = jnp.arange(b * beam, dtype=jnp.int32) % beam
     out[BEAM_SLOTS] = jnp.broadcast_to(rows[:, None], (b * beam, t))
     return out
