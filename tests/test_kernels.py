@@ -44,6 +44,11 @@ def test_cpu_choices_and_overrides():
   with kernels.use(bf16_dots="xla", top_k="lax"):
     assert not kernels.select("bfloat16").layout_dots and kernels.select().top_k == "lax"
   assert kernels.select("bfloat16").bf16_dots == default and kernels.select().top_k == "blocked"
+  # beam search's keys: transposed for float32 dots on CPU, as rows for bf16 ones
+  assert kernels.select("float32").beam_keys == "transposed" == kernels.select().beam_keys
+  assert kernels.select("bfloat16").beam_keys == "rows"
+  with kernels.use(beam_keys="rows"):
+    assert kernels.select("float32").beam_keys == "rows"
   with pytest.raises(ValueError, match="unknown kernel choice"):
     with kernels.use(bf16_dots="fast"):
       pass
@@ -66,7 +71,7 @@ def test_accelerator_choices(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   chosen = kernels.select("bfloat16")
   assert (chosen.backend, chosen.bf16_dots, chosen.attention_auto, chosen.dropout_mask,
-          chosen.top_k) == ("gpu", "xla", "fused", "jax", "lax")
+          chosen.top_k, chosen.beam_keys) == ("gpu", "xla", "fused", "jax", "lax", "rows")
   assert kernels.resolve_impl("auto") == "fused" and kernels.resolve_impl("reference") == "reference"
 
 

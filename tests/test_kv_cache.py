@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from txf import kernels
 from txf.decode import beam_rows, beam_search, expand_to_beams, gather_rows, greedy_decode, sample
 from txf.decode.adapter import (OUTPUT_KERNEL, cast_for_decoding, expand_cache, init_cache,
                                 init_uncached_cache, make_logits_fn, make_uncached_logits_fn,
@@ -340,7 +341,7 @@ def test_expand_cache_layout_and_reorder():
     for name in ("cached_key", "cached_value"):
       plain = np.asarray(before["self_attention"][name])  # [3, h, T, d]
       got = np.asarray(after["self_attention"][name])  # values [3, h, 2T, d], keys [3, h, d, 2T]
-      if name == "cached_key":
+      if name == "cached_key" and kv_cache.keys_transposed(got.dtype):  # float32 on CPU
         assert got.shape == (3, plain.shape[1], plain.shape[3], BEAM * MAX_LEN)
         got = got.transpose(0, 1, 3, 2)
       assert got.shape == (3, plain.shape[1], BEAM * MAX_LEN, plain.shape[3])
@@ -396,7 +397,8 @@ def test_the_cache_holds_only_the_key_value_heads(kv_heads):
   for name in ("cross_key", "cross_value"):
     assert layer["cross_attention"][name].shape == (3, kv_heads, max(LENGTHS), dk)
   beams = expand_cache(cache, BEAM)["decoder"]["layer_0"]["self_attention"]
-  assert beams["cached_key"].shape == (3, kv_heads, dk, BEAM * MAX_LEN)  # keys stored transposed
+  assert kv_cache.keys_transposed(jnp.float32)  # float32 keys are stored transposed on CPU
+  assert beams["cached_key"].shape == (3, kv_heads, dk, BEAM * MAX_LEN)
   assert beams["cached_value"].shape == (3, kv_heads, BEAM * MAX_LEN, dk)
   key = np.asarray(layer["cross_attention"]["cross_key"], np.float64)  # RMS-normed, gain g
   gain = np.asarray(params["decoder"]["layer_0"]["cross_attention"]["key_norm"]["scale"])
@@ -432,25 +434,31 @@ def test_prepared_parameters_give_the_model_logits(tie):
   np.testing.assert_allclose(fast, plain, rtol=1e-5, atol=1e-5)
 
 
-def test_a_beam_step_writes_each_beams_keys_and_values_into_its_own_slot():
+@pytest.mark.parametrize("layout", ["transposed", "rows"])
+def test_a_beam_step_writes_each_beams_keys_and_values_into_its_own_slot(layout):
   # write_beam_step against numpy: B=2 sources, G=3 beams, T=4 positions, 2 heads of d_k=5; the
-  # keys land transposed ([B, h, d_k, G*T]), the values not, each beam's at its slot g, position i
+  # keys land as rows [B, h, G*T, d_k] or transposed [B, h, d_k, G*T] (the kernel table's
+  # beam_keys), the values as rows, each beam's at its slot g, position index
   b, g, t, h, d, index = 2, 3, 4, 2, 5, 2
   rs = np.random.RandomState(0)
   f32 = lambda *shape: rs.randn(*shape).astype(np.float32)
-  keys, values, k, v = f32(b, h, d, g * t), f32(b, h, g * t, d), f32(b * g, h, 1, d), f32(b * g, h, 1, d)
+  keys, values, k, v = f32(b, h, g * t, d), f32(b, h, g * t, d), f32(b * g, h, 1, d), f32(b * g, h, 1, d)
   slots = np.tile(np.arange(g), b)[:, None].repeat(t, 1)
   slots[:, :index] = rs.randint(0, g, (b * g, index))  # reordered history
-  got_k, got_v, got_slots, new_index, mask = kv_cache.write_beam_step(
-      jnp.asarray(keys), jnp.asarray(values), jnp.asarray(slots), jnp.array(index), jnp.asarray(k),
-      jnp.asarray(v))
+  stored = keys.transpose(0, 1, 3, 2).copy() if layout == "transposed" else keys
+  with kernels.use(beam_keys=layout):
+    got_k, got_v, got_slots, new_index, mask = kv_cache.write_beam_step(
+        jnp.asarray(stored), jnp.asarray(values), jnp.asarray(slots), jnp.array(index),
+        jnp.asarray(k), jnp.asarray(v))
+    read_k = np.asarray(kv_cache.beam_keys(got_k))
   want_k, want_v, want_slots = keys.copy(), values.copy(), slots.copy()
   for row in range(b * g):
     source, beam = divmod(row, g)
-    want_k[source, :, :, beam * t + index] = k[row, :, 0]
+    want_k[source, :, beam * t + index] = k[row, :, 0]
     want_v[source, :, beam * t + index] = v[row, :, 0]
     want_slots[row, index] = beam
-  np.testing.assert_array_equal(np.asarray(got_k), want_k)
+  assert got_k.shape == stored.shape
+  np.testing.assert_array_equal(read_k, want_k)
   np.testing.assert_array_equal(np.asarray(got_v), want_v)
   np.testing.assert_array_equal(np.asarray(got_slots), want_slots)
   assert int(new_index) == index + 1
@@ -461,5 +469,21 @@ def test_a_beam_step_writes_each_beams_keys_and_values_into_its_own_slot():
     for u in range(index + 1):
       want_mask[source, 0, beam, want_slots[row, u] * t + u] = True
   np.testing.assert_array_equal(np.asarray(mask), want_mask)
-  # attention reads the keys as [B, h, G*T, d_k]
-  np.testing.assert_array_equal(np.asarray(kv_cache.beam_keys(got_k)), want_k.transpose(0, 1, 3, 2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_beam_search_decodes_alike_with_keys_as_rows_or_transposed(dtype):
+  # the two layouts of beam search's keys hold the same keys: the same ids and scores
+  cfg = small_config("encoder_decoder", dtype=dtype)
+  params = setup_model(cfg, seed=12)
+
+  def run(layout):
+    with kernels.use(beam_keys=layout):
+      return jax.jit(lambda src: beam_search(
+          make_logits_fn(cfg, params), init_cache(cfg, params, 3, MAX_LEN, src), 3, 3, MAX_LEN,
+          expand_cache=expand_cache, reorder_cache=reorder_cache))(sources())
+
+  (ids_t, scores_t), (ids_r, scores_r) = run("transposed"), run("rows")
+  assert varied(ids_r)
+  np.testing.assert_array_equal(ids_t, ids_r)
+  np.testing.assert_allclose(scores_t, scores_r, atol=1e-5 if dtype == "float32" else 1e-2)

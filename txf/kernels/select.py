@@ -34,12 +34,20 @@ XLA_BF16_DOT_VERSION = (0, 12)
 ATTENTION_IMPLS = Table("model.attention_impl", also=("auto",))
 DROPOUT_MASKS = ("threefry-slab", "jax")
 TOP_KS = ("blocked", "lax")
+# How beam search's cache stores the self-attention keys (txf.nn.kv_cache): "rows" [B, h, G*T, d_k]
+# or "transposed" [B, h, d_k, G*T], which makes Q K^T a plain product.
+BEAM_KEYS = ("rows", "transposed")
 
 # What the CPU runs, measured with `txf bench` (BENCHMARKS.md, "kernel choices"): attention as the
 # reference formula (the fused XLA path costs as much or more CPU time at the bench sizes), the
-# unrolled threefry dropout mask, beam search's top-k through block maxima.
-CPU_CHOICES = {"attention_auto": "reference", "dropout_mask": "threefry-slab", "top_k": "blocked"}
-ACCELERATOR_CHOICES = {"attention_auto": "fused", "dropout_mask": "jax", "top_k": "lax"}
+# unrolled threefry dropout mask, beam search's top-k through block maxima; beam search's keys
+# transposed in float32 (XLA:CPU repacks [G*T, d_k] keys for every float32 Q K^T; a bf16 dot
+# reads them as they are, and the transposed writes only cost: BENCHMARKS.md, "Where a beam-4
+# decode call's time goes").
+CPU_CHOICES = {"attention_auto": "reference", "dropout_mask": "threefry-slab", "top_k": "blocked",
+               "beam_keys": "transposed"}
+ACCELERATOR_CHOICES = {"attention_auto": "fused", "dropout_mask": "jax", "top_k": "lax",
+                       "beam_keys": "rows"}
 
 _overrides: Dict[str, str] = {}
 
@@ -56,12 +64,15 @@ class Kernels:
     dropout_mask: "threefry-slab" (txf.kernels.threefry's unrolled threefry, equal bits) or "jax"
       (``jax.random.bernoulli``).
     top_k: beam search's top-k: "blocked" (through block maxima, equal result) or "lax".
+    beam_keys: how beam search's cache stores the self-attention keys: "rows" [B, h, G*T, d_k]
+      or "transposed" [B, h, d_k, G*T] (txf.nn.kv_cache; the same attention either way).
   """
   backend: str
   bf16_dots: str
   attention_auto: str
   dropout_mask: str
   top_k: str
+  beam_keys: str
 
   @property
   def layout_dots(self) -> bool:
@@ -100,6 +111,8 @@ def select(dtype=None, backend_name: Optional[str] = None) -> Kernels:
   choices = dict(CPU_CHOICES if name == "cpu" else ACCELERATOR_CHOICES)
   bf16 = dtype is not None and jnp.dtype(dtype) == jnp.bfloat16
   choices["bf16_dots"] = default_bf16_dots(name) if bf16 else "xla"
+  if dtype is not None and jnp.dtype(dtype) != jnp.float32:
+    choices["beam_keys"] = "rows"  # the transposed keys pay off for float32 dots only
   for key, value in _overrides.items():
     if key != "bf16_dots" or bf16:
       choices[key] = value
@@ -118,7 +131,7 @@ def use(**choices: str) -> Iterator[None]:
   """Within the block, :func:`select` returns these choices (fields of :class:`Kernels` other than
   ``backend``; ``bf16_dots`` applies to bf16 compute only). Trace inside the block."""
   allowed = {"bf16_dots": BF16_DOTS, "attention_auto": ATTENTION_IMPLS,
-             "dropout_mask": DROPOUT_MASKS, "top_k": TOP_KS}
+             "dropout_mask": DROPOUT_MASKS, "top_k": TOP_KS, "beam_keys": BEAM_KEYS}
   for key, value in choices.items():
     if key not in allowed or value not in allowed[key]:
       raise ValueError(f"unknown kernel choice {key}={value!r}; choose from {allowed}")

@@ -7,8 +7,9 @@ collection holding some of these entries:
 - causal self-attention: ``cached_key`` / ``cached_value`` [B, h_kv, T, d_k] (T = the decode length;
   h_kv the key/value heads: ``model.num_kv_heads``, = h unless grouped-query attention)
   and ``cache_index`` (0-d int32, the next position to write); in beam search's layout (made by
-  :func:`expand_for_beams`) ``cached_key`` [B, h_kv, d_k, G*T] (keys stored transposed),
-  ``cached_value`` [B, h_kv, G*T, d_k] and ``beam_slots`` int32 [B*G, T];
+  :func:`expand_for_beams`) ``cached_value`` [B, h_kv, G*T, d_k], ``cached_key`` the same or,
+  as the kernel table chooses (:func:`keys_transposed`), [B, h_kv, d_k, G*T], and ``beam_slots``
+  int32 [B*G, T];
 - cross-attention: ``cross_key`` / ``cross_value`` [B, h_kv, S, d_k] and ``cross_valid`` bool [B, S],
   the encoder memory's, stored once when the cache is built (:data:`PER_SOURCE`);
 - the decoder's position embedding: ``position`` (0-d int32).
@@ -22,6 +23,8 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+
+from txf.kernels import select
 
 CACHED_KEY, CACHED_VALUE = "cached_key", "cached_value"  # causal self-attention K/V [B, h_kv, T, d_k]
 CACHE_INDEX = "cache_index"    # 0-d int32: next position to write
@@ -50,24 +53,30 @@ def write_step(cached_k, cached_v, index, k, v):
   return cached_k, cached_v, index + k.shape[2], mask
 
 
+def keys_transposed(dtype) -> bool:
+  """Whether beam search's layout stores keys of ``dtype`` transposed, [B, h_kv, d_k, G*T]: the
+  kernel table's ``beam_keys`` (txf.kernels.select; on CPU in float32). Q K^T is then a plain
+  [G*L, d_k] @ [d_k, G*T] product per source and head, which XLA:CPU runs without repacking the
+  keys at every step (the [G*T, d_k] rows contracted on their last axis are repacked)."""
+  return select(dtype).beam_keys == "transposed"
+
+
 def beam_keys(cached_k):
-  """The keys of beam search's layout as attention reads them: cached_k [B, h_kv, d_k, G*T] (as
-  stored) -> [B, h_kv, G*T, d_k]. A transpose that XLA folds into the Q K^T dot: the stored
-  layout makes it a plain [G*L, d_k] @ [d_k, G*T] product per source and head, which XLA:CPU runs
-  without repacking the keys (the [G*T, d_k] layout contracted on its last axis does not)."""
-  return jnp.swapaxes(cached_k, 2, 3)
+  """The keys of beam search's layout as attention reads them, [B, h_kv, G*T, d_k]: ``cached_k``
+  as stored, transposed back when :func:`keys_transposed` (a transpose XLA folds into the dot)."""
+  return jnp.swapaxes(cached_k, 2, 3) if keys_transposed(cached_k.dtype) else cached_k
 
 
 def write_beam_step(cached_k, cached_v, slots, index, k, v):
   """Write L new key/value heads at ``index`` into beam search's layout, never reordered.
 
-  The G beams of a source keep their keys/values side by side in the source's row: cached_k
-  [B, h_kv, d_k, G*T] (keys transposed, :func:`beam_keys`), cached_v [B, h_kv, G*T, d_k] (beam
-  slot g holds positions g*T .. g*T + T - 1), and ``slots`` int [B*G, T] says, for each beam,
-  which slot holds each position of its history (beam search reorders that table only).
+  The G beams of a source keep their keys/values side by side in the source's row: cached_v
+  [B, h_kv, G*T, d_k] (beam slot g holds positions g*T .. g*T + T - 1), cached_k the same or
+  [B, h_kv, d_k, G*T] when :func:`keys_transposed`, and ``slots`` int [B*G, T] says, for each
+  beam, which slot holds each position of its history (beam search reorders that table only).
   k, v [B*G, h_kv, L, d_k] go to each beam's own slot at ``index``.
 
-  Returns (keys [B, h_kv, d_k, G*T] as stored, values [B, h_kv, G*T, d_k], slots, index + L,
+  Returns (keys as stored (:func:`beam_keys` reads them), values [B, h_kv, G*T, d_k], slots, index + L,
   mask bool [B, 1, G*L, G*T]) where beam q's query at position index + p sees slot s at position u
   iff u <= index + p and slots[q, u] == s (the keys of the gather-reordered cache, at the same
   positions).
@@ -77,17 +86,18 @@ def write_beam_step(cached_k, cached_v, slots, index, k, v):
   g = n // b
   h, d = cached_v.shape[1], cached_v.shape[3]
 
-  def write_values(x):  # x [B*G, h, L, d] into [B, h, G*T, d] at slot g, positions index..
-    x = x.reshape(b, g, h, l, d).transpose(0, 2, 1, 3, 4).astype(cached_v.dtype)
-    grouped = cached_v.reshape(b, h, g, t, d)
-    return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, index, 0)).reshape(cached_v.shape)
+  def write(buffer, x):  # x [B*G, h, L, d] into [B, h, G*T, d] at slot g, positions index..
+    x = x.reshape(b, g, h, l, d).transpose(0, 2, 1, 3, 4).astype(buffer.dtype)
+    grouped = buffer.reshape(b, h, g, t, d)
+    return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, index, 0)).reshape(buffer.shape)
 
-  def write_keys(x):  # x [B*G, h, L, d] into [B, h, d, G*T] at slot g, positions index..
-    x = x.reshape(b, g, h, l, d).transpose(0, 2, 4, 1, 3).astype(cached_k.dtype)
-    grouped = cached_k.reshape(b, h, d, g, t)
-    return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, 0, index)).reshape(cached_k.shape)
+  def write_transposed(buffer, x):  # x [B*G, h, L, d] into [B, h, d, G*T] at slot g, index..
+    x = x.reshape(b, g, h, l, d).transpose(0, 2, 4, 1, 3).astype(buffer.dtype)
+    grouped = buffer.reshape(b, h, d, g, t)
+    return jax.lax.dynamic_update_slice(grouped, x, (0, 0, 0, 0, index)).reshape(buffer.shape)
 
-  cached_k, cached_v = write_keys(k), write_values(v)
+  cached_k = (write_transposed if keys_transposed(cached_k.dtype) else write)(cached_k, k)
+  cached_v = write(cached_v, v)
   own = jnp.broadcast_to((jnp.arange(n) % g)[:, None], (n, l)).astype(slots.dtype)
   slots = jax.lax.dynamic_update_slice(slots, own, (0, index))
   seen = jnp.arange(t)[None, :] <= index + jnp.arange(l)[:, None]  # [L, T]
@@ -99,8 +109,8 @@ def write_beam_step(cached_k, cached_v, slots, index, k, v):
 def expand_for_beams(cache, beam: int):
   """Beam search's initial cache: the cache of B sources laid out for B*beam beams.
 
-  - Causal self-attention buffers [B, h_kv, T, d_k] become values [B, h_kv, beam*T, d_k] and keys
-    [B, h_kv, d_k, beam*T] (transposed, :func:`beam_keys`), one slot of T positions per beam (each
+  - Causal self-attention buffers [B, h_kv, T, d_k] become [B, h_kv, beam*T, d_k] (keys
+    [B, h_kv, d_k, beam*T] when :func:`keys_transposed`), one slot of T positions per beam (each
     a copy of the source's), with ``beam_slots`` int32 [B*beam, T] (beam k of a source reads every
     position from slot k): the layout of :func:`write_beam_step`, where
     beams read the slots their history was written in and :func:`reorder_beams` reorders that
@@ -120,7 +130,8 @@ def expand_for_beams(cache, beam: int):
       b, h, t, d = tree[name].shape
       out[name] = jnp.broadcast_to(tree[name][:, :, None], (b, h, beam, t, d)).reshape(
           b, h, beam * t, d)
-    out[CACHED_KEY] = jnp.swapaxes(out[CACHED_KEY], 2, 3)  # [B, h_kv, d_k, beam*T]
+    if keys_transposed(out[CACHED_KEY].dtype):
+      out[CACHED_KEY] = jnp.swapaxes(out[CACHED_KEY], 2, 3)  # [B, h_kv, d_k, beam*T]
     rows = jnp.arange(b * beam, dtype=jnp.int32) % beam
     out[BEAM_SLOTS] = jnp.broadcast_to(rows[:, None], (b * beam, t))
     return out
