@@ -19,9 +19,11 @@ step 1 (checkpoint 2 and params.msgpack removed) to redo step 2 and evaluate aga
   equals decoding the run's own params.msgpack on one device, and the final params.msgpack holds
   unreplicated parameters of the model's shapes.
 
-Tiny models (d_model 16, one layer, short lengths); all 36 runs share one subprocess (XLA_FLAGS
-set before jax is imported, XLA backend optimisation off, a persistent compilation cache), run
-once per session; each parametrised case checks its own results.
+Tiny models (d_model 16, one layer, short lengths); the runs of a file share one subprocess
+(XLA_FLAGS set before jax is imported, XLA backend optimisation off, a persistent compilation
+cache), run once per session; each parametrised case checks its own results. This file runs the
+three model families, tests/test_matrix_pretrain.py the variants and the pretraining objectives,
+so that two xdist workers share the matrix.
 """
 
 import contextlib
@@ -64,9 +66,16 @@ RUNNERS = {
 }
 if os.environ.get("MATRIX_RUNNERS"):  # a subset, e.g. MATRIX_RUNNERS=pmap,2x2x2 (.ci/run's newest jax)
   RUNNERS = {name: RUNNERS[name] for name in os.environ["MATRIX_RUNNERS"].split(",")}
-FAMILIES = ("translate", "lm", "classify", "variants", "mlm", "span")
-if os.environ.get("MATRIX_FAMILIES"):  # a subset, e.g. MATRIX_FAMILIES=mlm,span (by hand)
-  FAMILIES = tuple(os.environ["MATRIX_FAMILIES"].split(","))
+
+
+def chosen(families):
+  """``families`` less those that MATRIX_FAMILIES leaves out (a subset by hand, e.g.
+  MATRIX_FAMILIES=mlm,span)."""
+  only = os.environ.get("MATRIX_FAMILIES")
+  return tuple(f for f in families if not only or f in only.split(","))
+
+
+FAMILIES = chosen(("translate", "lm", "classify"))  # test_matrix_pretrain.py: the other three
 DECODED = ("translate", "lm", "variants")  # the families whose in-loop samples are compared
 TINY = {"model.d_model": 16, "model.num_heads": 2, "model.d_ff": 32, "model.dropout_rate": 0.0,
         "batch_size": 16, "num_train_steps": 2, "log_every": 1, "eval_every": 0,
@@ -244,8 +253,9 @@ def _case(family, runner, base, data_path):
   }
 
 
-def _worker(out_path):
-  """Runs the single-device reference and every runner for every family; writes one JSON file."""
+def _worker(out_path, families):
+  """Runs the single-device reference and every runner for each of ``families``; writes one JSON
+  file."""
   import jax
   jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(out_path), "jax-cache"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -255,7 +265,7 @@ def _worker(out_path):
     data_path = os.path.join(base, "data")
     _stand_in_data(data_path)
   results = {"devices": jax.device_count(), "stand_in": data_path != SHARED_DATA}
-  for family in FAMILIES:
+  for family in families:
     for runner in ("single",) + tuple(RUNNERS):
       try:
         results[f"{family}/{runner}"] = _case(family, runner, base, data_path)
@@ -268,17 +278,22 @@ def _worker(out_path):
     json.dump(results, f)
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
+def run_matrix(tmp_path_factory, families):
+  """The worker's results for ``families`` (one subprocess on 8 CPU devices)."""
   out = str(tmp_path_factory.mktemp("matrix") / "matrix.json")
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": WORKER_XLA_FLAGS}
-  done = subprocess.run([sys.executable, os.path.abspath(__file__), out], capture_output=True,
-                        text=True, timeout=1500, env=env, cwd=ROOT)
+  done = subprocess.run([sys.executable, os.path.abspath(__file__), out, ",".join(families)],
+                        capture_output=True, text=True, timeout=1500, env=env, cwd=ROOT)
   assert done.returncode == 0, done.stderr[-4000:]
   with open(out) as f:
     results = json.load(f)
   assert results["devices"] == 8
   return results
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+  return run_matrix(tmp_path_factory, FAMILIES)
 
 
 def _get(matrix, family, runner):
@@ -312,17 +327,14 @@ def _check_run(result, family, model_shapes=None):
     assert result["samples"] == result["expected_samples"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_single_device_reference(matrix, family):
+def check_single(matrix, family):
+  """The single-device reference run of ``family``: its resume and final parameters."""
   _check_run(_get(matrix, family, "single"), family)
 
 
-# Tensor axes split vocabularies of any size (165, 69, a stand-in's): model.vocab_multiple pads them.
-CASES = [(f, r) for f in FAMILIES for r in RUNNERS]
-
-
-@pytest.mark.parametrize("family,runner", CASES)
-def test_runner_family(matrix, family, runner):
+def check_runner(matrix, family, runner):
+  """``family`` under ``runner`` against itself (resume, parameters, decoding) and against the
+  single-device run at step 1."""
   result = _get(matrix, family, runner)
   single = _get(matrix, family, "single")
   _check_run(result, family, single["model_shapes"])
@@ -335,5 +347,16 @@ def test_runner_family(matrix, family, runner):
   np.testing.assert_allclose(result["eval"]["2"]["loss"], single["eval"]["2"]["loss"], rtol=1e-4)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_single_device_reference(matrix, family):
+  check_single(matrix, family)
+
+
+# Tensor axes split vocabularies of any size (165, 69, a stand-in's): model.vocab_multiple pads them.
+@pytest.mark.parametrize("family,runner", [(f, r) for f in FAMILIES for r in RUNNERS])
+def test_runner_family(matrix, family, runner):
+  check_runner(matrix, family, runner)
+
+
 if __name__ == "__main__":
-  _worker(sys.argv[1])
+  _worker(sys.argv[1], sys.argv[2].split(","))
