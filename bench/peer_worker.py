@@ -37,18 +37,25 @@ def decode_inputs(cfg) -> jnp.ndarray:
                             jnp.int32)
 
 
+def program_beam(program: str) -> int:
+  """The beam size of a decode program's name: "greedy" -> 1, "beamK" -> K (K >= 1); ValueError
+  for any other name."""
+  if program == "greedy":
+    return 1
+  if program.startswith("beam") and program[4:].isdigit() and int(program[4:]) >= 1:
+    return int(program[4:])
+  raise ValueError(f"a decode program is greedy or beamK (K >= 1), got {program!r}")
+
+
 def decode_program(config: str, program: str, dtype: str = "float32"):
   """(jit'd fn, params, inputs): the decode call the sitting times, fn(params, inputs) -> ids,
   for bench config ``config`` and ``program`` "greedy" or "beamK"; the parameters are the
   worker's (random, key 0) laid out for decoding (:func:`bench.decode.prepared`)."""
-  if program != "greedy" and not (program.startswith("beam") and program[4:].isdigit()
-                                  and int(program[4:]) >= 1):
-    raise ValueError(f"program must be greedy or beamK (K >= 1), got {program!r}")
+  beam = program_beam(program)
   cfg = train_bench.config_for(config, dtype, "auto")
   shape = train_bench.BENCH_CONFIGS[config]
   batch = train_bench.random_batch(cfg, 1, shape["source_len"], shape["target_len"])
   params = init_params(cfg, jax.random.key(0), batch)
-  beam = 1 if program == "greedy" else int(program[4:])
   cfg, params = prepared(cfg, params, True)
   fn = decode_fn(cfg, program, True, DECODE_BATCH, DECODE_OUT, beam)
   return fn, params, decode_inputs(cfg)

@@ -397,8 +397,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(format_table(read_profile(a.read, a.top)))
     return
   if a.program != "train":
-    if a.program != "greedy" and not (a.program.startswith("beam") and a.program[4:].isdigit()
-                                       and int(a.program[4:]) >= 1):
+    try:
+      peer_worker.program_beam(a.program)
+    except ValueError:
       print(f"txf: error: --program must be train, greedy or beamK (K >= 1), got {a.program!r}",
             file=sys.stderr)
       sys.exit(2)

@@ -46,9 +46,9 @@ def pytest_configure(config):
 # --no-loadscope-reorder, pyproject.toml): starting the long files first keeps one worker from
 # running a long file alone at the end while the other is idle.
 LONGEST_FIRST = ("test_matrix.py", "test_matrix_pretrain.py", "test_multiprocess_pod.py",
-                 "test_multiprocess.py", "test_lost_hosts.py", "test_readme_commands.py", "test_stack.py", "test_plan.py",
-                 "test_train_terminal.py", "test_disk_full.py", "test_attention_impl.py",
-                 "test_notebooks.py", "test_models.py")
+                 "test_multiprocess.py", "test_lost_hosts.py", "test_readme_commands.py",
+                 "test_stack.py", "test_plan.py", "test_train_terminal.py", "test_disk_full.py",
+                 "test_attention_impl.py", "test_notebooks.py", "test_models.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -148,8 +148,8 @@ def _output_kernel(kernel):
 def expand_cache(cache, beam: int):
   """Beam search's initial cache for txf's models: the cache of B sources laid out for B*beam beams
   (:func:`txf.nn.kv_cache.expand_for_beams`: each source's self-attention K/V [B, h, beam*T, d_k]
-  (K transposed where the kernel table says) in beam slots with a ``beam_slots`` table [B*beam, T], the per-source entries at B rows, other
-  per-row leaves repeated).
+  (K transposed where the kernel table says) in beam slots with a ``beam_slots`` table
+  [B*beam, T], the per-source entries at B rows, other per-row leaves repeated).
 
   Pass as ``beam_search(..., expand_cache=expand_cache, reorder_cache=reorder_cache)``; the
   decoded ids and scores are those of the generic expand-and-gather cache (tests/test_kv_cache.py).

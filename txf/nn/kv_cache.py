@@ -76,8 +76,8 @@ def write_beam_step(cached_k, cached_v, slots, index, k, v):
   beam, which slot holds each position of its history (beam search reorders that table only).
   k, v [B*G, h_kv, L, d_k] go to each beam's own slot at ``index``.
 
-  Returns (keys as stored (:func:`beam_keys` reads them), values [B, h_kv, G*T, d_k], slots, index + L,
-  mask bool [B, 1, G*L, G*T]) where beam q's query at position index + p sees slot s at position u
+  Returns (keys as stored (:func:`beam_keys` reads them), values [B, h_kv, G*T, d_k], slots,
+  index + L, mask bool [B, 1, G*L, G*T]) where beam q's query at position index + p sees slot s at position u
   iff u <= index + p and slots[q, u] == s (the keys of the gather-reordered cache, at the same
   positions).
   """
