@@ -37,17 +37,24 @@ score_sst2() {  # score_sst2 W: dev for the final and the best-on-dev parameters
   paste "$w/samples.pred" "$w/samples.gold.tsv" > "$w/samples.tsv"
 }
 
-score_m30k_tiny() {  # score_m30k_tiny W: the last 10 (the paper's) or 5 checkpoints averaged, chosen
-                     # on val with beam 5; test2016 once with val's choice
-  local w=$1 n chosen
+score_m30k_tiny() {  # score_m30k_tiny W: the last 10 (the paper's) or 5 checkpoints averaged, and the
+                     # length penalty's exponent alpha 0.6 (txf's default) or 1.0, chosen on val with
+                     # beam 5; test2016 once with val's choice (eval_test_2016_flickr.json)
+  local w=$1 n a
   for n in 10 5; do
     txf average-checkpoints --workdir "$w" --last $n
-    txf eval --workdir "$w" --split val --beam 5 --bleu tok-lc --params params_avg$n.msgpack \
-      --output "$w/eval_val_avg$n.json"
+    for a in 0.6 1.0; do
+      txf eval --workdir "$w" --split val --beam 5 --alpha $a --bleu tok-lc \
+        --params params_avg$n.msgpack --output "$w/eval_val_avg${n}_alpha$a.json"
+    done
   done
-  chosen=$(python -c 'import json, sys; b = {n: json.load(open(f"{sys.argv[1]}/eval_val_avg{n}.json"))["bleu"]
-    for n in (10, 5)}; print(f"params_avg{max(b, key=b.get)}.msgpack")' "$w")
-  txf eval --workdir "$w" --split test_2016_flickr --beam 5 --bleu tok-lc --params "$chosen"
+  read -r n a < <(python -c 'import json, sys
+b = {(n, a): json.load(open(f"{sys.argv[1]}/eval_val_avg{n}_alpha{a}.json"))["bleu"]
+     for n in (10, 5) for a in ("0.6", "1.0")}
+print(*max(b, key=b.get))' "$w")
+  echo "val chose the last $n checkpoints averaged, alpha $a" | tee "$w/val_choice.txt"
+  txf eval --workdir "$w" --split test_2016_flickr --beam 5 --alpha "$a" --bleu tok-lc \
+    --params "params_avg$n.msgpack"
 }
 
 for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
@@ -61,7 +68,8 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
         head -n 20 "$TXF_DATA/multi30k/test_2016_flickr.en" > runs/multi30k_en_de/samples.en
         txf translate --workdir runs/multi30k_en_de --beam 4 --input runs/multi30k_en_de/samples.en \
           --output runs/multi30k_en_de/samples.de ;;
-      m30k_tiny)  # the last 10 (the paper's) or 5 checkpoints averaged, chosen on val with beam 5; test2016 once
+      m30k_tiny)  # the last 10 (the paper's) or 5 checkpoints averaged and alpha 0.6 or 1.0, chosen on
+                  # val with beam 5; test2016 once
         txf train --config experiments/multi30k_en_de_tiny.py --progress=false "${extra[@]}"
         score_m30k_tiny runs/multi30k_en_de_tiny ;;
       m30k_span)  # span corruption on train.en + train.de for 3600 steps (~20 min), then the tiny
