@@ -269,7 +269,7 @@ def _worker(out_path, families):
     for runner in ("single",) + tuple(RUNNERS):
       try:
         results[f"{family}/{runner}"] = _case(family, runner, base, data_path)
-      except BaseException as e:  # noqa: recorded, and reported by that case's test
+      except BaseException as e:  # noqa: BLE001 (recorded, and reported by that case's test)
         results[f"{family}/{runner}"] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
       with open(out_path + ".partial", "w") as f:  # what is done so far, for a run watched by hand
         json.dump(results, f)
