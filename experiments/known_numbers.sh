@@ -40,18 +40,18 @@ score_sst2() {  # score_sst2 W: dev for the final and the best-on-dev parameters
 score_m30k_tiny() {  # score_m30k_tiny W: the last 10 (the paper's) or 5 checkpoints averaged, and the
                      # length penalty's exponent alpha 0.6 (txf's default) or 1.0, chosen on val with
                      # beam 5; test2016 once with val's choice (eval_test_2016_flickr.json)
-  local w=$1 n a
+  local w=$1 n a tried=()
   for n in 10 5; do
     txf average-checkpoints --workdir "$w" --last $n
     for a in 0.6 1.0; do
       txf eval --workdir "$w" --split val --beam 5 --alpha $a --bleu tok-lc \
         --params params_avg$n.msgpack --output "$w/eval_val_avg${n}_alpha$a.json"
+      tried+=("$n $a")
     done
   done
   read -r n a < <(python -c 'import json, sys
-b = {(n, a): json.load(open(f"{sys.argv[1]}/eval_val_avg{n}_alpha{a}.json"))["bleu"]
-     for n in (10, 5) for a in ("0.6", "1.0")}
-print(*max(b, key=b.get))' "$w")
+bleu = lambda t: json.load(open("{}/eval_val_avg{}_alpha{}.json".format(sys.argv[1], *t.split())))["bleu"]
+print(max(sys.argv[2:], key=bleu))' "$w" "${tried[@]}")
   echo "val chose the last $n checkpoints averaged, alpha $a" | tee "$w/val_choice.txt"
   txf eval --workdir "$w" --split test_2016_flickr --beam 5 --alpha "$a" --bleu tok-lc \
     --params "params_avg$n.msgpack"
