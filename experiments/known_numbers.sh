@@ -74,11 +74,12 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
         score_m30k_tiny runs/multi30k_en_de_tiny ;;
       m30k_span)  # span corruption on train.en + train.de for 3600 steps (~20 min), then the tiny
                   # translation model from it for 6000 of its 8000 updates, so that the whole command
-                  # takes m30k_tiny's wall time; scored as m30k_tiny
+                  # took m30k_tiny's wall time at ~4k tokens an update; scored as m30k_tiny
         txf train --config experiments/multi30k_span.py --config.num_train_steps=3600 \
           --config.eval_every=300 --config.checkpoint_every=600 --progress=false "${extra[@]}"
         txf train --config experiments/multi30k_en_de_tiny.py --config.name=multi30k_en_de_tiny_span \
           --config.init_from=runs/multi30k_span --config.num_train_steps=6000 \
+          --config.data.tokens_per_batch=4096 --config.checkpoint_every=100 \
           --config.optimizer.warmup_steps=1000 --config.optimizer.learning_rate_scale=1.79 \
           --progress=false "${extra[@]}"
         score_m30k_tiny runs/multi30k_en_de_tiny_span ;;
