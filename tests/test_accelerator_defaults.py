@@ -12,7 +12,8 @@ import numpy as np
 from txf.config import base_config
 from txf.models import build_model, init_params
 from txf.nn import TransformerConfig
-from txf.kernels import fused_attention as _fused_attention, fused_kernel, resolve_impl
+from txf.kernels import fused_attention as _fused_attention, fused_kernel, has_bf16_units, resolve_impl
+from txf import machine
 from txf.nn.config import resolve_dtype
 
 
@@ -21,6 +22,20 @@ def test_auto_dtype_is_bf16_on_accelerators_and_float32_on_cpu():
   assert resolve_dtype("auto", "cpu") == "float32"
   assert resolve_dtype("auto", "gpu") == "bfloat16" and resolve_dtype("auto", "tpu") == "bfloat16"
   assert resolve_dtype("float32", "tpu") == "float32" and resolve_dtype("bfloat16", "cpu") == "bfloat16"
+
+
+def test_prefer_bfloat16_follows_the_bf16_units(monkeypatch):
+  assert has_bf16_units("gpu") and has_bf16_units("tpu")
+  assert has_bf16_units("cpu", frozenset({"avx2", "avx512f", "avx512_bf16"}))
+  assert has_bf16_units("cpu", frozenset({"amx_bf16"})) and has_bf16_units("cpu", frozenset({"bf16"}))
+  assert not has_bf16_units("cpu", frozenset({"avx2", "fma", "avx512f"}))
+  assert resolve_dtype("prefer_bfloat16", "gpu") == "bfloat16"
+  for flags, expected in ((frozenset({"avx2", "avx512_bf16"}), "bfloat16"),
+                          (frozenset({"avx2", "fma"}), "float32")):
+    monkeypatch.setattr(machine, "cpu_flags", lambda flags=flags: flags)
+    assert resolve_dtype("prefer_bfloat16", "cpu") == expected
+    cfg = TransformerConfig(vocab_size=13, d_model=16, num_heads=2, d_ff=32, dtype="prefer_bfloat16")
+    assert cfg.compute_dtype == jnp.dtype(expected)
 
 
 def test_fused_attention_kernel_per_backend():

@@ -97,7 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.attention = "scaled_dot_product"  # the attention formula, a name of txf.kernels.attention.ATTENTION: scaled_dot_product (the paper's) | dot_product (no 1/sqrt(d_k): softmax(Q K^T + B + M) V, T5's)
   m.norm = "layer_norm"          # Add & Norm's normalisation, a name of txf.nn.layers.NORMS: layer_norm (the paper's) | rms_norm (no mean, no beta)
   m.attention_impl = "auto"      # auto (fused on GPU/TPU, reference on CPU) | reference (einsum; weights visible) | fused
-  m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
+  m.dtype = "auto"               # compute dtype: auto (bfloat16 on TPU/GPU, float32 on CPU) | prefer_bfloat16 (also bfloat16 on a CPU with bf16 dot units: AVX512-BF16, AMX) | float32 | bfloat16; parameters, optimizer state, softmax and loss stay float32
   m.residual_dtype = "float32"   # the residual stream x + Sublayer(x) and LayerNorm's input/output: float32 | compute (the compute dtype)
   m.vocab_multiple = 0           # embedding/output tables get ceil(V/m)*m rows, the padding never predicted nor exported; 0 = auto: 1 on CPU, 128 on GPU/TPU, lcm(128, split) when the mesh splits the vocabulary (tensor axis > 1)
   m.ffn_match_params = False     # gated FFN (model.activation reglu | geglu | swiglu) only: hidden size t = 2 d_ff / 3, rounded to the nearest multiple of 8 if that is within 1% of t, else to the nearest integer (d_ff 2048 -> 1368), so that 3 d h ~= 2 d d_ff, the dense FFN's parameter count; no effect on a dense FFN
@@ -310,7 +310,7 @@ def allowed_values(key: str) -> Optional[Tuple[str, ...]]:
 
 
 # The allowed values of the fields that no variant table owns.
-FIXED_CHOICES = {"model.dtype": ("auto", "float32", "bfloat16"),
+FIXED_CHOICES = {"model.dtype": ("auto", "prefer_bfloat16", "float32", "bfloat16"),
                  "model.residual_dtype": ("float32", "compute"),
                  "parallelism": ("single", "pmap", "mesh"),
                  "nan_policy": ("stop", "skip"), "best_mode": ("max", "min"),

@@ -13,5 +13,5 @@ from txf.kernels.threefry import bernoulli, dropout
 from txf.kernels.head import head_cross_entropy
 from txf.kernels.products import dense, feed_forward, tied_logits
 from txf.kernels.select import (ATTENTION_IMPLS, Kernels, backend, default_bf16_dots, describe,
-                               select, use)
+                                has_bf16_units, select, use)
 from txf.kernels.topk import blocked_top_k, top_k

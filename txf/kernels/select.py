@@ -104,6 +104,17 @@ def default_bf16_dots(backend_name: str, jax_version: Optional[str] = None,
   return "xla" if flags and not flags & BF16_UNITS and old_xla else "layout"
 
 
+def has_bf16_units(backend_name: Optional[str] = None,
+                   cpu_flags: Optional[AbstractSet[str]] = None) -> bool:
+  """True where bf16 products run faster than float32 ones: on GPU and TPU always, on CPU when
+  its flags name bf16 dot instructions (``BF16_UNITS``: AVX512-BF16, AMX, ARM BF16). ``backend_name``
+  defaults to :func:`backend`, ``cpu_flags`` to this machine's."""
+  if (backend_name or backend()) != "cpu":
+    return True
+  flags = machine.cpu_flags() if cpu_flags is None else cpu_flags
+  return bool(flags & BF16_UNITS)
+
+
 def select(dtype=None, backend_name: Optional[str] = None) -> Kernels:
   """The kernels for compute ``dtype`` (None: float32) on ``backend_name`` (None: :func:`backend`),
   with any :func:`use` override applied."""

@@ -18,9 +18,13 @@ def padded_size(size: int, multiple: int) -> int:
 
 
 def resolve_dtype(name: str, backend: Optional[str] = None) -> str:
-  """The compute dtype ``model.dtype`` names: "auto" -> "bfloat16" on TPU and GPU (parameters,
-  optimizer state, softmax and loss stay float32), "float32" on CPU; any other name as given.
+  """The compute dtype ``model.dtype`` names: "auto" -> "bfloat16" on TPU and GPU, "float32" on CPU;
+  "prefer_bfloat16" -> "bfloat16" wherever bf16 products run faster than float32 ones (TPU, GPU, a
+  CPU with bf16 dot units: txf.kernels.has_bf16_units), "float32" on other CPUs; any other name as
+  given. Parameters, optimizer state, softmax and loss stay float32 in every case.
   ``backend``: "cpu" | "gpu" | "tpu" (default: the running backend, txf.kernels.backend)."""
+  if name == "prefer_bfloat16":
+    return "bfloat16" if kernels.has_bf16_units(backend) else "float32"
   if name != "auto":
     return name
   return "float32" if (backend or kernels.backend()) == "cpu" else "bfloat16"
