@@ -23,7 +23,6 @@ Timings on a shared machine are contaminated by the other processes: every resul
 """
 
 import dataclasses
-import os
 import resource
 import statistics
 import time
@@ -34,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf import runtime
 from bench.decode import CONFIGS as MODEL_SIZES
 from txf.nn import TransformerConfig
 from txf import config as config_lib

@@ -79,7 +79,7 @@ for run in "${@:-m30k m30k_tiny sst2 shakespeare}"; do
           --config.eval_every=300 --config.checkpoint_every=600 --progress=false "${extra[@]}"
         txf train --config experiments/multi30k_en_de_tiny.py --config.name=multi30k_en_de_tiny_span \
           --config.init_from=runs/multi30k_span --config.num_train_steps=6000 \
-          --config.data.tokens_per_batch=4096 --config.checkpoint_every=100 --config.model.dtype=float32 \
+          --config.data.tokens_per_batch=4096 --config.checkpoint_every=100 \
           --config.optimizer.warmup_steps=1000 --config.optimizer.learning_rate_scale=1.79 \
           --progress=false "${extra[@]}"
         score_m30k_tiny runs/multi30k_en_de_tiny_span ;;

@@ -55,7 +55,6 @@ def get_config():
   config.model.dropout_rate = 0.3            # the paper's (heavy: 29k sentence pairs)
   config.model.share_embeddings = True       # one table for en and de: the vocabulary is joint
   config.model.max_len = 128                 # sentences are <= 64 pieces; + decoding room
-  config.model.dtype = "prefer_bfloat16"     # bf16 products where the CPU has bf16 units (AVX512-BF16, AMX), else float32
 
   config.optimizer.warmup_steps = 2000       # the paper's: 2000 of 8000 updates
   config.optimizer.learning_rate_scale = 2.53  # peak lr = 2.53 * 128^-0.5 * 2000^-0.5 = 0.005 (the paper's)

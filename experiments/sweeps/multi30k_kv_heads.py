@@ -24,7 +24,7 @@ def get_sweep():
                     "eval_every": 800, "decode_examples": 1014, "log_every": 100,
                     "checkpoint_every": 200, "keep_checkpoints": 2,
                     "num_samples": 0, "time_limit_minutes": 0.0,
-                    "data.tokens_per_batch": 4096, "model.dtype": "float32"},
+                    "data.tokens_per_batch": 4096},
       "arms": {"mha": {"model.num_kv_heads": 0},
                "gqa2": {"model.num_kv_heads": 2},
                "mqa": {"model.num_kv_heads": 1}},
