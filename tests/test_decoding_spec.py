@@ -10,10 +10,10 @@ from txf.errors import TxfError
 def test_from_config_reads_the_runs_settings_and_flags_override_only_when_given():
   c = base_config()
   c.beam_size, c.alpha, c.length_penalty, c.early_stopping, c.decode_max_extra = 4, 1.0, "power", True, 7
-  c.decode_dtype = "bfloat16"
+  c.decode_dtype, c.decode_length_bucket = "bfloat16", 16
   spec = DecodingSpec.from_config(c)
   assert (spec.beam_size, spec.alpha, spec.length_penalty, spec.early_stopping, spec.max_extra,
-          spec.weights_dtype) == (4, 1.0, "power", True, 7, "bfloat16")
+          spec.weights_dtype, spec.length_bucket) == (4, 1.0, "power", True, 7, "bfloat16", 16)
   assert DecodingSpec.from_config(c, weights_dtype="float32").weights_dtype == "float32"
   # a flag left unset (None) keeps the run's value; a given one replaces it
   assert DecodingSpec.from_config(c, beam_size=None, alpha=None, max_extra=None) == spec
@@ -37,7 +37,8 @@ def test_equal_settings_are_one_spec_whatever_their_types():
     ({"beam_size": 0}, "--beam=0"), ({"max_extra": -1}, "--max_extra=-1"),
     ({"length_penalty": "gnmtt"}, "length_penalty='gnmtt'"), ({"top_p": 0.0}, "top_p=0.0"),
     ({"temperature": -1.0}, "temperature=-1.0"),
-    ({"weights_dtype": "float16"}, "decode_dtype='float16'")])
+    ({"weights_dtype": "float16"}, "decode_dtype='float16'"),
+    ({"length_bucket": -1}, "--length_bucket=-1")])
 def test_a_setting_that_cannot_work_is_named(changes, needle):
   with pytest.raises(TxfError, match=needle.replace("[", r"\[")):
     DecodingSpec(**changes).check()
@@ -53,7 +54,8 @@ def test_describe_and_as_dict():
   assert DecodingSpec(weights_dtype="bfloat16").describe() == "greedy, bfloat16 weights"
   d = DecodingSpec(banned_ids=(4,)).as_dict()
   assert d["banned_ids"] == [4] and d["beam_size"] == 1 and set(d) == {
-      "beam_size", "alpha", "length_penalty", "early_stopping", "max_extra", "banned_ids",
+      "beam_size", "alpha", "length_penalty", "early_stopping", "max_extra", "length_bucket",
+      "banned_ids",
       "temperature", "top_k", "top_p", "weights_dtype"}
 
 

@@ -41,6 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_samples = 5              # decoded samples printed at each evaluation
   c.decode_examples = 200        # held-out examples decoded for exact match / BLEU (0 = none)
   c.decode_max_extra = 50        # decoding stops at source length + this many tokens
+  c.decode_length_bucket = 8     # translation batches: sources longest first, each batch padded to its longest source rounded up to a multiple of this, buffer = that + decode_max_extra (a compile per bucket); 0 = data order, full data.max_input_len (one compile)
   c.beam_size = 1                # beam for in-loop decoding (1 = greedy)
   c.alpha = 0.6                  # length penalty exponent: GNMT ((5 + L) / 6) ** alpha, or L ** alpha (length_penalty="power")
   c.length_penalty = "gnmt"      # beam scores log p(y) / lp(|y|), |y| counting EOS: gnmt | power (Hugging Face's L ** alpha)

@@ -1,5 +1,5 @@
 """``txf eval --workdir runs/x [--split test] [--data_path DIR] [--beam 4] [--alpha 0.6] [--params params_avg5.msgpack]
-[--output report.json] [--max_examples N] [--max_extra 50] [--batch_size 32] [--bleu sacrebleu|tok-lc]``.
+[--output report.json] [--max_examples N] [--max_extra 50] [--length_bucket 8] [--batch_size 32] [--bleu sacrebleu|tok-lc]``.
 
 Writes a JSON report to --output (default workdir/eval_<split>.json; checked writable before the
 evaluation runs) and prints it:
@@ -49,7 +49,11 @@ flags.DEFINE_integer("max_extra", None, "each output has at most source length +
                      "(default: the run's config.decode_max_extra)")
 flags.DEFINE_integer("max_examples", 0, "evaluate only the first N examples (0 = the whole split; "
                      "synthetic tasks: 1000)")
-flags.DEFINE_integer("batch_size", 32, "examples per batch (fixed shape: one compile)")
+flags.DEFINE_integer("length_bucket", None, "sentences are decoded longest first, each batch padded "
+                     "to its longest source rounded up to a multiple of this (a compile per shape); "
+                     "0 = one fixed shape in the data's order (default: the run's "
+                     "config.decode_length_bucket, 8)")
+flags.DEFINE_integer("batch_size", 32, "examples per batch")
 flags.DEFINE_float("progress_every", 10.0, "an evaluation that runs over 5 s prints progress to "
                    "stderr at most every this many seconds (0: after every batch, from the start)")
 
@@ -111,6 +115,7 @@ def main(argv):
   report = inference.evaluate_split(
       run, split,
       DecodingSpec.from_config(run.config, beam_size=f.beam, alpha=f.alpha, max_extra=f.max_extra,
+                               length_bucket=f.length_bucket,
                                weights_dtype=f.decode_dtype),
       max_examples=f.max_examples, batch_size=f.batch_size, warn=terminal.warn_stderr,
       progress=terminal.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every),

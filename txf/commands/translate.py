@@ -1,5 +1,5 @@
 """``txf translate --workdir runs/x [--input FILE] [--output FILE] [--beam 4] [--alpha 0.6]
-[--params params_avg5.msgpack] [--max_extra 50] [--batch_size 32]``.
+[--params params_avg5.msgpack] [--max_extra 50] [--length_bucket 8] [--batch_size 32]``.
 
 Reads lines (stdin or --input), writes one detokenized translation per line (stdout or --output),
 in order: empty lines stay empty, so line counts always match. Lines longer than the model's
@@ -31,7 +31,11 @@ flags.DEFINE_enum("decode_dtype", None, ["float32", "bfloat16"], "decode with th
                   "faster on a CPU with AVX512-BF16 (txf info), its outputs may differ a little")
 flags.DEFINE_integer("max_extra", None, "each output has at most source length + this many tokens "
                      "(default: the run's config.decode_max_extra, 50)")
-flags.DEFINE_integer("batch_size", 32, "sentences decoded together (a fixed batch shape: one compile)")
+flags.DEFINE_integer("length_bucket", None, "sentences are decoded longest first, each batch padded "
+                     "to its longest source rounded up to a multiple of this (a compile per shape); "
+                     "0 = one fixed shape in the data's order (default: the run's "
+                     "config.decode_length_bucket, 8)")
+flags.DEFINE_integer("batch_size", 32, "sentences decoded together")
 
 
 def main(argv):
@@ -43,6 +47,7 @@ def main(argv):
   run = terminal.load_run(f.workdir, f.params)
   inference.require_family(run, "encoder_decoder", "translate")
   spec = DecodingSpec.from_config(run.config, beam_size=f.beam, alpha=f.alpha, max_extra=f.max_extra,
+                                  length_bucket=f.length_bucket,
                                   weights_dtype=f.decode_dtype)
   inference.check_decoding_flags(spec, f.batch_size)
   if terminal.from_terminal(f.input):

@@ -7,7 +7,7 @@ so repeated calls (every in-loop evaluation, every ``txf translate`` batch) neve
 """
 
 import functools
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ def decoding_model(model_cfg: TransformerConfig, params, spec: DecodingSpec):
   return cast_for_decoding(model_cfg, params, spec.weights_dtype)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: int,
                       spec: DecodingSpec, wrap: Callable = jax.jit):
   """``wrap(run)``, by default jit'd, of run(params, inputs [B, S]) -> ids [B, max_len] (best beam
@@ -66,30 +66,58 @@ def decode_buffer_len(model_cfg: TransformerConfig, task: Task, max_extra: int) 
   return max(1, min(model_cfg.max_len, task.max_input_len + max_extra))
 
 
+def batch_shape(lengths: Sequence[int], input_len: int, max_len: int, max_extra: int,
+                bucket: int) -> Tuple[int, int]:
+  """(source length, decode buffer) of one translation batch whose sources have ``lengths``.
+
+  bucket > 0: S = min(input_len, ceil(max(lengths) / bucket) * bucket) and buffer
+  min(max_len, S + max_extra), so every row's cut (its length + max_extra) fits the buffer;
+  bucket 0: (input_len, max_len), one shape for every batch.
+  """
+  if bucket <= 0:
+    return input_len, max_len
+  longest = max(max(lengths, default=1), 1)
+  source_len = min(input_len, -(-longest // bucket) * bucket)
+  return source_len, max(1, min(max_len, source_len + max_extra))
+
+
 def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.ndarray], input_len: int,
                   max_len: int, spec: DecodingSpec = DecodingSpec(), batch_size: int = 64,
                   wrap: Callable = jax.jit, progress: Optional[Callable[[int], None]] = None,
                   cut: bool = True) -> List[np.ndarray]:
-  """Decode source id rows (each ending with EOS) -> generated id rows (EOS kept, padding dropped).
+  """Decode source id rows (each ending with EOS) -> generated id rows (EOS kept, padding dropped),
+  in the order of ``sources``.
 
-  Sources are padded to [batch_size, input_len]; output length is at most ``max_len`` (the decode
-  buffer, fixed for every batch: one compile), and with ``cut`` at most each row's own source
-  length (EOS counted) + ``spec.max_extra``. The search is ``spec``'s (greedy or beam, its length
-  penalty and stopping). ``wrap`` compiles the decoder (see ``_compiled_decoder``);
-  ``progress(rows_done)`` is called after each batch.
+  Output length is at most ``max_len``, and with ``cut`` at most each row's own source length
+  (EOS counted) + ``spec.max_extra``. The search is ``spec``'s (greedy or beam, its length
+  penalty and stopping). Batches of ``batch_size`` rows: with ``cut`` and ``spec.length_bucket``
+  > 0 the sources are taken longest first and each batch has the shape of :func:`batch_shape`
+  (its longest source rounded up to the bucket, a buffer that holds every row's cut), so a batch
+  of short sentences neither carries nor attends over the longest one's positions and the loop
+  ends when its own rows are done; one compile per shape. Otherwise every batch is
+  [batch_size, input_len] in the given order, decoded into ``max_len`` (one compile).
+  ``wrap`` compiles the decoder (see ``_compiled_decoder``); ``progress(rows_done)`` is called
+  after each batch.
   """
-  fn = _compiled_decoder(model_cfg, batch_size, max_len, spec, wrap)
-  out = []
-  for s in range(0, len(sources), batch_size):
-    chunk = list(sources[s:s + batch_size])
-    ids = np.asarray(fn(params, jnp.asarray(pad_batch(chunk, input_len, batch_size))))
-    for row, source in zip(ids[:len(chunk)], chunk):
+  bucket = spec.length_bucket if cut else 0
+  order = list(range(len(sources)))
+  if bucket > 0:
+    order.sort(key=lambda i: -len(sources[i]))  # stable: equal lengths keep their order
+  out: List[Optional[np.ndarray]] = [None] * len(sources)
+  for s in range(0, len(order), batch_size):
+    rows = order[s:s + batch_size]
+    chunk = [sources[i] for i in rows]
+    source_len, buffer_len = batch_shape([len(c) for c in chunk], input_len, max_len,
+                                         spec.max_extra, bucket)
+    fn = _compiled_decoder(model_cfg, batch_size, buffer_len, spec, wrap)
+    ids = np.asarray(fn(params, jnp.asarray(pad_batch(chunk, source_len, batch_size))))
+    for i, row, source in zip(rows, ids[:len(chunk)], chunk):
       if cut:
         row = row[:len(source) + spec.max_extra]
       end = np.nonzero(row == EOS_ID)[0]
-      out.append(row[: end[0] + 1] if len(end) else row)
+      out[i] = row[: end[0] + 1] if len(end) else row
     if progress is not None:
-      progress(len(out))
+      progress(s + len(chunk))
   return out
 
 

@@ -1,7 +1,7 @@
 """The decoding spec: every setting of a search in one frozen record, built once and passed whole.
 
 A run's config holds its decoding settings (``beam_size``, ``alpha``, ``length_penalty``,
-``early_stopping``, ``decode_max_extra``); ``txf eval`` and ``txf translate`` may override some
+``early_stopping``, ``decode_max_extra``, ``decode_length_bucket``); ``txf eval`` and ``txf translate`` may override some
 from the command line. ``DecodingSpec.from_config(config, beam_size=..., ...)`` makes the record
 once; the evaluator, ``translate``, the in-loop evaluation and the compiled decoders take it as it
 is, so no setting is dropped or bound to the wrong parameter on the way down. The record is
@@ -28,6 +28,10 @@ class DecodingSpec:
   early_stopping: beam search ends when K hypotheses are finished (Hugging Face's
     ``early_stopping=True``); False: when no live beam can still beat the K finished.
   max_extra: each output has at most its source length (EOS counted) + this many tokens.
+  length_bucket: translation batches (txf.decode.decoders.translate_ids) take sources longest
+    first, each batch padded to its longest source rounded up to a multiple of this and decoded
+    into a buffer of that + ``max_extra`` tokens (one compile per bucket); 0 = every batch in the
+    data's order at the full input length and buffer (one compile).
   banned_ids: ids never generated (beside PAD for a model with ``forbid_pad``).
   temperature, top_k, top_p: sampling (language models): 0 temperature = greedy; top_k 0 and
     top_p 1 = no filtering.
@@ -41,6 +45,7 @@ class DecodingSpec:
   length_penalty: str = "gnmt"
   early_stopping: bool = False
   max_extra: int = 50
+  length_bucket: int = 8
   banned_ids: Tuple[int, ...] = ()
   temperature: float = 1.0
   top_k: int = 0
@@ -53,6 +58,7 @@ class DecodingSpec:
     object.__setattr__(self, "alpha", float(self.alpha))
     object.__setattr__(self, "early_stopping", bool(self.early_stopping))
     object.__setattr__(self, "max_extra", int(self.max_extra))
+    object.__setattr__(self, "length_bucket", int(self.length_bucket))
     object.__setattr__(self, "banned_ids", tuple(int(i) for i in self.banned_ids))
     object.__setattr__(self, "temperature", float(self.temperature))
     object.__setattr__(self, "top_k", int(self.top_k))
@@ -69,6 +75,9 @@ class DecodingSpec:
       raise TxfError(f"--beam={self.beam_size}: the beam size must be >= 1 (1 = greedy)")
     if self.max_extra < 0:
       raise TxfError(f"--max_extra={self.max_extra} must be >= 0")
+    if self.length_bucket < 0:
+      raise TxfError(f"--length_bucket={self.length_bucket} (config.decode_length_bucket) must be "
+                     f">= 0 (0 = one fixed shape)")
     if self.length_penalty not in PENALTIES:
       raise TxfError(f"length_penalty={self.length_penalty!r}: use one of {', '.join(PENALTIES)}")
     if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
@@ -110,7 +119,8 @@ class DecodingSpec:
     base = cls(beam_size=get("beam_size", 1), alpha=get("alpha", 0.6),
                length_penalty=get("length_penalty", "gnmt"),
                early_stopping=get("early_stopping", False),
-               max_extra=get("decode_max_extra", 50), weights_dtype=get("decode_dtype", ""))
+               max_extra=get("decode_max_extra", 50),
+               length_bucket=get("decode_length_bucket", 8), weights_dtype=get("decode_dtype", ""))
     return base.replace(**overrides)
 
 
