@@ -132,3 +132,28 @@ def test_kv_heads_benchmark_reports_each_arm_and_its_cache():
   dropped = layers * 2 * b * (beam * length + s) * d_k * 4
   assert (rows[0]["cache_mb"] - rows[1]["cache_mb"]) * 2**20 == pytest.approx(dropped)
   assert "speed-up" in bench_decode.format_kv_table(rows)
+
+
+def test_split_benchmark_times_each_bucket_and_compares_its_outputs():
+  """bench.decode_split on a hand-made run: a row per bucket, the outputs of every bucket compared
+  with the first's (equal here: greedy), the table shows each arm."""
+  import types
+  from bench import decode_split
+  from txf.decode import DecodingSpec
+  from txf.models import init_params
+  from txf.nn import TransformerConfig
+  cfg = TransformerConfig(family="encoder_decoder", vocab_size=20, d_model=16, num_heads=2, d_ff=32,
+                          num_encoder_layers=1, num_decoder_layers=1, max_len=40, dropout_rate=0.0)
+  params = init_params(cfg, jax.random.key(0), {"inputs": np.ones((1, 8), np.int32),
+                                                "targets": np.ones((1, 8), np.int32)})
+  run = types.SimpleNamespace(model_cfg=cfg, params=params,
+                              task=types.SimpleNamespace(max_input_len=16))
+  rng = np.random.default_rng(0)
+  sources = [np.append(rng.integers(3, 20, n), 2) for n in (2, 9, 4, 13, 6)]
+  rows = decode_split.split_benchmark(run, sources, DecodingSpec(max_extra=3), 2, [0, 8], rounds=1)
+  assert [r["bucket"] for r in rows] == [0, 8]
+  assert [r["differ"] for r in rows] == [0, 0]
+  assert rows[0]["tokens"] == rows[1]["tokens"] > 0
+  assert all(r["first_s"] > 0 and r["warm_s"] > 0 for r in rows)
+  table = decode_split.format_table(rows, len(sources))
+  assert table.count("of 5") == 2
