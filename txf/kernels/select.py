@@ -101,7 +101,7 @@ def default_bf16_dots(backend_name: str, jax_version: Optional[str] = None,
     return "xla"
   flags = machine.cpu_flags() if cpu_flags is None else cpu_flags
   old_xla = _version(jax_version or jax.__version__) < XLA_BF16_DOT_VERSION
-  return "xla" if flags and not flags & BF16_UNITS and old_xla else "layout"
+  return "xla" if flags and not has_bf16_units("cpu", flags) and old_xla else "layout"
 
 
 def has_bf16_units(backend_name: Optional[str] = None,
