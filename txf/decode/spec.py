@@ -1,10 +1,11 @@
 """The decoding spec: every setting of a search in one frozen record, built once and passed whole.
 
 A run's config holds its decoding settings (``beam_size``, ``alpha``, ``length_penalty``,
-``early_stopping``, ``decode_max_extra``, ``decode_length_bucket``); ``txf eval`` and ``txf translate`` may override some
-from the command line. ``DecodingSpec.from_config(config, beam_size=..., ...)`` makes the record
-once; the evaluator, ``translate``, the in-loop evaluation and the compiled decoders take it as it
-is, so no setting is dropped or bound to the wrong parameter on the way down. The record is
+``early_stopping``, ``decode_max_extra``, ``decode_length_bucket``); ``txf eval`` and
+``txf translate`` may override some from the command line.
+``DecodingSpec.from_config(config, beam_size=..., ...)`` makes the record once; the evaluator,
+``translate``, the in-loop evaluation and the compiled decoders take it as it is, so no setting is
+dropped or bound to the wrong parameter on the way down. The record is
 hashable: the compiled decoders are cached by it.
 
 Beam scores: log p(y) / lp(|y|), with lp the ``length_penalty`` kind (txf.decode.beam):

@@ -54,9 +54,9 @@ def translate_lines(run: Run, lines: Sequence[str], spec: Optional[DecodingSpec]
                     batch_size: int = 32, warn: Warn = log_warning) -> List[str]:
   """One detokenized translation per line, in order; empty lines give empty outputs.
 
-  Non-empty lines are sorted by length and decoded in batches of ``batch_size`` (shaped as
-  ``spec.length_bucket`` says, txf.decode.decoders.translate_ids); each output is cut at its own source length (EOS counted) +
-  ``spec.max_extra``. The search is ``spec``'s (default: the run's own decoding settings,
+  Non-empty lines are sorted by length and decoded in batches of ``batch_size``, shaped as
+  ``spec.length_bucket`` says (txf.decode.decoders.translate_ids); each output is cut at its own
+  source length (EOS counted) + ``spec.max_extra``. The search is ``spec``'s (default: the run's own decoding settings,
   ``DecodingSpec.from_config(run.config)``).
   """
   spec = spec or DecodingSpec.from_config(run.config)
