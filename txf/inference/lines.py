@@ -56,8 +56,8 @@ def translate_lines(run: Run, lines: Sequence[str], spec: Optional[DecodingSpec]
 
   Non-empty lines are sorted by length and decoded in batches of ``batch_size``, shaped as
   ``spec.length_bucket`` says (txf.decode.decoders.translate_ids); each output is cut at its own
-  source length (EOS counted) + ``spec.max_extra``. The search is ``spec``'s (default: the run's own decoding settings,
-  ``DecodingSpec.from_config(run.config)``).
+  source length (EOS counted) + ``spec.max_extra``. The search is ``spec``'s (default: the run's
+  own decoding settings, ``DecodingSpec.from_config(run.config)``).
   """
   spec = spec or DecodingSpec.from_config(run.config)
   check_decoding_flags(spec, batch_size)
