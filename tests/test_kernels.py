@@ -71,7 +71,8 @@ def test_accelerator_choices(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   chosen = kernels.select("bfloat16")
   assert (chosen.backend, chosen.bf16_dots, chosen.attention_auto, chosen.dropout_mask,
-          chosen.top_k, chosen.beam_keys) == ("gpu", "xla", "fused", "jax", "lax", "rows")
+          chosen.top_k, chosen.beam_keys, chosen.argmax) == ("gpu", "xla", "fused", "jax", "lax",
+                                                             "rows", "lax")
   assert kernels.resolve_impl("auto") == "fused" and kernels.resolve_impl("reference") == "reference"
 
 
@@ -155,6 +156,49 @@ def test_top_k_kernel_equals_lax_top_k():
   with kernels.use(top_k="lax"):
     assert "reduce_max" not in str(jax.make_jaxpr(lambda a: kernels.top_k(a, 4))(x))
   assert "reduce_max" in str(jax.make_jaxpr(lambda a: kernels.top_k(a, 4))(x))
+
+
+def _numpy_first_argmax(x):
+  """The first index of the maximum per row in float64 numpy, a NaN counting as the maximum."""
+  x = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
+  out = []
+  for row in x:
+    nan = np.flatnonzero(np.isnan(row))
+    out.append(int(nan[0]) if len(nan) else int(np.flatnonzero(row == row.max())[0]))
+  return np.asarray(out)
+
+
+def test_argmax_kernel_takes_the_first_maximum_as_numpy_does():
+  ties = RS.randint(0, 5, (4, 3, 300)).astype(np.float32)     # every row has ties at its maximum
+  special = np.array([[1, 3, 3, 2], [np.nan, 1, np.nan, 5], [1, np.nan, 9, 2],
+                      [-np.inf] * 4, [np.inf, 1, np.inf, 0], [-0.0, 0.0, -1, -0.0]], np.float32)
+  for x in (ties, special, RS.randn(16, 8000).astype(np.float32)):
+    want = _numpy_first_argmax(x).reshape(x.shape[:-1])
+    got = np.asarray(jax.jit(kernels.first_argmax)(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.asarray(jnp.argmax(jnp.asarray(x), -1)), want)  # lax's too
+    assert got.dtype == np.int32
+  assert kernels.select().argmax == "two-pass"
+  with kernels.use(argmax="lax"):
+    assert "argmax" in str(jax.make_jaxpr(lambda a: kernels.argmax(a))(jnp.asarray(special)))
+  assert "argmax" not in str(jax.make_jaxpr(lambda a: kernels.argmax(a))(jnp.asarray(special)))
+
+
+def test_greedy_decoding_gives_the_same_ids_with_either_argmax():
+  from txf.decode import DecodingSpec
+  from txf.decode.decoders import translate_ids
+  from txf.models import init_params
+  from txf.nn import TransformerConfig
+  cfg = TransformerConfig(family="encoder_decoder", vocab_size=64, d_model=32, num_heads=2, d_ff=64,
+                          num_encoder_layers=1, num_decoder_layers=1, max_len=24, dropout_rate=0.0)
+  params = init_params(cfg, jax.random.key(1), {"inputs": np.ones((1, 8), np.int32),
+                                                "targets": np.ones((1, 8), np.int32)})
+  sources = [np.append(RS.randint(3, 64, n), 2) for n in (4, 7, 2, 6)]
+  fast = translate_ids(cfg, params, sources, 8, 16, DecodingSpec(), batch_size=4, cut=False)
+  with kernels.use(argmax="lax"):
+    plain = translate_ids(cfg, params, sources, 8, 16, DecodingSpec(), batch_size=4, cut=False,
+                          wrap=lambda run: jax.jit(run))  # a new jit: traced under the override
+  assert [list(r) for r in fast] == [list(r) for r in plain]
 
 
 def test_ops_hold_formulas_only():

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID
+from txf.kernels.topk import argmax
 
 LogitsFn = Callable[[jnp.ndarray, Any], Tuple[jnp.ndarray, Any]]
 
@@ -63,7 +64,7 @@ def greedy_decode(logits_fn: LogitsFn, cache: Any, batch_size: int, max_len: int
   def body(state):
     step, last, out, done, cache = state
     logits, cache = logits_fn(last[:, None], cache)
-    token = jnp.argmax(forbid(logits, never_ids), axis=-1).astype(jnp.int32)
+    token = argmax(forbid(logits, never_ids))
     token = jnp.where(done, PAD_ID, token)
     out = jax.lax.dynamic_update_slice(out, token[:, None], (0, step))
     return step + 1, token, out, done | (token == eos_id), cache

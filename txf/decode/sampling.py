@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.decode.greedy import BOS_ID, EOS_ID, PAD_ID, LogitsFn, check_length
+from txf.kernels.topk import argmax
 
 MASKED = -1.0e30  # logit of a filtered-out token (finite: exp underflows to exactly 0)
 
@@ -114,7 +115,7 @@ def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array,
 
   def draw(logits, index):
     if temperature == 0:
-      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      return argmax(logits)
     filtered = filter_logits(logits.astype(jnp.float32) / temperature, top_k, top_p)
     step_keys = jax.vmap(jax.random.fold_in)(keys, index)
     return jax.vmap(jax.random.categorical)(step_keys, filtered).astype(jnp.int32)

@@ -2,7 +2,7 @@
 
 ``txf.ops`` holds the paper's formulas; this package holds what makes them fast on a given backend
 (bf16 products laid out for the CPU's dot units, an unrolled threefry dropout mask, a fused output
-head, top-k through block maxima, fused/cuDNN attention), each tested against the formula it
+head, top-k through block maxima, a two-reduction argmax, fused/cuDNN attention), each tested against the formula it
 replaces (tests/test_kernels.py and the per-kernel tests). ``txf.nn`` calls the dispatch functions
 below; they read :func:`select` at trace time.
 """
@@ -14,4 +14,4 @@ from txf.kernels.head import head_cross_entropy
 from txf.kernels.products import dense, feed_forward, tied_logits
 from txf.kernels.select import (ATTENTION_IMPLS, Kernels, backend, default_bf16_dots, describe,
                                 has_bf16_units, select, use)
-from txf.kernels.topk import blocked_top_k, top_k
+from txf.kernels.topk import argmax, blocked_top_k, first_argmax, top_k

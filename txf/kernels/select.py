@@ -34,6 +34,10 @@ XLA_BF16_DOT_VERSION = (0, 12)
 ATTENTION_IMPLS = Table("model.attention_impl", also=("auto",))
 DROPOUT_MASKS = ("threefry-slab", "jax")
 TOP_KS = ("blocked", "lax")
+# Greedy decoding's argmax over the vocabulary: "two-pass" (a max, then the first index that
+# holds it: two vectorised reductions) or "lax" (``jnp.argmax``: XLA's (value, index) reduction,
+# which XLA:CPU runs element by element).
+ARGMAXES = ("two-pass", "lax")
 # How beam search's cache stores the self-attention keys (txf.nn.kv_cache): "rows" [B, h, G*T, d_k]
 # or "transposed" [B, h, d_k, G*T], which makes Q K^T a plain product.
 BEAM_KEYS = ("rows", "transposed")
@@ -45,9 +49,9 @@ BEAM_KEYS = ("rows", "transposed")
 # reads them as they are, and the transposed writes only cost: BENCHMARKS.md, "Where a beam-4
 # decode call's time goes").
 CPU_CHOICES = {"attention_auto": "reference", "dropout_mask": "threefry-slab", "top_k": "blocked",
-               "beam_keys": "transposed"}
+               "beam_keys": "transposed", "argmax": "two-pass"}
 ACCELERATOR_CHOICES = {"attention_auto": "fused", "dropout_mask": "jax", "top_k": "lax",
-                       "beam_keys": "rows"}
+                       "beam_keys": "rows", "argmax": "lax"}
 
 _overrides: Dict[str, str] = {}
 
@@ -66,6 +70,8 @@ class Kernels:
     top_k: beam search's top-k: "blocked" (through block maxima, equal result) or "lax".
     beam_keys: how beam search's cache stores the self-attention keys: "rows" [B, h, G*T, d_k]
       or "transposed" [B, h, d_k, G*T] (txf.nn.kv_cache; the same attention either way).
+    argmax: greedy decoding's argmax: "two-pass" (txf.kernels.topk.first_argmax, equal result)
+      or "lax" (``jnp.argmax``).
   """
   backend: str
   bf16_dots: str
@@ -73,6 +79,7 @@ class Kernels:
   dropout_mask: str
   top_k: str
   beam_keys: str
+  argmax: str
 
   @property
   def layout_dots(self) -> bool:
@@ -142,7 +149,8 @@ def use(**choices: str) -> Iterator[None]:
   """Within the block, :func:`select` returns these choices (fields of :class:`Kernels` other than
   ``backend``; ``bf16_dots`` applies to bf16 compute only). Trace inside the block."""
   allowed = {"bf16_dots": BF16_DOTS, "attention_auto": ATTENTION_IMPLS,
-             "dropout_mask": DROPOUT_MASKS, "top_k": TOP_KS, "beam_keys": BEAM_KEYS}
+             "dropout_mask": DROPOUT_MASKS, "top_k": TOP_KS, "beam_keys": BEAM_KEYS,
+             "argmax": ARGMAXES}
   for key, value in choices.items():
     if key not in allowed or value not in allowed[key]:
       raise ValueError(f"unknown kernel choice {key}={value!r}; choose from {allowed}")

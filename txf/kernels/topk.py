@@ -1,5 +1,6 @@
 """Top-k over the last axis for beam search: ``jax.lax.top_k``, or on CPU the same result through
-block maxima (the ``top_k="blocked"`` kernel of txf.kernels.select)."""
+block maxima (the ``top_k="blocked"`` kernel of txf.kernels.select); and greedy decoding's argmax,
+``jnp.argmax``, or on CPU the same index in two reductions (``argmax="two-pass"``)."""
 
 from typing import Tuple
 
@@ -42,3 +43,26 @@ def top_k(x: jnp.ndarray, n: int) -> Tuple[jnp.ndarray, jnp.ndarray]:
   where :func:`select` says ``blocked`` and a block length divides V."""
   block = _block_size(x.shape[-1], n) if select().top_k == "blocked" else 0
   return blocked_top_k(x, n, block) if block else jax.lax.top_k(x, n)
+
+
+def first_argmax(x: jnp.ndarray) -> jnp.ndarray:
+  """``jnp.argmax(x, axis=-1)`` in two vectorised reductions: x [..., V] -> int32 [...].
+
+  argmax_v x_v = min {v : x_v = max_u x_u}, the first index holding the maximum (ties to the lower
+  index); a NaN counts as the maximum (the first NaN's index), as in ``jnp.argmax``. One max
+  reduction, then one min reduction over the indices, instead of XLA's reduction of (value, index)
+  pairs, which XLA:CPU does not vectorise.
+  """
+  peak = jnp.max(x, axis=-1, keepdims=True)
+  hit = (x == peak) | jnp.isnan(x)
+  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
+
+
+def argmax(x: jnp.ndarray) -> jnp.ndarray:
+  """The index of the largest entry of x [..., V] over the last axis, int32 [...] (ties to the lower
+  index, NaN as the largest): :func:`first_argmax` where :func:`select` says ``two-pass``, else
+  ``jnp.argmax``."""
+  if select().argmax == "two-pass":
+    return first_argmax(x)
+  return jnp.argmax(x, axis=-1).astype(jnp.int32)
