@@ -89,3 +89,43 @@ def test_progress_counts_rows_and_cut_false_keeps_one_shape():
   translate_ids(cfg, params, sources, 24, 40, DecodingSpec(max_extra=5), batch_size=3, cut=False,
                 wrap=_recording_wrap(shapes))
   assert {s for s in shapes} == {((3, 24), (3, 40))}  # uncut outputs need the whole buffer
+
+
+def test_specs_differing_only_outside_the_search_share_one_compiled_program():
+  """Each new compiled decoder calls ``wrap`` once. Sources of lengths 3 and 12 make one batch
+  of shape [2, 16] with bucket 8 or 16, so only the spec can add programs."""
+  cfg, params, sources = _model()
+  made = []
+
+  def wrap(run):
+    made.append(run)
+    return jax.jit(run)
+
+  def decode(spec):
+    return [list(r) for r in translate_ids(cfg, params, sources[:2], 24, 40, spec, batch_size=2,
+                                           wrap=wrap)]
+
+  beam = DecodingSpec(beam_size=2, max_extra=5)
+  first = decode(beam)
+  assert decode(beam.replace(length_bucket=16)) == first
+  assert decode(beam.replace(temperature=0.5, top_k=3, top_p=0.9)) == first
+  assert len(made) == 1
+  decode(beam.replace(alpha=1.0))  # the length penalty is the search's own: a second program
+  assert len(made) == 2
+  greedy = DecodingSpec(max_extra=5)
+  decode(greedy)
+  decode(greedy.replace(alpha=1.0, length_penalty="power", early_stopping=True, length_bucket=16))
+  assert len(made) == 3  # greedy ignores the beam's settings
+  decode(greedy.replace(banned_ids=(5,)))
+  assert len(made) == 4
+
+
+def test_search_settings_keep_what_the_search_reads():
+  spec = DecodingSpec(beam_size=4, alpha=1.0, length_penalty="power", early_stopping=True,
+                      max_extra=9, length_bucket=3, banned_ids=(7,), temperature=0.3, top_k=5,
+                      top_p=0.5, weights_dtype="bfloat16")
+  assert spec.search_settings() == DecodingSpec(beam_size=4, alpha=1.0, length_penalty="power",
+                                                early_stopping=True, banned_ids=(7,),
+                                                weights_dtype="bfloat16")
+  assert spec.replace(beam_size=1).search_settings() == DecodingSpec(banned_ids=(7,),
+                                                                     weights_dtype="bfloat16")

@@ -109,7 +109,7 @@ def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.nda
     chunk = [sources[i] for i in rows]
     source_len, buffer_len = batch_shape([len(c) for c in chunk], input_len, max_len,
                                          spec.max_extra, bucket)
-    fn = _compiled_decoder(model_cfg, batch_size, buffer_len, spec, wrap)
+    fn = _compiled_decoder(model_cfg, batch_size, buffer_len, spec.search_settings(), wrap)
     ids = np.asarray(fn(params, jnp.asarray(pad_batch(chunk, source_len, batch_size))))
     for i, row, source in zip(rows, ids[:len(chunk)], chunk):
       if cut:

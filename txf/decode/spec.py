@@ -89,6 +89,21 @@ class DecodingSpec:
                      f"{', '.join(d for d in WEIGHTS_DTYPES if d)} (or leave it out: the run's own)")
     return self
 
+  def search_settings(self) -> "DecodingSpec":
+    """The settings a compiled translation search depends on, the others at their defaults.
+
+    Greedy keeps only ``banned_ids`` and ``weights_dtype``; beam search also keeps the beam size,
+    the length penalty and ``early_stopping``. ``max_extra`` and ``length_bucket`` shape the
+    batches outside the program, and the sampling settings are not a search's. Specs that differ
+    only in those share one compiled program (txf.decode.decoders keys its cache on this).
+    """
+    default = DecodingSpec()
+    kept = dict(banned_ids=self.banned_ids, weights_dtype=self.weights_dtype)
+    if not self.greedy:
+      kept.update(beam_size=self.beam_size, alpha=self.alpha, length_penalty=self.length_penalty,
+                  early_stopping=self.early_stopping)
+    return dataclasses.replace(default, **kept)
+
   def replace(self, **changes: Any) -> "DecodingSpec":
     """A copy with ``changes``; a None value keeps the field (a flag that was not given)."""
     return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
