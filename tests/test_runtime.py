@@ -12,15 +12,27 @@ from txf import runtime
 LIB = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
-def _plan(env, platform="linux", found=LIB):
-  return runtime.reexec_plan(env, ["/bin/txf", "train", "--workdir", "w"], platform, lambda: found)
+def _plan(env, platform="linux", found=LIB, path0="/venv/bin"):
+  return runtime.reexec_plan(env, ["/bin/txf", "train", "--workdir", "w"], platform, lambda: found,
+                             code_root="/src/txf-checkout", path0=path0)
 
 
 def test_reexec_plan_preloads_tcmalloc_once_and_keeps_the_arguments():
   argv, env = _plan({"PATH": "/bin", "LD_PRELOAD": "/x/other.so"})
-  assert argv == [sys.executable, "-m", "txf.cli", "train", "--workdir", "w"]
+  assert argv == [sys.executable, "-P", "-m", "txf.cli", "train", "--workdir", "w"]
   assert env["LD_PRELOAD"] == f"{LIB} /x/other.so" and env["PATH"] == "/bin"
+  assert "PYTHONPATH" not in env  # the console script's directory holds no txf
   assert _plan(env) is None  # the re-executed process does not loop
+
+
+def test_reexec_plan_keeps_the_code_of_python_m_in_a_checkout_first():
+  # python -m txf.cli run in a checkout imported txf from the working directory, which -P drops
+  _, env = _plan({"PYTHONPATH": "/extra"}, path0="/src/txf-checkout")
+  assert env["PYTHONPATH"] == os.pathsep.join(["/src/txf-checkout", "/extra"])
+  _, env = _plan({}, path0="/src/txf-checkout/")
+  assert env["PYTHONPATH"] == "/src/txf-checkout"
+  _, env = _plan({"PYTHONPATH": "/extra"}, path0=None)  # started with -P itself
+  assert env["PYTHONPATH"] == "/extra"
 
 
 @pytest.mark.parametrize("env,platform,found", [
@@ -54,6 +66,31 @@ def test_txf_command_runs_under_tcmalloc_and_system_malloc_on_request():
   assert r.returncode == 0 and "allocator: tcmalloc" in r.stdout, r.stderr
   r = run_txf("info", env={**env, "TXF_MALLOC": "system"})
   assert r.returncode == 0 and "allocator: system" in r.stdout, r.stderr
+
+
+@pytest.mark.skipif(runtime.find_tcmalloc() is None or not sys.platform.startswith("linux"),
+                    reason="tcmalloc is not installed here")
+@pytest.mark.parametrize("launch", ["console script", "python -m"])
+def test_the_reexecuted_command_imports_the_same_txf_inside_another_checkout(tmp_path, launch):
+  # a directory that looks like another checkout: its txf.cli says so and fails
+  fake = tmp_path / "txf"
+  fake.mkdir()
+  (fake / "__init__.py").write_text("")
+  (fake / "cli.py").write_text("import sys\nprint('the other checkout')\nsys.exit(3)\n")
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("LD_PRELOAD", "_TXF_MALLOC_REEXEC", "TXF_MALLOC", "PYTHONPATH")}
+  if launch == "console script":
+    script = os.path.join(os.path.dirname(sys.executable), "txf")
+    if not os.path.exists(script):
+      pytest.skip("the txf console script is not installed here")
+    cmd, cwd = [script, "info"], tmp_path
+  else:  # python -m txf.cli in this checkout imports it from the working directory
+    env["PYTHONPATH"] = str(tmp_path)  # the other checkout on the path too, after the working dir
+    cmd, cwd = [sys.executable, "-m", "txf.cli", "info"], runtime.CODE_ROOT
+  r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd,
+                     env={**env, "JAX_PLATFORMS": "cpu"})
+  assert r.returncode == 0 and "the other checkout" not in r.stdout, (r.stdout, r.stderr[-2000:])
+  assert "allocator: tcmalloc" in r.stdout  # it did re-execute
 
 
 def test_xla_knows_reads_the_flag_names_a_library_registers(tmp_path):

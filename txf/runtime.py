@@ -16,7 +16,7 @@ command therefore re-executes itself once with tcmalloc preloaded when the libra
 
 import os
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from txf.errors import disk_errno_of
 
@@ -24,6 +24,8 @@ TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                "/usr/local/lib")
 _GUARD = "_TXF_MALLOC_REEXEC"
+# the directory that holds this txf package (what a re-executed process must import again)
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -115,11 +117,42 @@ def find_tcmalloc(dirs: Sequence[str] = SEARCH_DIRS) -> Optional[str]:
   return None
 
 
+def _unsafe_path_entry() -> Optional[str]:
+  """The entry Python put first on ``sys.path`` for this process (the script's directory, or the
+  working directory under ``python -m``), or None when it put none (``python -P``)."""
+  if sys.flags.safe_path or not sys.path:
+    return None
+  return sys.path[0] or os.getcwd()
+
+
+def txf_argv(args: Sequence[str]) -> List[str]:
+  """argv of a new process running ``txf ARGS``: this Python's ``-P -m txf.cli ARGS``. ``-P`` keeps
+  the working directory off ``sys.path``, so a command run inside another checkout of txf does
+  not import that checkout's code; pair it with :func:`same_code_env`."""
+  return [sys.executable, "-P", "-m", "txf.cli", *args]
+
+
+def same_code_env(environ: Mapping[str, str], code_root: str = CODE_ROOT,
+                  path0: Optional[str] = "auto") -> Dict[str, str]:
+  """``environ`` for a :func:`txf_argv` process that must import the txf this one runs.
+
+  When this process's txf came from the entry Python put first on its path (``path0``; "auto" =
+  this process's: ``python -m txf.cli`` in a checkout puts the working directory there), which
+  ``-P`` leaves out, ``code_root`` goes first on ``PYTHONPATH``; otherwise nothing changes."""
+  env = dict(environ)
+  path0 = _unsafe_path_entry() if path0 == "auto" else path0
+  if path0 is not None and os.path.realpath(path0) == os.path.realpath(code_root):
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (code_root, environ.get("PYTHONPATH")) if p)
+  return env
+
+
 def reexec_plan(environ: Dict[str, str], argv: List[str], platform: str = sys.platform,
-                find: Callable[[], Optional[str]] = find_tcmalloc
+                find: Callable[[], Optional[str]] = find_tcmalloc,
+                code_root: str = CODE_ROOT, path0: Optional[str] = "auto"
                 ) -> Optional[Tuple[List[str], Dict[str, str]]]:
-  """(argv, environment) to re-execute ``python -m txf.cli`` with tcmalloc preloaded, or None
-  when that is off (``TXF_MALLOC=system``), done already, not Linux, or tcmalloc is absent."""
+  """(argv, environment) to re-execute ``txf`` (:func:`txf_argv`, the same code:
+  :func:`same_code_env` with ``code_root`` and ``path0``) with tcmalloc preloaded, or None when
+  that is off (``TXF_MALLOC=system``), done already, not Linux, or tcmalloc is absent."""
   choice = environ.get("TXF_MALLOC", "auto")
   if choice not in ("auto", "tcmalloc", "system"):
     raise ValueError(f"TXF_MALLOC={choice!r}: use auto (tcmalloc if installed), tcmalloc or system")
@@ -136,7 +169,7 @@ def reexec_plan(environ: Dict[str, str], argv: List[str], platform: str = sys.pl
   preload = " ".join(p for p in (lib, environ.get("LD_PRELOAD", "")) if p)
   env = {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40),  # no stderr line per >1 GB buffer
          **environ, "LD_PRELOAD": preload, _GUARD: "1"}
-  return [sys.executable, "-m", "txf.cli", *argv[1:]], env
+  return txf_argv(argv[1:]), same_code_env(env, code_root, path0)
 
 
 def maybe_reexec_with_tcmalloc(argv: List[str]) -> None:

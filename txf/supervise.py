@@ -29,6 +29,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Mapping, Optional
 
+from txf import runtime
 from txf.config import ConfigError
 from txf.errors import EXIT_RESUMABLE
 
@@ -119,9 +120,9 @@ def supervise(argv: List[str], env: Mapping[str, str] = os.environ) -> None:
     return
   fd, notes = tempfile.mkstemp(prefix="txf-supervisor-")
   os.close(fd)
-  child_env = dict(env, **{SUPERVISED_ENV: "1", NOTES_ENV: notes})
+  child_env = runtime.same_code_env(dict(env, **{SUPERVISED_ENV: "1", NOTES_ENV: notes}))
   sys.stdout.flush()
-  child = subprocess.Popen([sys.executable, "-m", "txf.cli"] + list(argv[1:]), env=child_env,
+  child = subprocess.Popen(runtime.txf_argv(argv[1:]), env=child_env,
                            stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
 
   def forward(signum, _frame):

@@ -15,6 +15,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from txf import runtime
 from txf.commands.common import default_config_path
 from txf.errors import TxfError
 
@@ -40,7 +41,8 @@ def _reexec_with_fake_devices(n: int) -> None:
   env = dict(os.environ, XLA_FLAGS=f"{xla} {FAKE_FLAG}={n}".strip(), TXF_PLAN_FAKE_DEVICES=str(n),
              JAX_PLATFORMS="cpu")
   # sys.argv is ["txf plan", flags...] here (txf.cli sets it before importing the command)
-  os.execve(sys.executable, [sys.executable, "-m", "txf.cli", "plan"] + sys.argv[1:], env)
+  argv = runtime.txf_argv(["plan"] + sys.argv[1:])
+  os.execve(argv[0], argv, runtime.same_code_env(env))
 
 
 def main(argv):

@@ -13,12 +13,11 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from txf import workdir as workdir_lib
+from txf import runtime, workdir as workdir_lib
 from txf.sweep.grid import Run, Sweep
 
 POLL_SECONDS = 0.2   # how often the running processes are polled
@@ -50,8 +49,9 @@ def state_of(run: Run) -> str:
 
 
 def txf_command(run: Run) -> List[str]:
-  """The process that trains ``run``: this Python's ``-m txf.cli train ...`` (the same txf)."""
-  return [sys.executable, "-m", "txf.cli", "train", *run.args]
+  """The process that trains ``run``: this Python's ``-P -m txf.cli train ...``
+  (txf.runtime.txf_argv; with :func:`child_environment`, the same txf)."""
+  return runtime.txf_argv(["train", *run.args])
 
 
 def shell_command(run: Run) -> str:
@@ -84,7 +84,7 @@ def last_error(log: str) -> str:
 def child_environment(parallel: int) -> Dict[str, str]:
   """The runs' environment: this one; several runs at once on one GPU share its memory
   (XLA_PYTHON_CLIENT_PREALLOCATE=false unless set: jax would otherwise take 75% per process)."""
-  env = dict(os.environ)
+  env = runtime.same_code_env(os.environ)
   if parallel > 1:
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   return env
