@@ -210,6 +210,8 @@ NOT_RUN = {
         "minutes of benchmarking: tests/test_bench_profile.py profiles the tiny config",
     "python -m bench.profile --config small --program beam4":
         "a benchmark: tests/test_bench_profile.py profiles a beam-2 call at the tiny config",
+    "python -m bench.profile --config base --program beam4 --trace_dir /tmp/p && python -m bench.dots --read /tmp/p --alone":
+        "a benchmark: tests/test_bench_dots.py reads the profile of a beam-2 call at the tiny config",
     "python -m bench.decode --config small": "a benchmark: tests/test_bench.py",
     "python -m bench.decode --config transformer_tiny --batch 64 --beam 5 --lengths 32 "
     "--source_len 24 --repeats 7 --num_kv_heads 4 2 1":

@@ -1,0 +1,218 @@
+"""The matmuls of a profiled program, by shape: FLOPs, the rate they ran at there, and alone.
+
+  python -m bench.profile --config base --program beam4 --trace_dir /tmp/p   (the trace)
+  python -m bench.dots --read /tmp/p                    (its dots by shape)
+  python -m bench.dots --read /tmp/p --alone            (and each shape timed alone)
+
+Reads what ``bench.profile --trace_dir`` leaves (the trace, the optimized HLO and the run's
+details). Every instruction that bench.profile counts as a matmul is looked up in the HLO for the
+``dot`` it computes (the instruction itself, or the one inside its fusion: XLA:CPU's YNNPACK
+fusions hold one). Dots with the same operand shapes, dtypes and dimension numbers form one row:
+
+- ``ms/step``: the rows' wall time per traced step (bench.profile's share of each instant);
+- ``runs``: how many times per step such a dot ran (a dot inside a search loop counts per
+  iteration);
+- ``GFLOP/s``: 2 * (output elements) * (contracted elements) per dot, times ``runs``, over
+  ``ms/step``;
+- with ``--alone``, ``alone GFLOP/s``: the same ``lax.dot_general`` (same shapes, dtypes and
+  dimension numbers, random operands) jit-compiled by itself and timed warm, the minimum of
+  ``--repeats`` calls. The difference from the program's rate is what the program's context costs
+  the dot: operands not in cache (weights streamed from memory every step), the fusion's other
+  work, threads busy elsewhere.
+
+The alone timing includes one jit dispatch (a few microseconds): read it for dots that take
+tens of microseconds or more.
+"""
+
+import argparse
+import collections
+import dataclasses
+import math
+import re
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench import profile
+
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[([\d,]*)\]")
+_DOT = re.compile(r"=\s*(\w+)\[([\d,]*)\][^=]*?\sdot\(%?([\w.\-]+),\s*%?([\w.\-]+)\)(.*)$")
+_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "f64": jnp.float64,
+           "s8": jnp.int8, "s32": jnp.int32}  # HLO's element type names
+_DIMS = re.compile(r"(lhs_batch_dims|rhs_batch_dims|lhs_contracting_dims|rhs_contracting_dims)="
+                   r"\{([\d,]*)\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dot:
+  """One dot's signature: operand dtypes and shapes, dimension numbers, output dtype and shape."""
+  lhs: Tuple[int, ...]
+  rhs: Tuple[int, ...]
+  lhs_dtype: str
+  rhs_dtype: str
+  out_dtype: str
+  out: Tuple[int, ...]
+  lhs_contracting: Tuple[int, ...]
+  rhs_contracting: Tuple[int, ...]
+  lhs_batch: Tuple[int, ...] = ()
+  rhs_batch: Tuple[int, ...] = ()
+
+  @property
+  def flops(self) -> int:
+    """2 * prod(output shape) * prod(the contracted sizes): multiply-adds counted as two."""
+    return 2 * math.prod(self.out) * math.prod(self.lhs[d] for d in self.lhs_contracting)
+
+  def describe(self) -> str:
+    """e.g. ``f32[64,512] x f32[512,2048] -> f32[64,2048]`` (+ the dimension numbers when they
+    are not the plain [M, K] x [K, N])."""
+    shape = lambda dtype, dims: f"{dtype}[{','.join(map(str, dims))}]"
+    text = (f"{shape(self.lhs_dtype, self.lhs)} x {shape(self.rhs_dtype, self.rhs)} -> "
+            f"{shape(self.out_dtype, self.out)}")
+    plain = (len(self.lhs) == len(self.rhs) == 2 and self.lhs_contracting == (1,)
+             and self.rhs_contracting == (0,))
+    if not plain:
+      text += f" contract {list(self.lhs_contracting)}/{list(self.rhs_contracting)}"
+      if self.lhs_batch:
+        text += f" batch {list(self.lhs_batch)}/{list(self.rhs_batch)}"
+    return text
+
+
+def _tuple(text: str) -> Tuple[int, ...]:
+  return tuple(int(x) for x in text.split(",") if x)
+
+
+def parse_dots(text: str) -> Dict[str, List[Dot]]:
+  """{instruction or fused computation name: the dots it computes} of an optimized HLO module.
+
+  Each ``dot`` instruction is listed under its own name and under the name of the computation
+  that holds it; operand shapes come from the instructions that define the operands in that
+  computation (parameters of a fusion included)."""
+  found: Dict[str, List[Dot]] = collections.defaultdict(list)
+  shapes: Dict[str, Tuple[str, Tuple[int, ...]]] = {}
+  current = None
+  for line in text.splitlines():
+    line = re.sub(r"/\*.*?\*/", "", line)
+    match = profile._COMPUTATION.match(line)  # pylint: disable=protected-access
+    if match and "=" not in line.split("{")[0]:
+      current, shapes = match.group(1), {}
+      continue
+    if current is None:
+      continue
+    definition = _DEF.match(line)
+    if definition:
+      shapes[definition.group(1)] = (definition.group(2), _tuple(definition.group(3)))
+    dot = _DOT.search(line)
+    if definition and dot:
+      dims = {k: _tuple(v) for k, v in _DIMS.findall(dot.group(5))}
+      lhs, rhs = shapes.get(dot.group(3)), shapes.get(dot.group(4))
+      if lhs is None or rhs is None:
+        continue
+      d = Dot(lhs=lhs[1], rhs=rhs[1], lhs_dtype=lhs[0], rhs_dtype=rhs[0],
+              out_dtype=dot.group(1), out=_tuple(dot.group(2)),
+              lhs_contracting=dims.get("lhs_contracting_dims", ()),
+              rhs_contracting=dims.get("rhs_contracting_dims", ()),
+              lhs_batch=dims.get("lhs_batch_dims", ()), rhs_batch=dims.get("rhs_batch_dims", ()))
+      found[definition.group(1)].append(d)
+      found[current].append(d)
+  return dict(found)
+
+
+def dots_of(name: str, ops: Dict[str, profile.HloOp], dots: Dict[str, List[Dot]]) -> List[Dot]:
+  """The dots an instruction computes: its own, or those of the computations it calls (nested
+  fusions followed)."""
+  if name in dots and ops.get(name) is not None and ops[name].opcode == "dot":
+    return dots[name]
+  out, todo, seen = [], list(ops[name].calls) if name in ops else [], set()
+  while todo:
+    computation = todo.pop()
+    if computation in seen:
+      continue
+    seen.add(computation)
+    out += dots.get(computation, [])
+  return out
+
+
+def by_shape(trace_dir: str) -> Tuple[Dict[str, object], List[dict]]:
+  """(bench.profile's figures of the trace in ``trace_dir``, one row per dot signature, slowest
+  first: {"dot": Dot, "ms": wall ms per step, "runs": per step, "gflops": GFLOP/s there}).
+
+  A matmul instruction with no dot found in the HLO (a library custom-call) is left out; one with
+  several dots (rare) has its time shared evenly between them."""
+  figures = profile.read_profile(trace_dir, top=10 ** 9)
+  with open(f"{trace_dir}/{profile.HLO_FILE}") as f:
+    text = f.read()
+  _, ops, _ = profile.parse_hlo(text)
+  dots = parse_dots(text)
+  rows: Dict[Dot, List[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+  for name, category, _, ms, runs in figures["top"]:
+    found = dots_of(name, ops, dots) if category == "matmul" else []
+    for d in found:
+      rows[d][0] += ms / len(found)
+      rows[d][1] += runs
+  table = [dict(dot=d, ms=ms, runs=runs, gflops=d.flops * runs / (ms * 1e6) if ms else 0.0)
+           for d, (ms, runs) in rows.items()]
+  table.sort(key=lambda r: -r["ms"])
+  return figures, table
+
+
+def time_alone(d: Dot, repeats: int = 20, seed: int = 0) -> float:
+  """Seconds of one warm call of the dot by itself (jit'd ``lax.dot_general``), the minimum of
+  ``repeats`` calls."""
+  rng = np.random.default_rng(seed)
+  lhs = jnp.asarray(rng.standard_normal(d.lhs), _DTYPES[d.lhs_dtype])
+  rhs = jnp.asarray(rng.standard_normal(d.rhs), _DTYPES[d.rhs_dtype])
+  out_dtype = _DTYPES[d.out_dtype]
+  numbers = ((d.lhs_contracting, d.rhs_contracting), (d.lhs_batch, d.rhs_batch))
+  fn = jax.jit(lambda a, b: jax.lax.dot_general(a, b, numbers, preferred_element_type=out_dtype))
+  jax.block_until_ready(fn(lhs, rhs))
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(lhs, rhs))
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def format_rows(figures: Dict[str, object], table: List[dict], alone: Optional[List[float]] = None
+                ) -> str:
+  """The rows as text, with the program's matmul total and the traced step."""
+  step, matmul = figures["step_ms"], figures["categories"]["matmul"]
+  total_flops = sum(r["dot"].flops * r["runs"] for r in table)
+  lines = [f"{figures.get('config', '?')} {figures.get('dtype', '')}: traced step {step:.2f} ms, "
+           f"matmul {matmul:.2f} ms ({100 * matmul / step:.1f}%), "
+           f"{total_flops / 1e9:.2f} GFLOP a step, {total_flops / (matmul * 1e6):.0f} GFLOP/s "
+           f"over the matmul time",
+           f"{'ms/step':>9} {'%':>6} {'runs':>6} {'GFLOP/s':>8}"
+           + (f" {'alone':>7}" if alone is not None else "") + "  dot"]
+  for i, r in enumerate(table):
+    extra = (f" {r['dot'].flops / alone[i] / 1e9:>7.0f}" if alone is not None else "")
+    lines.append(f"{r['ms']:>9.2f} {100 * r['ms'] / step:>5.1f}% {r['runs']:>6.0f} "
+                 f"{r['gflops']:>8.0f}{extra}  {r['dot'].describe()}")
+  return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  """``python -m bench.dots --read DIR [--alone]``: prints :func:`format_rows`."""
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--read", required=True, help="a bench.profile --trace_dir")
+  p.add_argument("--alone", action="store_true", help="also time each dot shape by itself")
+  p.add_argument("--repeats", type=int, default=20, help="calls per dot timed alone (the minimum)")
+  p.add_argument("--rows", type=int, default=30, help="how many dot shapes to list")
+  a = p.parse_args(argv)
+  try:
+    figures, table = by_shape(a.read)
+  except FileNotFoundError as e:
+    print(f"txf: error: {a.read} holds no bench.profile trace ({e.filename} is missing): "
+          f"write one with python -m bench.profile --trace_dir {a.read}", file=sys.stderr)
+    sys.exit(2)
+  table = table[:a.rows]
+  alone = [time_alone(r["dot"], a.repeats) for r in table] if a.alone else None
+  print(format_rows(figures, table, alone))
+
+
+if __name__ == "__main__":
+  main()
