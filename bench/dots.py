@@ -177,11 +177,13 @@ def time_alone(d: Dot, repeats: int = 20, seed: int = 0) -> float:
   return best
 
 
-def format_rows(figures: Dict[str, object], table: List[dict], alone: Optional[List[float]] = None
-                ) -> str:
-  """The rows as text, with the program's matmul total and the traced step."""
+def format_rows(figures: Dict[str, object], table: List[dict], alone: Optional[List[float]] = None,
+                rows: Optional[int] = None) -> str:
+  """The first ``rows`` rows (all: None) as text, after a line with the traced step and the
+  program's matmul time, FLOPs (all rows) and rate; ``alone``: seconds per call of those rows."""
   step, matmul = figures["step_ms"], figures["categories"]["matmul"]
   total_flops = sum(r["dot"].flops * r["runs"] for r in table)
+  table = table[:rows]
   lines = [f"{figures.get('config', '?')} {figures.get('dtype', '')}: traced step {step:.2f} ms, "
            f"matmul {matmul:.2f} ms ({100 * matmul / step:.1f}%), "
            f"{total_flops / 1e9:.2f} GFLOP a step, {total_flops / (matmul * 1e6):.0f} GFLOP/s "
@@ -209,9 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(f"txf: error: {a.read} holds no bench.profile trace ({e.filename} is missing): "
           f"write one with python -m bench.profile --trace_dir {a.read}", file=sys.stderr)
     sys.exit(2)
-  table = table[:a.rows]
-  alone = [time_alone(r["dot"], a.repeats) for r in table] if a.alone else None
-  print(format_rows(figures, table, alone))
+  alone = [time_alone(r["dot"], a.repeats) for r in table[:a.rows]] if a.alone else None
+  print(format_rows(figures, table, alone, a.rows))
 
 
 if __name__ == "__main__":

@@ -77,3 +77,6 @@ def test_the_output_projection_of_a_beam_call_is_found_with_its_flops(tmp_path):
   assert sum(r["ms"] for r in table) == pytest.approx(figures["categories"]["matmul"], rel=1e-6)
   text = dots.format_rows(figures, table)
   assert d.describe() in text
+  # the first line's FLOPs are all the rows', whatever is listed
+  first = dots.format_rows(figures, table, rows=1).splitlines()
+  assert first[0] == text.splitlines()[0] and len(first) == 3
