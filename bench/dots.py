@@ -194,6 +194,11 @@ def format_rows(figures: Dict[str, object], table: List[dict], alone: Optional[L
     extra = (f" {r['dot'].flops / alone[i] / 1e9:>7.0f}" if alone is not None else "")
     lines.append(f"{r['ms']:>9.2f} {100 * r['ms'] / step:>5.1f}% {r['runs']:>6.0f} "
                  f"{r['gflops']:>8.0f}{extra}  {r['dot'].describe()}")
+  if alone is not None:
+    now = sum(r["ms"] for r in table)
+    best = sum(r["runs"] * 1e3 * seconds for r, seconds in zip(table, alone))
+    lines.append(f"these {len(table)} shapes: {now:.2f} ms a step here, {best:.2f} ms at their "
+                 f"rates alone (the step less {now - best:.2f} ms)")
   return "\n".join(lines)
 
 

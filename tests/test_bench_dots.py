@@ -80,3 +80,7 @@ def test_the_output_projection_of_a_beam_call_is_found_with_its_flops(tmp_path):
   # the first line's FLOPs are all the rows', whatever is listed
   first = dots.format_rows(figures, table, rows=1).splitlines()
   assert first[0] == text.splitlines()[0] and len(first) == 3
+  # with the alone timings: the listed shapes' time at those rates, runs x seconds a call
+  alone = dots.format_rows(figures, table, [0.001] * 2, rows=2).splitlines()[-1]
+  want = 1e3 * 0.001 * (table[0]["runs"] + table[1]["runs"])
+  assert f"{want:.2f} ms at their rates alone" in alone, alone
