@@ -41,7 +41,7 @@ def split_benchmark(run, sources: Sequence[np.ndarray], spec: DecodingSpec, batc
   bucket's outputs."""
   rows, outputs = [], {}
   for bucket in buckets:
-    decoders._compiled_decoder.cache_clear()
+    decoders._compiled_search.cache_clear()
     jax.clear_caches()
     arm = spec.replace(length_bucket=bucket)
     start = time.perf_counter()

@@ -39,8 +39,8 @@ import numpy as np
 
 from bench import profile
 
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[([\d,]*)\]")
-_DOT = re.compile(r"=\s*(\w+)\[([\d,]*)\][^=]*?\sdot\(%?([\w.\-]+),\s*%?([\w.\-]+)\)(.*)$")
+_SHAPE = re.compile(r"^\s*(\w+)\[([\d,]*)\]")  # an instruction's result: element type, dims
+_OPERANDS = re.compile(r"\sdot\(%?([\w.\-]+),\s*%?([\w.\-]+)\)(.*)$")
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "f64": jnp.float64,
            "s8": jnp.int8, "s32": jnp.int32}  # HLO's element type names
 _DIMS = re.compile(r"(lhs_batch_dims|rhs_batch_dims|lhs_contracting_dims|rhs_contracting_dims)="
@@ -86,54 +86,60 @@ def _tuple(text: str) -> Tuple[int, ...]:
 
 
 def parse_dots(text: str) -> Dict[str, List[Dot]]:
-  """{instruction or fused computation name: the dots it computes} of an optimized HLO module.
+  """:func:`dots_in` of an optimized HLO module's text."""
+  return dots_in(*profile.parse_hlo(text)[1:])
 
-  Each ``dot`` instruction is listed under its own name and under the name of the computation
-  that holds it; operand shapes come from the instructions that define the operands in that
-  computation (parameters of a fusion included)."""
+
+def dots_in(ops: Dict[str, profile.HloOp], computations: Dict[str, List[str]]
+            ) -> Dict[str, List[Dot]]:
+  """{instruction or computation name: the dots it computes}, from
+  :func:`bench.profile.parse_hlo`'s instructions and computations.
+
+  Each ``dot`` instruction is listed under its own name, and under the name of the computation
+  that holds it and of every computation whose fusions call that one; operand shapes come from the
+  instructions that define the operands in that computation (parameters of a fusion included)."""
   found: Dict[str, List[Dot]] = collections.defaultdict(list)
-  shapes: Dict[str, Tuple[str, Tuple[int, ...]]] = {}
-  current = None
-  for line in text.splitlines():
-    line = re.sub(r"/\*.*?\*/", "", line)
-    match = profile._COMPUTATION.match(line)  # pylint: disable=protected-access
-    if match and "=" not in line.split("{")[0]:
-      current, shapes = match.group(1), {}
-      continue
-    if current is None:
-      continue
-    definition = _DEF.match(line)
-    if definition:
-      shapes[definition.group(1)] = (definition.group(2), _tuple(definition.group(3)))
-    dot = _DOT.search(line)
-    if definition and dot:
-      dims = {k: _tuple(v) for k, v in _DIMS.findall(dot.group(5))}
-      lhs, rhs = shapes.get(dot.group(3)), shapes.get(dot.group(4))
-      if lhs is None or rhs is None:
+  for computation, names in computations.items():
+    shapes = {n: _SHAPE.match(ops[n].text) for n in names}
+    for name in names:
+      dot = _OPERANDS.search(ops[name].text) if ops[name].opcode == "dot" else None
+      if dot is None:
         continue
-      d = Dot(lhs=lhs[1], rhs=rhs[1], lhs_dtype=lhs[0], rhs_dtype=rhs[0],
-              out_dtype=dot.group(1), out=_tuple(dot.group(2)),
+      out, lhs, rhs = shapes[name], shapes.get(dot.group(1)), shapes.get(dot.group(2))
+      if not (out and lhs and rhs):
+        continue
+      dims = {k: _tuple(v) for k, v in _DIMS.findall(dot.group(3))}
+      d = Dot(lhs=_tuple(lhs.group(2)), rhs=_tuple(rhs.group(2)), lhs_dtype=lhs.group(1),
+              rhs_dtype=rhs.group(1), out_dtype=out.group(1), out=_tuple(out.group(2)),
               lhs_contracting=dims.get("lhs_contracting_dims", ()),
               rhs_contracting=dims.get("rhs_contracting_dims", ()),
               lhs_batch=dims.get("lhs_batch_dims", ()), rhs_batch=dims.get("rhs_batch_dims", ()))
-      found[definition.group(1)].append(d)
-      found[current].append(d)
-  return dict(found)
+      found[name].append(d)
+      found[computation].append(d)
+  nested = {c: [op.calls for op in (ops[n] for n in names) if op.opcode == "fusion"]
+            for c, names in computations.items()}
+
+  def within(computation: str, seen: frozenset) -> List[Dot]:  # its dots and its fusions'
+    inner = [within(c, seen | {computation}) for calls in nested.get(computation, ())
+             for c in calls if c not in seen]
+    return found.get(computation, []) + [d for ds in inner for d in ds]
+
+  listed = {name: ds for name, ds in found.items() if name not in computations}
+  for computation in computations:
+    ds = within(computation, frozenset())
+    if ds:
+      listed[computation] = ds
+  return listed
 
 
 def dots_of(name: str, ops: Dict[str, profile.HloOp], dots: Dict[str, List[Dot]]) -> List[Dot]:
   """The dots an instruction computes: its own, or those of the computations it calls (nested
-  fusions followed)."""
-  if name in dots and ops.get(name) is not None and ops[name].opcode == "dot":
-    return dots[name]
-  out, todo, seen = [], list(ops[name].calls) if name in ops else [], set()
-  while todo:
-    computation = todo.pop()
-    if computation in seen:
-      continue
-    seen.add(computation)
-    out += dots.get(computation, [])
-  return out
+  fusions included, as :func:`parse_dots` lists them)."""
+  if name not in ops:
+    return []
+  if ops[name].opcode == "dot":
+    return dots.get(name, [])
+  return [d for computation in ops[name].calls for d in dots.get(computation, [])]
 
 
 def by_shape(trace_dir: str) -> Tuple[Dict[str, object], List[dict]]:
@@ -145,8 +151,8 @@ def by_shape(trace_dir: str) -> Tuple[Dict[str, object], List[dict]]:
   figures = profile.read_profile(trace_dir, top=10 ** 9)
   with open(f"{trace_dir}/{profile.HLO_FILE}") as f:
     text = f.read()
-  _, ops, _ = profile.parse_hlo(text)
-  dots = parse_dots(text)
+  _, ops, computations = profile.parse_hlo(text)
+  dots = dots_in(ops, computations)
   rows: Dict[Dot, List[float]] = collections.defaultdict(lambda: [0.0, 0.0])
   for name, category, _, ms, runs in figures["top"]:
     found = dots_of(name, ops, dots) if category == "matmul" else []

@@ -69,10 +69,12 @@ _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 
 
 class HloOp:
-  """One instruction of the optimized HLO: opcode, called computations, custom-call target."""
+  """One instruction of the optimized HLO: opcode, called computations, custom-call target, and
+  ``text``, what follows its ``name =`` (result shape, opcode, operands, attributes)."""
 
-  def __init__(self, name: str, opcode: str, calls: List[str], target: str):
+  def __init__(self, name: str, opcode: str, calls: List[str], target: str, text: str = ""):
     self.name, self.opcode, self.calls, self.target = name, opcode, calls, target
+    self.text = text
 
 
 def parse_hlo(text: str) -> Tuple[str, Dict[str, HloOp], Dict[str, List[str]]]:
@@ -101,7 +103,7 @@ def parse_hlo(text: str) -> Tuple[str, Dict[str, HloOp], Dict[str, List[str]]]:
       calls += [b.strip().lstrip("%") for b in branches.split(",") if b.strip()]
     target = _TARGET.search(rest)
     ops[match.group(1)] = HloOp(match.group(1), opcode.group(1) if opcode else "?", calls,
-                                target.group(1) if target else "")
+                                target.group(1) if target else "", rest)
     current.append(match.group(1))
   return (module.group(1) if module else ""), ops, computations
 

@@ -50,6 +50,24 @@ def test_a_batched_dot_counts_batch_and_contracted_dimensions():
   assert math.isfinite(dots.time_alone(d, repeats=2)) and dots.time_alone(d, repeats=2) > 0
 
 
+# The scores' fusion called from inside another fusion
+NESTED = BATCHED.replace("""ENTRY %main.2""", """%outer (param_0.4: f32[2,3,4,5], param_1.4: f32[2,3,6,5]) -> f32[2,3,4,6] {
+  %param_0.4 = f32[2,3,4,5]{3,2,1,0} parameter(0)
+  %param_1.4 = f32[2,3,6,5]{3,2,1,0} parameter(1)
+  ROOT %inner = f32[2,3,4,6]{3,2,1,0} fusion(%param_0.4, %param_1.4), kind=kLoop, calls=%fused_scores
+}
+
+ENTRY %main.2""").replace("kind=kCustom, calls=%fused_scores", "kind=kCustom, calls=%outer")
+
+
+def test_a_dot_inside_a_nested_fusion_is_the_outer_fusions():
+  found = dots.parse_dots(NESTED)
+  _, ops, _ = profile.parse_hlo(NESTED)
+  assert ops["ynn_fusion.7"].calls == ["outer"]
+  (d,) = dots.dots_of("ynn_fusion.7", ops, found)
+  assert d.out == (2, 3, 4, 6) and d.flops == 2 * (2 * 3) * (4 * 6 * 5)
+
+
 def test_a_directory_without_a_trace_is_one_error_line(tmp_path, capsys):
   with pytest.raises(SystemExit) as stop:
     dots.main(["--read", str(tmp_path)])

@@ -33,9 +33,16 @@ def decoding_model(model_cfg: TransformerConfig, params, spec: DecodingSpec):
   return cast_for_decoding(model_cfg, params, spec.weights_dtype)
 
 
-@functools.lru_cache(maxsize=64)
 def _compiled_decoder(model_cfg: TransformerConfig, batch_size: int, max_len: int,
                       spec: DecodingSpec, wrap: Callable = jax.jit):
+  """:func:`_compiled_search` for ``spec``'s search settings (``DecodingSpec.search_settings``):
+  specs that differ only in how batches are shaped, or in sampling, share one program."""
+  return _compiled_search(model_cfg, batch_size, max_len, spec.search_settings(), wrap)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_search(model_cfg: TransformerConfig, batch_size: int, max_len: int,
+                     spec: DecodingSpec, wrap: Callable = jax.jit):
   """``wrap(run)``, by default jit'd, of run(params, inputs [B, S]) -> ids [B, max_len] (best beam
   when ``spec.beam_size`` > 1); a runner's ``rows_fn`` as ``wrap`` decodes on all its devices.
   ``run`` takes its row count from ``inputs`` (under pmap each device sees batch_size / devices
@@ -109,7 +116,7 @@ def translate_ids(model_cfg: TransformerConfig, params, sources: Sequence[np.nda
     chunk = [sources[i] for i in rows]
     source_len, buffer_len = batch_shape([len(c) for c in chunk], input_len, max_len,
                                          spec.max_extra, bucket)
-    fn = _compiled_decoder(model_cfg, batch_size, buffer_len, spec.search_settings(), wrap)
+    fn = _compiled_decoder(model_cfg, batch_size, buffer_len, spec, wrap)
     ids = np.asarray(fn(params, jnp.asarray(pad_batch(chunk, source_len, batch_size))))
     for i, row, source in zip(rows, ids[:len(chunk)], chunk):
       if cut:

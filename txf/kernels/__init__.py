@@ -2,8 +2,8 @@
 
 ``txf.ops`` holds the paper's formulas; this package holds what makes them fast on a given backend
 (bf16 products laid out for the CPU's dot units, an unrolled threefry dropout mask, a fused output
-head, top-k through block maxima, a two-reduction argmax, fused/cuDNN attention), each tested against the formula it
-replaces (tests/test_kernels.py and the per-kernel tests). ``txf.nn`` calls the dispatch functions
+head, top-k through block maxima, a two-reduction argmax, fused/cuDNN attention), each tested
+against the formula it replaces (tests/test_kernels.py and the per-kernel tests). ``txf.nn`` calls the dispatch functions
 below; they read :func:`select` at trace time.
 """
 
