@@ -3,6 +3,7 @@
   python -m bench.profile --config base --program beam4 --trace_dir /tmp/p   (the trace)
   python -m bench.dots --read /tmp/p                    (its dots by shape)
   python -m bench.dots --read /tmp/p --alone            (and each shape timed alone)
+  python -m bench.dots --read /tmp/p --peak 213         (and the step at a given product rate)
 
 Reads what ``bench.profile --trace_dir`` leaves (the trace, the optimized HLO and the run's
 details). Every instruction that bench.profile counts as a matmul is looked up in the HLO for the
@@ -19,6 +20,8 @@ fusions hold one). Dots with the same operand shapes, dtypes and dimension numbe
   ``--repeats`` calls. The difference from the program's rate is what the program's context costs
   the dot: operands not in cache (weights streamed from memory every step), the fusion's other
   work, threads busy elsewhere.
+- the last lines bound what the program can gain: the step with nothing but its products (the
+  most any change outside them can give), and with ``--peak``, every product at that rate.
 
 The alone timing includes one jit dispatch (a few microseconds): read it for dots that take
 tens of microseconds or more.
@@ -184,9 +187,13 @@ def time_alone(d: Dot, repeats: int = 20, seed: int = 0) -> float:
 
 
 def format_rows(figures: Dict[str, object], table: List[dict], alone: Optional[List[float]] = None,
-                rows: Optional[int] = None) -> str:
+                rows: Optional[int] = None, peak: Optional[float] = None) -> str:
   """The first ``rows`` rows (all: None) as text, after a line with the traced step and the
-  program's matmul time, FLOPs (all rows) and rate; ``alone``: seconds per call of those rows."""
+  program's matmul time, FLOPs (all rows) and rate; ``alone``: seconds per call of those rows.
+
+  The last lines bound what the program can gain: with everything but its products gone, the
+  step is its matmul time M, so step / M is the most any change outside the products can give;
+  with ``peak`` (GFLOP/s), every product at that rate takes F / peak (F: all rows' FLOPs)."""
   step, matmul = figures["step_ms"], figures["categories"]["matmul"]
   total_flops = sum(r["dot"].flops * r["runs"] for r in table)
   table = table[:rows]
@@ -205,6 +212,12 @@ def format_rows(figures: Dict[str, object], table: List[dict], alone: Optional[L
     best = sum(r["runs"] * 1e3 * seconds for r, seconds in zip(table, alone))
     lines.append(f"these {len(table)} shapes: {now:.2f} ms a step here, {best:.2f} ms at their "
                  f"rates alone (the step less {now - best:.2f} ms)")
+  lines.append(f"nothing but the products: {matmul:.2f} ms, the step {step / matmul:.2f}x as fast "
+               f"at most without faster products")
+  if peak:
+    at_peak = total_flops / (peak * 1e6)
+    lines.append(f"every product at {peak:.0f} GFLOP/s: {at_peak:.2f} ms, and with nothing else "
+                 f"the step {step / at_peak:.2f}x as fast")
   return "\n".join(lines)
 
 
@@ -215,6 +228,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   p.add_argument("--alone", action="store_true", help="also time each dot shape by itself")
   p.add_argument("--repeats", type=int, default=20, help="calls per dot timed alone (the minimum)")
   p.add_argument("--rows", type=int, default=30, help="how many dot shapes to list")
+  p.add_argument("--peak", type=float, default=0.0,
+                 help="a GFLOP/s rate (e.g. txf bench's matmul peak): the step's products at it")
   a = p.parse_args(argv)
   try:
     figures, table = by_shape(a.read)
@@ -223,7 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
           f"write one with python -m bench.profile --trace_dir {a.read}", file=sys.stderr)
     sys.exit(2)
   alone = [time_alone(r["dot"], a.repeats) for r in table[:a.rows]] if a.alone else None
-  print(format_rows(figures, table, alone, a.rows))
+  print(format_rows(figures, table, alone, a.rows, a.peak or None))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,20 @@ def test_a_dot_inside_a_nested_fusion_is_the_outer_fusions():
   assert d.out == (2, 3, 4, 6) and d.flops == 2 * (2 * 3) * (4 * 6 * 5)
 
 
+def test_the_bounds_are_the_step_over_its_products_and_over_the_flops_at_a_peak():
+  # a 100 ms step of which 80 ms are products: two [1000, 1000] x [1000, 1000] dots a step,
+  # 2 * 1000^3 FLOPs each, so 4 GFLOP; at 100 GFLOP/s they would take 40 ms
+  square = dots.Dot((1000, 1000), (1000, 1000), "f32", "f32", "f32", (1000, 1000), (1,), (0,))
+  figures = {"step_ms": 100.0, "categories": {"matmul": 80.0}, "config": "hand", "dtype": ""}
+  table = [dict(dot=square, ms=80.0, runs=2, gflops=50.0)]
+  lines = dots.format_rows(figures, table, peak=100.0).splitlines()
+  assert "4.00 GFLOP a step, 50 GFLOP/s over the matmul time" in lines[0]
+  assert lines[-2] == ("nothing but the products: 80.00 ms, the step 1.25x as fast at most "
+                       "without faster products")
+  assert lines[-1] == "every product at 100 GFLOP/s: 40.00 ms, and with nothing else the step 2.50x as fast"
+  assert "every product" not in dots.format_rows(figures, table)
+
+
 def test_a_directory_without_a_trace_is_one_error_line(tmp_path, capsys):
   with pytest.raises(SystemExit) as stop:
     dots.main(["--read", str(tmp_path)])
@@ -97,7 +111,7 @@ def test_the_output_projection_of_a_beam_call_is_found_with_its_flops(tmp_path):
   assert d.describe() in text
   # the first line's FLOPs are all the rows', whatever is listed
   first = dots.format_rows(figures, table, rows=1).splitlines()
-  assert first[0] == text.splitlines()[0] and len(first) == 3
+  assert first[0] == text.splitlines()[0] and len(first) == 4
   # with the alone timings: the listed shapes' time at those rates, runs x seconds a call
   alone = dots.format_rows(figures, table, [0.001] * 2, rows=2).splitlines()[-1]
   want = 1e3 * 0.001 * (table[0]["runs"] + table[1]["runs"])
