@@ -160,3 +160,30 @@ def test_real_tasks_prefetch_unless_told_not_to(dirs):
     a, b = next(ahead), next(plain)
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_a_packed_batch_by_hand_with_an_empty_row_and_filler_rows():
+  # rows: [ex 0, ex 1], [], [ex 2], and one filler row past the packed ones
+  examples = {0: {"inputs": np.array([5, 6]), "targets": np.array([7])},
+              1: {"inputs": np.array([8]), "targets": np.array([9, 10])},
+              2: {"inputs": np.array([11, 12, 13]), "targets": np.array([14])}}
+  read = lambda indices: [examples[i] for i in indices]
+  b = global_batches._fill_packed({"inputs": 5, "targets": 4}, 4, [[0, 1], [], [2]],
+                                  RowLayout(None, 1), read)
+  np.testing.assert_array_equal(b["inputs"], [[5, 6, 8, 0, 0], [0] * 5, [11, 12, 13, 0, 0], [0] * 5])
+  np.testing.assert_array_equal(b["inputs_segmentation"],
+                                [[1, 1, 2, 0, 0], [0] * 5, [1, 1, 1, 0, 0], [0] * 5])
+  np.testing.assert_array_equal(b["inputs_position"],
+                                [[0, 1, 0, 0, 0], [0] * 5, [0, 1, 2, 0, 0], [0] * 5])
+  np.testing.assert_array_equal(b["targets"], [[7, 9, 10, 0], [0] * 4, [14, 0, 0, 0], [0] * 4])
+  np.testing.assert_array_equal(b["targets_segmentation"],
+                                [[1, 2, 2, 0], [0] * 4, [1, 0, 0, 0], [0] * 4])
+  np.testing.assert_array_equal(b["targets_position"], [[0, 0, 1, 0], [0] * 4, [0, 0, 0, 0], [0] * 4])
+  # the second of two processes (block layout: rows 2 and 3) fills only row 2
+  half = global_batches._fill_packed({"inputs": 5, "targets": 4}, 4, [[0, 1], [], [2]],
+                                     RowLayout.block(1, 2), read)
+  np.testing.assert_array_equal(half["inputs"], [[0] * 5, [0] * 5, [11, 12, 13, 0, 0], [0] * 5])
+  # the last packed row empty: nothing read past the examples
+  tail = global_batches._fill_packed({"inputs": 5, "targets": 4}, 2, [[2], []],
+                                     RowLayout(None, 1), read)
+  np.testing.assert_array_equal(tail["inputs"], [[11, 12, 13, 0, 0], [0] * 5])

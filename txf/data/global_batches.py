@@ -110,21 +110,30 @@ def _fill_packed(lengths: Dict[str, int], total: int, packed: Sequence[Sequence[
   within each example (0 on padding)."""
   mine = [int(r) for r in layout.rows(total) if r < len(packed)]
   flat = [int(i) for r in mine for i in packed[r]]
-  examples = iter(read(flat))
+  examples = read(flat)
   batch = {}
   for f, length in lengths.items():
     for suffix in ("", "_segmentation", "_position"):
       batch[f + suffix] = np.zeros((total, length), np.int32)
-  for r in mine:
-    start = dict.fromkeys(lengths, 0)
-    for segment, _ in enumerate(packed[r], 1):
-      ex = next(examples)
-      for f in lengths:
-        ids, at = ex[f], start[f]
-        batch[f][r, at:at + len(ids)] = ids
-        batch[f + "_segmentation"][r, at:at + len(ids)] = segment
-        batch[f + "_position"][r, at:at + len(ids)] = np.arange(len(ids))
-        start[f] = at + len(ids)
+  if not flat:
+    return batch
+  # example e of the flat list: its row, its segment number there (1, 2, ...), and per feature
+  # its first column (the lengths of the row's earlier examples); then every token at once
+  counts = np.asarray([len(packed[r]) for r in mine], np.int64)
+  first = np.cumsum(counts) - counts                      # flat index of each row's first example
+  rows = np.repeat(np.asarray(mine, np.int64), counts)
+  segments = np.arange(len(flat)) - np.repeat(first, counts) + 1
+  for f in lengths:
+    ids = [ex[f] for ex in examples]
+    sizes = np.fromiter((len(x) for x in ids), np.int64, len(ids))
+    before = np.cumsum(sizes) - sizes                     # tokens of all earlier examples
+    row_start = before[np.minimum(first, len(flat) - 1)]  # (a row with no examples repeats none)
+    starts = before - np.repeat(row_start, counts)         # ... of the row's earlier examples
+    position = np.arange(int(sizes.sum())) - np.repeat(before, sizes)
+    at = (np.repeat(rows, sizes), np.repeat(starts, sizes) + position)
+    batch[f][at] = np.concatenate(ids)
+    batch[f + "_segmentation"][at] = np.repeat(segments, sizes)
+    batch[f + "_position"][at] = position
   return batch
 
 
@@ -143,6 +152,9 @@ class IndexBatchIterator(CheckpointableIterator):
     self._read, self._label, self._fingerprint = read, label, fingerprint
     self._features = list(spec.lengths)
     self._limits = np.asarray([spec.lengths[f] for f in self._features], np.int32)
+    lengths = np.asarray(lengths, np.int32).reshape(len(lengths), len(self._features))
+    self._over = np.any(lengths > self._limits, axis=1)      # [N] longer than the limits
+    self._need = np.minimum(lengths, self._limits)           # [N, F] the tokens it takes
     self._limiter = LengthLimiter(spec.lengths, spec.truncate, spec.eos_last, what)
     if (not spec.truncate and len(lengths)
         and not np.all(np.asarray(lengths) <= self._limits, axis=1).any()):
@@ -171,8 +183,7 @@ class IndexBatchIterator(CheckpointableIterator):
     while len(out) < count:
       index = int(self._order[pos])
       pos += 1
-      lens = self._lengths[index]
-      over = bool(np.any(lens > self._limits))
+      over = self._over[index]
       if over:
         self._limiter.count_over()
       else:
@@ -197,27 +208,31 @@ class IndexBatchIterator(CheckpointableIterator):
     window ends before the first example that fits in no row (it opens the next window)."""
     rows = self._rows[0]
     bins = -(-max(self._spec.packing_bins, rows) // rows) * rows
-    room = np.tile(self._limits, (bins, 1))            # tokens left per row and feature
+    room = [np.full(bins, m, np.int32) for m in self._limits]   # tokens left per feature and row
+    fits = np.empty(bins, bool)
     packed: List[List[int]] = [[] for _ in range(bins)]
     pos = self._pos
     while True:
       index, after, dropped = self._peek(pos)
-      need = np.minimum(self._lengths[index], self._limits)
-      if not need.any():       # nothing to place (an empty example): pass over it
+      need = self._need[index].tolist()
+      if not any(need):        # nothing to place (an empty example): pass over it
         pos = after
         continue
-      fits = np.all(room >= need, axis=1)
-      if not fits.any():
+      np.greater_equal(room[0], need[0], out=fits)
+      for left, n in zip(room[1:], need[1:]):
+        fits &= left >= n
+      row = int(fits.argmax())
+      if not fits[row]:
         break
       for _ in range(dropped):
         self._limiter.count_over()
-      if np.any(self._lengths[index] > self._limits):
+      if self._over[index]:
         self._limiter.count_over()                        # kept truncated
       else:
         self._limiter.seen += 1
-      row = int(np.argmax(fits))
       packed[row].append(index)
-      room[row] -= need
+      for left, n in zip(room, need):
+        left[row] -= n
       pos = after
     self._next_pos = pos
     order = np.random.default_rng([self._seed, self._window]).permutation(bins)
@@ -231,7 +246,7 @@ class IndexBatchIterator(CheckpointableIterator):
     while True:
       index = int(self._order[pos])
       pos += 1
-      if self._spec.truncate or not np.any(self._lengths[index] > self._limits):
+      if self._spec.truncate or not self._over[index]:
         return index, pos, dropped
       dropped += 1
 

@@ -11,15 +11,16 @@ and its tokenizer; ``task.save(directory)`` writes the tokenizer.
 """
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
 
 from txf import families
-from txf.data import global_batches, pipeline, tokenizer
+from txf.data import global_batches, id_store, pipeline, tokenizer
 from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, Example,
                            RowLayout, Task, truncate_keep_eos)
+from txf.data.id_store import IdStore
 from txf.data.sources import read_records
 
 
@@ -83,31 +84,53 @@ class ExampleTask(_RealTask):
     source = self.sources[self.split_name("train")]
     features = list(self.features)
     limits = dict(self.features)
+    label = families.get(self.family).predicts == "label"
+    lengths, store = self._index(source, features, label)
 
-    def encode(record):
-      ex = self.encode_record(record)
-      if spec.truncate:
-        ex = {k: truncate_keep_eos(v, limits[k]) if k in limits else v for k, v in ex.items()}
-      return ex
+    def encode(indices):
+      return [self.encode_record(r) for r in read_records(source, indices, self.adapt)]
 
     def read(indices):
-      return [encode(r) for r in read_records(source, indices, self.adapt)]
+      examples = store.read(indices, encode) if store is not None else encode(indices)
+      if not spec.truncate:
+        return examples
+      return [{k: truncate_keep_eos(v, limits[k]) if k in limits else v for k, v in ex.items()}
+              for ex in examples]
 
     fp = pipeline.pipeline_fingerprint("global", self.fingerprint, spec.describe(), seed)
-    it = global_batches.IndexBatchIterator(self._lengths(source, features), spec, seed, layout,
-                                           read, families.get(self.family).predicts == "label", fp)
+    it = global_batches.IndexBatchIterator(lengths, spec, seed, layout, read, label, fp)
     return global_batches.Prefetched(it, d.prefetch) if d.prefetch > 0 else it
 
-
-  def _lengths(self, source, features: List[str]) -> np.ndarray:
-    """The training split's length index int32 [N, F] (computed once, shared by all processes)."""
+  def _index(self, source, features: List[str], label: bool
+             ) -> Tuple[np.ndarray, Optional[IdStore]]:
+    """(the training split's length index int32 [N, F], computed once and shared by all
+    processes; the split's ``IdStore`` holding what that pass encoded, or None for a split too
+    large to keep in memory)."""
     key = ("lengths", tuple(features))
     if key not in self._cache:
+      kept: Dict[int, Dict[str, np.ndarray]] = {}
+      budget = [id_store.MAX_TOKENS]
+
       def lengths_of(indices):
-        return [[len(ex[f]) for f in features]
-                for ex in map(self.encode_record, read_records(source, indices, self.adapt))]
-      self._cache[key] = global_batches.example_lengths(len(source), lengths_of, len(features),
-                                                        "the training split")
+        out = []
+        for i, ex in zip(indices, map(self.encode_record,
+                                      read_records(source, indices, self.adapt))):
+          out.append([len(ex[f]) for f in features])
+          budget[0] -= sum(out[-1])
+          if budget[0] >= 0:
+            kept[int(i)] = ex
+          else:
+            kept.clear()          # too large to keep: the store will not be made
+        return out
+
+      lengths = global_batches.example_lengths(len(source), lengths_of, len(features),
+                                               "the training split")
+      store = IdStore.for_split(lengths, features, ("label",) if label else (),
+                                 id_store.MAX_TOKENS)
+      if store is not None:
+        for i, ex in kept.items():
+          store.put(i, ex)
+      self._cache[key] = (lengths, store)
     return self._cache[key]
 
   def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None
