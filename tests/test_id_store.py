@@ -20,8 +20,7 @@ def _example(n_in, n_out, label=None):
 
 
 def test_a_stored_example_comes_back_as_it_went_in():
-  lengths = np.array([[3, 2], [1, 4], [2, 2]])
-  store = IdStore(lengths, ["inputs", "targets"], ["label"])
+  store = IdStore(3, ["inputs", "targets"], ["label"])
   assert len(store) == 0 and store.get(1) is None
   store.put(1, _example(1, 4, label=7))
   store.put(0, _example(3, 2, label=2))
@@ -33,25 +32,47 @@ def test_a_stored_example_comes_back_as_it_went_in():
   np.testing.assert_array_equal(store.get(0)["inputs"], [10, 11, 12])  # its neighbour untouched
   with pytest.raises(ValueError):
     got["inputs"][0] = 0                      # a view into the store: read-only
+  store.put(1, _example(2, 2, label=1))       # stored once: a second put changes nothing
+  assert store.get(1)["label"] == 7 and len(store.get(1)["inputs"]) == 1
 
 
-def test_an_example_of_other_lengths_or_fields_is_not_stored():
-  store = IdStore(np.array([[3, 2]]), ["inputs", "targets"])
-  store.put(0, _example(2, 2))                # the length index says 3 input ids
+def test_the_store_grows_past_its_first_arrays_and_keeps_every_example():
+  rng = np.random.default_rng(0)
+  store = IdStore(300, ["inputs", "targets"])
+  sizes = rng.integers(1, 40, (300, 2))
+  examples = [{"inputs": rng.integers(0, 1000, n_in).astype(np.int32),
+               "targets": rng.integers(0, 1000, n_out).astype(np.int32)} for n_in, n_out in sizes]
+  order = rng.permutation(300)
+  first = store.get                            # a reader holding views from before the growth
+  for i in order[:10]:
+    store.put(int(i), examples[i])
+  early = {int(i): first(int(i)) for i in order[:10]}
+  for i in order[10:]:
+    store.put(int(i), examples[i])
+  assert sizes.sum() > 2 * 1024 and len(store) == 300   # past the first 1024 ids of each feature
+  for i, ex in enumerate(examples):
+    for f in ("inputs", "targets"):
+      np.testing.assert_array_equal(store.get(i)[f], ex[f])
+  for i, ex in early.items():
+    np.testing.assert_array_equal(ex["inputs"], examples[i]["inputs"])
+
+
+def test_an_example_without_every_field_is_not_stored():
+  store = IdStore(1, ["inputs", "targets"], ["label"])
+  store.put(0, _example(2, 2))                # no label
   assert store.get(0) is None
-  store.put(0, {"inputs": np.arange(3)})      # no targets
+  store.put(0, {"inputs": np.arange(3), "label": 1})      # no targets
   assert store.get(0) is None
 
 
 def test_read_encodes_only_what_is_not_stored_and_keeps_the_order():
-  lengths = np.array([[1, 1], [2, 1], [3, 1], [4, 1]])
-  store = IdStore(lengths, ["inputs", "targets"])
+  store = IdStore(4, ["inputs", "targets"])
   store.put(2, _example(3, 1))
   asked = []
 
   def encode(indices):
     asked.append(list(indices))
-    return [_example(int(lengths[i, 0]), 1) for i in indices]
+    return [_example(i + 1, 1) for i in indices]
 
   got = store.read([3, 2, 0, 2], encode)
   assert asked == [[3, 0]]
@@ -60,10 +81,15 @@ def test_read_encodes_only_what_is_not_stored_and_keeps_the_order():
   assert asked == [[3, 0]] and [len(ex["inputs"]) for ex in got] == [1, 4]
 
 
-def test_a_split_over_the_budget_gets_no_store():
-  lengths = np.array([[3, 2], [1, 4]])        # 10 ids
-  assert IdStore.for_split(lengths, ["inputs", "targets"], max_tokens=10) is not None
-  assert IdStore.for_split(lengths, ["inputs", "targets"], max_tokens=9) is None
+def test_past_its_budget_a_store_keeps_what_fits_and_encodes_the_rest():
+  store = IdStore(3, ["inputs", "targets"], max_tokens=10)
+  store.put(0, _example(3, 2))                # 5 ids
+  store.put(1, _example(4, 2))                # 6 more: over 10, not stored
+  store.put(2, _example(2, 3))                # 5 more: exactly 10
+  assert [store.get(i) is not None for i in range(3)] == [True, False, True]
+  asked = []
+  got = store.read([1, 0], lambda ix: asked.append(ix) or [_example(4, 2)])
+  assert asked == [[1]] and store.get(1) is None and len(got[0]["inputs"]) == 4
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +115,9 @@ def test_the_batches_are_the_same_without_a_store_and_nothing_is_encoded_twice(
   assert calls == []                          # every record was encoded once, by the length pass
   monkeypatch.setattr(id_store, "MAX_TOKENS", 0)
   plain = _task(dirs, kind, **data)
-  assert plain._index(plain.sources[plain.split_name("train")], list(plain.features),
-                      kind == "tsv")[1] is None
   fresh = plain.train_iterator(8, 3)
+  assert len(plain._index(plain.sources[plain.split_name("train")], list(plain.features),
+                          kind == "tsv")[1]) == 0          # a store with no room holds nothing
   for want in kept:
     got = next(fresh)
     assert sorted(got) == sorted(want)

@@ -91,7 +91,7 @@ class ExampleTask(_RealTask):
       return [self.encode_record(r) for r in read_records(source, indices, self.adapt)]
 
     def read(indices):
-      examples = store.read(indices, encode) if store is not None else encode(indices)
+      examples = store.read(indices, encode)
       if not spec.truncate:
         return examples
       return [{k: truncate_keep_eos(v, limits[k]) if k in limits else v for k, v in ex.items()}
@@ -101,35 +101,23 @@ class ExampleTask(_RealTask):
     it = global_batches.IndexBatchIterator(lengths, spec, seed, layout, read, label, fp)
     return global_batches.Prefetched(it, d.prefetch) if d.prefetch > 0 else it
 
-  def _index(self, source, features: List[str], label: bool
-             ) -> Tuple[np.ndarray, Optional[IdStore]]:
+  def _index(self, source, features: List[str], label: bool) -> Tuple[np.ndarray, IdStore]:
     """(the training split's length index int32 [N, F], computed once and shared by all
-    processes; the split's ``IdStore`` holding what that pass encoded, or None for a split too
-    large to keep in memory)."""
+    processes; an ``IdStore`` holding the examples that pass encoded, up to its ``MAX_TOKENS``)."""
     key = ("lengths", tuple(features))
     if key not in self._cache:
-      kept: Dict[int, Dict[str, np.ndarray]] = {}
-      budget = [id_store.MAX_TOKENS]
+      store = IdStore(len(source), features, ("label",) if label else (), id_store.MAX_TOKENS)
 
       def lengths_of(indices):
         out = []
         for i, ex in zip(indices, map(self.encode_record,
                                       read_records(source, indices, self.adapt))):
           out.append([len(ex[f]) for f in features])
-          budget[0] -= sum(out[-1])
-          if budget[0] >= 0:
-            kept[int(i)] = ex
-          else:
-            kept.clear()          # too large to keep: the store will not be made
+          store.put(int(i), ex)
         return out
 
       lengths = global_batches.example_lengths(len(source), lengths_of, len(features),
                                                "the training split")
-      store = IdStore.for_split(lengths, features, ("label",) if label else (),
-                                 id_store.MAX_TOKENS)
-      if store is not None:
-        for i, ex in kept.items():
-          store.put(i, ex)
       self._cache[key] = (lengths, store)
     return self._cache[key]
 
