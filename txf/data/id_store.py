@@ -30,13 +30,13 @@ class IdStore:
   def __init__(self, count: int, features: Sequence[str], scalars: Sequence[str] = (),
                max_tokens: Optional[int] = None):
     self.features, self.scalars = list(features), list(scalars)
-    self._starts = np.zeros((count, len(self.features)), np.int64)
-    self._sizes = np.zeros((count, len(self.features)), np.int64)
+    self._starts = np.zeros((count, len(self.features)), np.int32)   # 8 bytes a record and
+    self._sizes = np.zeros((count, len(self.features)), np.int32)    # feature
     self._ids = [np.zeros(1024, np.int32) for _ in self.features]
     self._used = [0] * len(self.features)
     self._values = {s: np.zeros(count, np.int64) for s in self.scalars}
     self._have = np.zeros(count, bool)
-    self._room = MAX_TOKENS if max_tokens is None else int(max_tokens)
+    self._room = min(MAX_TOKENS if max_tokens is None else int(max_tokens), 2 ** 31 - 1)
     self._lock = threading.Lock()
 
   def __len__(self) -> int:
