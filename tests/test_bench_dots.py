@@ -113,6 +113,10 @@ def test_the_output_projection_of_a_beam_call_is_found_with_its_flops(tmp_path):
   first = dots.format_rows(figures, table, rows=1).splitlines()
   assert first[0] == text.splitlines()[0] and len(first) == 4
   # with the alone timings: the listed shapes' time at those rates, runs x seconds a call
-  alone = dots.format_rows(figures, table, [0.001] * 2, rows=2).splitlines()[-1]
+  alone = dots.format_rows(figures, table, [0.001] * 2, rows=2).splitlines()
   want = 1e3 * 0.001 * (table[0]["runs"] + table[1]["runs"])
-  assert f"{want:.2f} ms at their rates alone" in alone, alone
+  assert f"{want:.2f} ms at their rates alone" in alone[-2], alone
+  # then the bound: the traced call over its matmul time
+  step, matmul = figures["step_ms"], figures["categories"]["matmul"]
+  assert alone[-1].startswith(f"nothing but the products: {matmul:.2f} ms, the step "
+                              f"{step / matmul:.2f}x"), alone
