@@ -50,7 +50,7 @@ class IdStore:
       return
     sizes = [len(example[f]) for f in self.features]
     with self._lock:
-      if sum(sizes) > self._room:
+      if self._have[index] or sum(sizes) > self._room:   # (another thread may have stored it)
         return
       self._room -= sum(sizes)
       for j, f in enumerate(self.features):
