@@ -1,6 +1,8 @@
 """txf/data/id_store.py: the training split's encoded examples kept in memory, and the real tasks'
 batches with and without it."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -55,6 +57,27 @@ def test_the_store_grows_past_its_first_arrays_and_keeps_every_example():
       np.testing.assert_array_equal(store.get(i)[f], ex[f])
   for i, ex in early.items():
     np.testing.assert_array_equal(ex["inputs"], examples[i]["inputs"])
+
+
+def test_threads_putting_the_same_records_store_each_once():
+  examples = [_example(1 + i % 7, 1 + i % 5) for i in range(3000)]
+  want = sum(len(ex["inputs"]) + len(ex["targets"]) for ex in examples)
+  store = IdStore(3000, ["inputs", "targets"], max_tokens=want)  # room for one copy of each
+  start = threading.Barrier(4)
+
+  def put_all():
+    start.wait()
+    for i, ex in enumerate(examples):
+      store.put(i, ex)
+
+  threads = [threading.Thread(target=put_all) for _ in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert len(store) == 3000                   # a second copy would have run out of room
+  for i, ex in enumerate(examples):
+    np.testing.assert_array_equal(store.get(i)["inputs"], ex["inputs"])
 
 
 def test_an_example_without_every_field_is_not_stored():
