@@ -148,7 +148,7 @@ class IndexBatchIterator(CheckpointableIterator):
   def __init__(self, lengths: np.ndarray, spec: BatchSpec, seed: int, layout: RowLayout,
                read: Callable[[List[int]], List[Dict[str, np.ndarray]]], label: bool,
                fingerprint: str, what: str = "train"):
-    self._lengths, self._spec, self._seed, self._layout = lengths, spec, seed, layout
+    self._spec, self._seed, self._layout = spec, seed, layout
     self._read, self._label, self._fingerprint = read, label, fingerprint
     self._features = list(spec.lengths)
     self._limits = np.asarray([spec.lengths[f] for f in self._features], np.int32)
@@ -156,8 +156,7 @@ class IndexBatchIterator(CheckpointableIterator):
     self._over = np.any(lengths > self._limits, axis=1)      # [N] longer than the limits
     self._need = np.minimum(lengths, self._limits)           # [N, F] the tokens it takes
     self._limiter = LengthLimiter(spec.lengths, spec.truncate, spec.eos_last, what)
-    if (not spec.truncate and len(lengths)
-        and not np.all(np.asarray(lengths) <= self._limits, axis=1).any()):
+    if not spec.truncate and len(lengths) and self._over.all():
       limits = ", ".join(f"{f} <= {m}" for f, m in spec.lengths.items())
       raise DataError(f"{what}: every one of the {len(lengths)} examples is longer than the "
                       f"model takes ({limits} tokens): raise data.max_input_len / "
@@ -195,7 +194,7 @@ class IndexBatchIterator(CheckpointableIterator):
     return out
 
   def _bucket_of(self, index: int) -> int:
-    lens = np.minimum(self._lengths[index], self._limits)
+    lens = self._need[index]
     for k, bucket in enumerate(self._buckets):
       if all(lens[j] <= bucket[f] for j, f in enumerate(self._features)):
         return k

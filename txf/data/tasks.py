@@ -17,7 +17,7 @@ from absl import logging
 import numpy as np
 
 from txf import families
-from txf.data import global_batches, id_store, pipeline, tokenizer
+from txf.data import global_batches, pipeline, tokenizer
 from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, Example,
                            RowLayout, Task, truncate_keep_eos)
 from txf.data.id_store import IdStore
@@ -106,7 +106,7 @@ class ExampleTask(_RealTask):
     processes; an ``IdStore`` holding the examples that pass encoded, up to its ``MAX_TOKENS``)."""
     key = ("lengths", tuple(features))
     if key not in self._cache:
-      store = IdStore(len(source), features, ("label",) if label else (), id_store.MAX_TOKENS)
+      store = IdStore(len(source), features, ("label",) if label else ())
 
       def lengths_of(indices):
         out = []
