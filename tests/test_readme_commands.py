@@ -224,6 +224,8 @@ NOT_RUN = {
     "python -m bench.dropout --masks": "a benchmark: tests/test_dropout.py checks the masks",
     "python -m bench.programs --config small --program beam4 --before_tree OLD_CHECKOUT":
         "an old checkout: tests/test_bench_programs.py compares a copy of this tree",
+    "python -m bench.dotlibs --programs small:beam4 transformer_tiny:train":
+        "minutes of benchmarking: tests/test_bench_dotlibs.py runs it on the tiny config",
     # docs/sweeps.md
     "txf sweep experiments/sweeps/copy_norm.py --parallel 2": SWEEP,
     "txf sweep experiments/sweeps/copy_norm.py --set model.d_ff=256 --set num_train_steps=300 "
