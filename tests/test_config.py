@@ -1,6 +1,5 @@
 """Config validation: each kind of bad config gives a clear error naming the field and the fix."""
 
-import json
 import os
 
 import pytest
@@ -30,6 +29,9 @@ def test_base_and_experiment_configs_validate():
     (lambda c: setattr(c.model, "d_ff", 0), "model.d_ff=0 must be positive"),
     (lambda c: setattr(c, "batch_size", -4), "batch_size=-4 must be positive"),
     (lambda c: setattr(c.model, "dropout_rate", 1.5), "model.dropout_rate=1.5 must be in [0, 1)"),
+    (lambda c: setattr(c.data, "id_store_tokens", -1), "data.id_store_tokens=-1 must be in [0, 2**31 - 1]"),
+    (lambda c: setattr(c.data, "id_store_tokens", 2 ** 31),
+     "data.id_store_tokens=2147483648 must be in [0, 2**31 - 1]"),
     (lambda c: setattr(c.model, "positional", "rotary"), "model.positional='rotary' is not one of"),
     (lambda c: c.model.update(positional="rope", d_model=24), "d_k = d_model / num_heads = 3 must be even"),
     (lambda c: c.model.update(positional="rope", rope_base=1.0), "model.rope_base=1.0 must be > 1"),

@@ -136,8 +136,7 @@ def test_the_batches_are_the_same_without_a_store_and_nothing_is_encoded_twice(
   monkeypatch.setattr(task, "encode_record", lambda r: calls.append(1) or encode(r))
   kept = [next(it) for _ in range(25)]        # several epochs of the fixture's data
   assert calls == []                          # every record was encoded once, by the length pass
-  monkeypatch.setattr(id_store, "MAX_TOKENS", 0)
-  plain = _task(dirs, kind, **data)
+  plain = _task(dirs, kind, **data, id_store_tokens=0)      # the run's setting: no ids kept
   fresh = plain.train_iterator(8, 3)
   assert len(plain._index(plain.sources[plain.split_name("train")], list(plain.features),
                           kind == "tsv")[1]) == 0          # a store with no room holds nothing
@@ -146,3 +145,21 @@ def test_the_batches_are_the_same_without_a_store_and_nothing_is_encoded_twice(
     assert sorted(got) == sorted(want)
     for k in want:
       np.testing.assert_array_equal(got[k], want[k], err_msg=f"{mode}: {k}")
+
+
+def test_the_config_default_is_the_store_default():
+  from txf.config import base_config
+  assert base_config().data.id_store_tokens == id_store.MAX_TOKENS
+
+
+def test_a_run_resumes_with_another_store_budget_but_not_other_batching():
+  from txf.config import base_config
+  from txf.workdir import config_to_dict, differing_fields
+  old = config_to_dict(base_config())
+  new = base_config()
+  new.data.id_store_tokens = 0
+  assert differing_fields(old, config_to_dict(new)) == []
+  del old["data"]["id_store_tokens"]           # a run written before the field existed
+  assert differing_fields(old, config_to_dict(new)) == []
+  new.data.packing = True
+  assert differing_fields(old, config_to_dict(new)) == [("data.packing", False, True)]

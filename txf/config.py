@@ -172,6 +172,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.bucketing = False            # batch examples of similar length together
   d.tokens_per_batch = 0         # > 0: batch by token count instead of batch_size rows
   d.prefetch = 2                 # batches prepared ahead of the step
+  d.id_store_tokens = 67108864   # training ids kept in memory by the length pass (int32, 4 bytes each: 256 MiB); records past it are tokenized again at each read (0 = none, at most 2**31 - 1)
   d.synthetic_min_len = 4        # synthetic tasks: shortest sequence (copy/reverse/sort) or sentence
   d.synthetic_max_len = 12       # synthetic tasks: longest sequence before EOS
   d.synthetic_vocab = 16         # synthetic copy/reverse/sort: number of distinct symbols

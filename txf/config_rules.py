@@ -218,6 +218,9 @@ def range_errors(cfg: ml_collections.ConfigDict, given: Dict[str, object]) -> Li
   for key in ["eval_every", "checkpoint_every", "beam_size", "keep_checkpoints"]:
     if given.get(key, 0) < 0:
       errors.append(f"{key}={given.get(key)} must be >= 0")
+  if not 0 <= given.get("data.id_store_tokens", 0) <= 2 ** 31 - 1:
+    errors.append(f"data.id_store_tokens={given.get('data.id_store_tokens')} must be in "
+                  f"[0, 2**31 - 1] (0 keeps no ids in memory)")
   if given.get("model.decoder_start_id", 1) < 0 or given.get("model.position_offset", 0) < 0:
     errors.append(f"model.decoder_start_id={given.get('model.decoder_start_id')} and model.position_offset="
                   f"{given.get('model.position_offset')} must be >= 0")

@@ -32,6 +32,7 @@ RESUMABLE_FIELDS = {"num_train_steps", "time_limit_minutes", "log_every", "eval_
                     "checkpoint_every", "keep_checkpoints", "num_samples", "decode_examples", "eval_batches",
                     "beam_size", "alpha", "decode_max_extra", "name", "best_metric", "best_mode",
                     "nan_policy", "divergence_factor", "data.path", "data.data_dir", "data.prefetch",
+                    "data.id_store_tokens",
                     # the layout may change on resume: checkpoints restore onto any device count
                     "parallelism", "mesh_shape", "dcn_mesh_shape",
                     # what is profiled, and what the backward pass recomputes, change no state

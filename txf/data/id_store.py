@@ -7,8 +7,8 @@ share once. ``IdStore`` keeps what that pass encodes: per sequence feature one g
 array, with each record's start and length, and each scalar field (a label) in an int64 array.
 Records not stored yet (another process's share) are stored when first read.
 
-A store holds at most ``max_tokens`` ids (``MAX_TOKENS``: 64M, 256 MiB); records past that are
-encoded at every read, as without a store. The ids read back are the ids stored, so the batches
+A store holds at most ``max_tokens`` ids (``MAX_TOKENS``: 64M, 256 MiB; a run sets it with
+``data.id_store_tokens``); records past that are encoded at every read, as without a store. The ids read back are the ids stored, so the batches
 are the same with or without one.
 """
 

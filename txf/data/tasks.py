@@ -103,10 +103,12 @@ class ExampleTask(_RealTask):
 
   def _index(self, source, features: List[str], label: bool) -> Tuple[np.ndarray, IdStore]:
     """(the training split's length index int32 [N, F], computed once and shared by all
-    processes; an ``IdStore`` holding the examples that pass encoded, up to its ``MAX_TOKENS``)."""
+    processes; an ``IdStore`` holding the examples that pass encoded, up to
+    ``data.id_store_tokens`` ids)."""
     key = ("lengths", tuple(features))
     if key not in self._cache:
-      store = IdStore(len(source), features, ("label",) if label else ())
+      store = IdStore(len(source), features, ("label",) if label else (),
+                      max_tokens=self.data.id_store_tokens)
 
       def lengths_of(indices):
         out = []
