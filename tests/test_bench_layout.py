@@ -7,11 +7,13 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import setuptools
 
 from tests.conftest import ROOT, run_txf
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_python_m_bench_runs_from_the_checkout_root():
   proc = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=ROOT, capture_output=True,
                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
@@ -26,6 +28,7 @@ def test_the_package_ships_no_benchmarks():
   assert os.path.isfile(os.path.join(ROOT, "bench", "run.py"))
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_txf_bench_without_a_checkout_is_one_error_line(tmp_path):
   """txf as a wheel installs it: the package alone, no bench/ beside it."""
   site = tmp_path / "site"

@@ -43,6 +43,7 @@ def _dev_rows(workdir):
   return [line.split("\t") for line in open(path, encoding="utf-8").read().splitlines()]
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_classify_agrees_with_the_rule_and_with_the_training_loops_evaluation(classifier_run):
   run = inference.load_run(classifier_run)
   held_out, _ = sentences(60, seed=7)
@@ -60,6 +61,7 @@ def test_classify_agrees_with_the_rule_and_with_the_training_loops_evaluation(cl
   assert accuracy == pytest.approx(evals[-1]["accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_classify_command_keeps_line_count_and_empty_lines(classifier_run, tmp_path):
   lines = ["the dog runs quickly .", "", "a cat sleeps near the river .", "   "]
   path = tmp_path / "in.txt"

@@ -35,6 +35,7 @@ def test_version_prints_the_package_version():
   assert r.returncode == 0 and r.stdout.strip() == f"txf {txf.__version__}"
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 @pytest.mark.parametrize("name", ["train", "eval", "translate", "generate", "average-checkpoints"])
 def test_command_help_prints_its_purpose_and_own_flags(name):
   r = run_txf(name, "--help")
@@ -62,6 +63,7 @@ def test_train_help_names_the_config_flag_and_required_flags_are_marked():
     (["train", "--config.batch_size=abc"], "flag --config.batch_size=abc: invalid literal for int()"),
     (["eval"], "--workdir is required"),
 ])
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_usage_errors_are_one_line_and_exit_2(args, expected, tmp_path):
   r = run_txf(*args, "--workdir", str(tmp_path / "w")) if args[0] == "train" else run_txf(*args)
   assert r.returncode == 2, r.stderr
@@ -117,6 +119,7 @@ def test_library_filter_passes_txf_warnings_and_library_errors_only():
   assert f.filter(record(logging.ERROR, "/site/orbax/checkpoint_manager.py"))
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_info_is_quiet_by_default_and_logs_with_v():
   # JAX chooses its platform itself here: without a TPU it probes for one and logs that at INFO
   UNSET = {"JAX_PLATFORMS": None, "TF_CPP_MIN_LOG_LEVEL": None}

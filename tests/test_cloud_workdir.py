@@ -176,6 +176,7 @@ def test_a_scheme_orbax_cannot_reach_is_one_error(tmp_path, monkeypatch):
     workdir_lib.prepare("s3://bucket/run", _config(tmp_path, 1))
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_a_missing_filesystem_package_is_one_line_and_writes_nothing(tmp_path):
   if storage._importable("gcsfs"):
     pytest.skip("gcsfs is installed")

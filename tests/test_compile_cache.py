@@ -126,6 +126,7 @@ def test_off_writes_nothing(tmp_path):
   assert off.returncode == 0 and off.stderr == "" and json.loads(off.stdout)["where"] is None
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_txf_info_says_where_and_how_big_and_survives_an_unwritable_folder(tmp_path):
   cache = tmp_path / "c"
   proc = run_txf("info", env={compile_cache.ENV: str(cache)})

@@ -69,6 +69,7 @@ def test_max_len_shorter_than_data():
     ("--config.model.num_heads=5", "not divisible"),
     ("--config.model.max_len=8", "model.max_len=8 is shorter than the data"),
 ])
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_cli_reports_bad_config_and_writes_nothing(tmp_path, flag, needle):
   workdir = tmp_path / "run"
   r = run_txf("train", "--config", os.path.join(EXPERIMENTS, "copy.py"), "--workdir", str(workdir), flag,

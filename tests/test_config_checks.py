@@ -32,6 +32,7 @@ def test_silently_wrong_configs_are_refused(field, value, needle):
   assert needle in str(e.value)
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_train_refuses_a_silently_wrong_config_in_one_line_before_writing(tmp_path):
   # the command's path for every refusal above: one line, exit 2, no traceback, no workdir
   field, value, needle = SILENTLY_WRONG[2]

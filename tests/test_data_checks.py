@@ -24,6 +24,7 @@ def refused(r):
   return lines[0]
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_absurd_training_label_names_its_line(tmp_path):
   data = tsv_dir(tmp_path / "d")
   path = os.path.join(data, "train.tsv")
@@ -36,6 +37,7 @@ def test_absurd_training_label_names_its_line(tmp_path):
   assert not (tmp_path / "w" / "checkpoints").exists()
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_dev_label_missing_from_training_names_its_line(tmp_path):
   data = tsv_dir(tmp_path / "d")
   path = os.path.join(data, "dev.tsv")
@@ -46,6 +48,7 @@ def test_dev_label_missing_from_training_names_its_line(tmp_path):
   assert f"{path}:5: label 2 of the dev split never occurs in the training data" in line
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 @pytest.mark.parametrize("content", ["", "\n\n   \n\t\n"])
 def test_empty_or_blank_training_file_is_refused(tmp_path, content):
   data = parallel_dir(tmp_path / "d")

@@ -168,6 +168,7 @@ def test_a_kept_program_is_read_back_whole_and_a_bad_one_is_one_line(tmp_path):
   assert _programs(cache) == []  # jax's cache handed the program back: not kept (next test)
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_a_program_from_jax_s_own_cache_is_not_kept(tmp_path):
   """XLA:CPU serialises an executable it read back from jax's cache without some of its
   functions: such a program is used, never kept (the next process reads jax's entry again)."""
@@ -201,6 +202,7 @@ def test_the_run_s_keys_are_the_eager_split_s_bits(seed):
     np.testing.assert_array_equal(jax.random.key_data(have), jax.random.key_data(want))
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_on_a_host_of_several_devices_a_kept_program_runs_on_the_one_it_was_built_for(tmp_path):
   cache = str(tmp_path / "cache")
   cold = _python(cache, devices=8)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from tests.conftest import ROOT
 from txf.commands import reporting
 
@@ -87,6 +89,7 @@ WRITE = ("import sys\n"
          "print('tensorboard:', w._tb is not None)\n")
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_the_tensorboard_writer_does_not_import_torch(tmp_path):
   r = run_python(WRITE, tmp_path)
   assert r.returncode == 0, r.stderr
@@ -94,6 +97,7 @@ def test_the_tensorboard_writer_does_not_import_torch(tmp_path):
   assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_a_broken_tensorboardx_is_one_warning_and_the_metrics_are_written(tmp_path):
   broken = tmp_path / "tensorboardX"
   broken.mkdir()

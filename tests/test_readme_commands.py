@@ -559,6 +559,7 @@ def check_output(cmd, r, clone):
     assert (clone / "report.json").is_file()
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_prepare_data_says_one_line_for_a_dataset_it_cannot_prepare(tmp_path):
   r = subprocess.run([sys.executable, "-m", "txf.cli", "prepare-data", "no_such_dataset_txf",
                       "--data_dir", str(tmp_path)], capture_output=True, text=True, timeout=300,

@@ -60,6 +60,7 @@ def test_find_tcmalloc_looks_in_the_given_directories(tmp_path):
 
 @pytest.mark.skipif(runtime.find_tcmalloc() is None or not sys.platform.startswith("linux"),
                     reason="tcmalloc is not installed here")
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_txf_command_runs_under_tcmalloc_and_system_malloc_on_request():
   env = {"LD_PRELOAD": None, "_TXF_MALLOC_REEXEC": None, "TXF_MALLOC": None}
   r = run_txf("info", env=env)
@@ -70,6 +71,7 @@ def test_txf_command_runs_under_tcmalloc_and_system_malloc_on_request():
 
 @pytest.mark.skipif(runtime.find_tcmalloc() is None or not sys.platform.startswith("linux"),
                     reason="tcmalloc is not installed here")
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 @pytest.mark.parametrize("launch", ["console script", "python -m"])
 def test_the_reexecuted_command_imports_the_same_txf_inside_another_checkout(tmp_path, launch):
   # a directory that looks like another checkout: its txf.cli says so and fails

@@ -367,6 +367,7 @@ def test_a_tiny_sweep_end_to_end_through_the_cli(tmp_path):
 
 # -- Weights & Biases ------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_tracker_wandb_without_the_package_is_one_error_naming_the_extra(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails, find_spec finds nothing
   config = config_lib.load_experiment(COPY)

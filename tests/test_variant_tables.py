@@ -179,6 +179,7 @@ def test_a_table_refuses_unknown_and_duplicate_names():
     Table("model.no_such_field", {"a": 1})
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_the_train_commands_imports_declare_the_choices_before_validate():
   # a fresh process that imports only what `txf train` imports, then validates
   code = ("import txf.commands.train\n"
@@ -193,6 +194,7 @@ def test_the_train_commands_imports_declare_the_choices_before_validate():
   assert f"model.activation='nope' is not one of {ACTIVATIONS.names()}" in out
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 @pytest.mark.parametrize("command", ["train", "plan"])
 def test_the_cli_rejects_an_unknown_variant_with_the_tables_names(command, tmp_path):
   run = run_txf(command, "--config", "default", "--config.model.positional=rotary",

@@ -232,6 +232,7 @@ def test_vocab_multiple_auto_rule():
   assert resolve_vocab_multiple(c, 24, "gpu") == 8  # explicit wins
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_a_mesh_that_splits_heads_unevenly_fails_in_one_line(tmp_path, txf_cli):
   proc = txf_cli("train", "--config", "default", "--workdir", str(tmp_path / "run"),
                  "--config.parallelism=mesh", "--config.mesh_shape=(1,1,3)", "--progress=false",
@@ -246,6 +247,7 @@ def test_a_mesh_that_splits_heads_unevenly_fails_in_one_line(tmp_path, txf_cli):
       (tmp_path / "run" / "checkpoints").iterdir())
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 def test_an_explicit_vocab_multiple_that_does_not_divide_is_named(tmp_path, txf_cli):
   # the default task's vocabulary has 165 entries: odd, so tensor=2 cannot split it unpadded
   proc = txf_cli("train", "--config", "default", "--workdir", str(tmp_path / "run"),
