@@ -174,3 +174,29 @@ def test_a_run_is_bit_identical_cold_warm_and_off(tmp_path):
   assert all(stamp > 1 for stamp in kept["warm"].values()), kept  # init, state and step read back
   assert glob.glob(os.path.join(compile_cache.cache_dir(cache, {**os.environ, "JAX_PLATFORMS": "cpu"}), "*-cache"))
   assert results["cold"] == results["warm"] == results["off"]
+
+
+def test_a_multi_process_cpu_run_on_an_affected_jax_compiles_instead_of_reading(tmp_path, monkeypatch):
+  """jax 0.12.1 hangs a multi-process CPU program read back from its cache at the first collective
+  (a 2-process psum, run twice: 0.10.2 answers both times, 0.12.1 waits forever the second):
+  such runs turn the cache off, and a later ``apply`` (the loop's) keeps it off."""
+  assert compile_cache.serves_multi_process("0.10.2", "cpu")
+  assert compile_cache.serves_multi_process("0.12.0.1", "cpu")
+  assert not compile_cache.serves_multi_process("0.12.1", "cpu")
+  assert not compile_cache.serves_multi_process("0.13.0", "cpu")
+  assert compile_cache.serves_multi_process("0.12.1", "gpu")
+
+  class Config:  # jax.config's update and attributes
+    def update(self, name, value):
+      setattr(self, name, value)
+
+  config = Config()
+  monkeypatch.setattr(compile_cache, "_reset", lambda _: None)
+  monkeypatch.setattr(compile_cache, "_forced_off", False)
+  compile_cache.apply(config, str(tmp_path))
+  assert config.jax_enable_compilation_cache
+  assert config.jax_compilation_cache_dir.startswith(str(tmp_path))
+  compile_cache.force_off(config)
+  assert not config.jax_enable_compilation_cache and config.jax_compilation_cache_dir is None
+  assert compile_cache.apply(config, str(tmp_path)) is None
+  assert not config.jax_enable_compilation_cache

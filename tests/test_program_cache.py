@@ -98,6 +98,23 @@ def test_inside_a_trace_it_is_staged_not_run():
   np.testing.assert_array_equal(jax.jit(lambda y: double(y) + 1)(jnp.ones(3)), np.full(3, 3.0))
 
 
+def test_the_arrays_a_kept_program_returns_can_be_differentiated(tmp_path):
+  """A program written and read back as the cache does (``_write``, ``_load``) returns arrays that
+  ``jax.grad`` takes: on jax 0.12.1 their avals held a pickled copy of the ``AutoLayout``
+  singleton, unequal to it, and the gradient of a product with them raised "Expected cotangent
+  type float32[3,2] but got float32[3,2]"."""
+  from jax.experimental import serialize_executable
+  init = jax.jit(lambda: jnp.arange(6.0).reshape(3, 2))
+  compiled = init.lower().compile()
+  path = str(tmp_path / "init.program")
+  payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+  program_cache._write(path, (payload, in_tree, out_tree, [jax.devices()[0].id]))
+  w = program_cache._load(path)()
+  x = np.arange(12.0, dtype=np.float32).reshape(4, 3)
+  grad = jax.grad(lambda w: jnp.sum(jnp.asarray(x) @ w))(w)
+  np.testing.assert_array_equal(np.asarray(grad), np.repeat(x.sum(0)[:, None], 2, axis=1))
+
+
 # ----------------------------------------------------------------- across processes
 
 # a state-donating step kept through the program cache; prints its result's bits, whether the

@@ -31,6 +31,7 @@ already running.
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import warnings
 from importlib import metadata
@@ -47,9 +48,36 @@ MIN_COMPILE_SECS = 0.5  # TXF_COMPILE_CACHE_MIN_SECS overrides (0 keeps every pr
 OFF = ("off", "0", "none", "false", "no")
 # the sub-folder where txf.program_cache keeps whole programs (traced, lowered and compiled)
 PROGRAMS_SUBDIR = "programs"
+# From this jax version on, a program of a multi-process CPU run (collectives over gloo) that jax
+# reads back from its persistent cache waits forever at its first collective (jax 0.12.1; 0.10.2
+# reads it back and runs): such runs compile their programs instead (``serves_multi_process``).
+MULTI_PROCESS_CPU_HANG_FROM = (0, 12, 1)
 # the messages jax's compiler warns with when an entry cannot be read or written
 _JAX_CACHE_WARNINGS = ("Error reading persistent compilation cache entry",
                        "Error writing persistent compilation cache entry")
+
+
+def _release(text: str) -> Tuple[int, ...]:
+  return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def serves_multi_process(jax_version: str, backend: str) -> bool:
+  """Whether jax's persistent cache may serve the programs of a run of several processes on
+  ``backend`` under ``jax_version``: not on CPU from ``MULTI_PROCESS_CPU_HANG_FROM`` on, where a
+  program read back hangs at its first collective (txf.parallel.distributed turns the cache off
+  for such a run)."""
+  return backend != "cpu" or _release(jax_version) < MULTI_PROCESS_CPU_HANG_FROM
+
+
+_forced_off = False
+
+
+def force_off(jax_config) -> None:
+  """Turns the cache off for the rest of this process, whatever a later ``apply`` is given (a
+  multi-process run that ``serves_multi_process`` rules out)."""
+  global _forced_off
+  _forced_off = True
+  apply(jax_config, OFF[0])
 
 
 def base_dir(setting: str = "", environ: Mapping[str, str] = os.environ) -> Optional[str]:
@@ -158,7 +186,7 @@ def jax_options(setting: str = "", environ: Mapping[str, str] = os.environ) -> D
   """The ``jax.config`` options that put the cache at ``cache_dir(setting)`` (programs that took
   at least ``min_compile_secs`` to compile, bounded by ``max_bytes``), or that turn it off when
   it is off or its folder is unusable (one warning line then)."""
-  path = cache_dir(setting, environ)
+  path = None if _forced_off else cache_dir(setting, environ)
   if path is not None:
     problem = usable(path)
     if problem:

@@ -36,6 +36,7 @@ program loads while the caller builds its inputs (the train loop loads its step 
 parameters are initialised).
 """
 
+import copyreg
 import dataclasses
 import functools
 import hashlib
@@ -61,6 +62,33 @@ except ImportError:  # a jax without it: an op staged into a trace makes a trace
     return not isinstance(jax.lax.full((), 0), jax.core.Tracer)
 
 SUBDIR = compile_cache.PROGRAMS_SUBDIR
+
+
+def _auto_layout():
+  """jax's ``AutoLayout`` singleton: what a pickled reference to it becomes when read back."""
+  from jax._src import layout  # pylint: disable=import-outside-toplevel
+  return layout.AutoLayout
+
+
+def _keep_auto_layout_singleton() -> None:
+  """Pickles jax's ``AutoLayout`` as a reference to the singleton.
+
+  On jax 0.12 an aval carries a layout, ``AutoLayout`` by default, compared by identity. A
+  serialised executable pickles its avals; read back with pickle's default, their layout is a new
+  object, unequal to ``AutoLayout``, so the arrays a kept program returns have avals that no longer
+  match the ones jax builds, and ``jax.grad`` over them fails ("Expected cotangent type
+  float32[3,2] but got float32[3,2]"). A jax whose singleton survives pickling is left alone."""
+  try:
+    from jax._src import layout  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return
+  auto = getattr(layout, "AutoLayout", None)
+  if auto is None or pickle.loads(pickle.dumps(auto)) is auto:
+    return
+  copyreg.pickle(type(auto), lambda _: (_auto_layout, ()))
+
+
+_keep_auto_layout_singleton()
 _SUFFIXES = (".program", ".shapes")  # whole programs; the results of eval_shape
 
 

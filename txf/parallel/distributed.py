@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 
-from txf import agree
+from txf import agree, compile_cache
 from txf import supervise
 from txf.supervise import distributed_args  # noqa: F401  (re-exported: txf.parallel.distributed_args)
 from txf import workdir as workdir_lib
@@ -75,6 +75,8 @@ def maybe_initialize(env: Mapping[str, str] = os.environ) -> bool:
   args = dict(args, heartbeat_timeout_seconds=2 * args["heartbeat_timeout_seconds"] + 10)
   _initialize(args)
   if jax.process_count() > 1:
+    if not compile_cache.serves_multi_process(jax.__version__, jax.default_backend()):
+      compile_cache.force_off(jax.config)
     start_failure_watch()
   return jax.process_count() > 1
 
