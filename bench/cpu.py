@@ -16,7 +16,7 @@ from typing import Dict
 
 import jax
 
-from txf import runtime
+from txf.runtime import process as runtime
 from bench import train as train_bench
 
 

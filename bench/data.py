@@ -26,8 +26,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before XLA loads: no C++ I
 
 import numpy as np  # noqa: E402
 
-from txf import runtime
-from txf.config import base_config
+from txf.runtime import process as runtime
+from txf.core.config import base_config
 from txf.data.real import make_real_task
 
 MODES = {

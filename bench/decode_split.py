@@ -24,7 +24,7 @@ from txf.data.base import truncate_keep_eos
 from txf.decode import DecodingSpec
 from txf.decode import decoders
 from txf.inference.run import load_run
-from txf.runtime import quiet_script_logging
+from txf.runtime.process import quiet_script_logging
 
 
 def decode_split(run, sources: Sequence[np.ndarray], spec: DecodingSpec, batch_size: int

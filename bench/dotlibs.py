@@ -21,7 +21,7 @@ says which library got the dots: a fusion of kind ``__ynn_fusion``, ``__onednn_f
   min and median ms a call, and the output against the default library's: decoded ids equal, or
   the train step's loss difference.
 
-A library the installed XLA does not know (``txf.runtime.xla_knows``) is skipped with a line.
+A library the installed XLA does not know (``txf.runtime.process.xla_knows``) is skipped with a line.
 """
 
 import argparse
@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf.errors import TxfError
-from txf.runtime import xla_knows
+from txf.core.errors import TxfError
+from txf.runtime.process import xla_knows
 
 _YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
 LIBRARIES: Dict[str, Dict[str, object]] = {

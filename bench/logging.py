@@ -24,7 +24,7 @@ from typing import Dict, List
 
 import jax
 
-from txf.config import load_experiment
+from txf.core.config import load_experiment
 
 
 def _timed_run(config, workdir: str) -> Dict[str, float]:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
-from txf.config import base_config
+from txf.core.config import base_config
 from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
 from txf.parallel import sharding as sharding_lib

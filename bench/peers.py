@@ -27,9 +27,9 @@ import sys
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from bench.peer_worker import worker
-from txf.runtime import find_tcmalloc
+from txf.runtime.process import find_tcmalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: txf/ and bench/
 

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from typing import List, Optional
 
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = ("train", "greedy", "beamK (e.g. beam4)")

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 from bench import train as train_bench
 from bench.decode import decode_benchmark
 from txf import kernels
-from txf.config import ConfigError
+from txf.core.config import ConfigError
 from txf.kernels import resolve_impl
 
 

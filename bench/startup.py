@@ -10,7 +10,7 @@ first train step is done:
 * ``small``, ``base``: the peers' shapes (bench.train.BENCH_CONFIGS), the train step the peer
   sitting times (bench.peer_worker), run by this module as a worker that reports as soon as one
   step is finished, under tcmalloc where a ``txf`` command would re-execute with it
-  (``txf.runtime.reexec_plan``). The worker also reports its in-process first step (trace +
+  (``txf.runtime.process.reexec_plan``). The worker also reports its in-process first step (trace +
   compile + step, or reading the programs back), the figure the peer harnesses print as
   ``first_step_s``.
 
@@ -33,8 +33,8 @@ from typing import Dict, List, Optional
 import jax
 
 from bench import train as train_bench
-from txf import compile_cache, runtime
-from txf.machine import cpu_model_and_flags
+from txf.runtime import compile_cache, process as runtime
+from txf.runtime.machine import cpu_model_and_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("default", "small", "base")

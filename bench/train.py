@@ -35,8 +35,8 @@ import numpy as np
 
 from bench.decode import CONFIGS as MODEL_SIZES
 from txf.nn import TransformerConfig
-from txf import config as config_lib
-from txf.machine import load_average, machine_info  # noqa: F401 (bench.run reads them here)
+from txf.core import config as config_lib
+from txf.runtime.machine import load_average, machine_info  # noqa: F401 (bench.run reads them here)
 from txf.models import init_params
 from txf.models.flops import model_train_flops
 from txf.parallel.runners import SingleDeviceRunner

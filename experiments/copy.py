@@ -1,6 +1,6 @@
 """A tiny model on the copy task: the smoke test of the whole pipeline (well under a minute)."""
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

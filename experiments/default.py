@@ -1,10 +1,10 @@
 """The default experiment: the built-in toy translation task (reordering + agreement), CPU-sized.
 
 `txf train` with no flags runs this. About 2-3 minutes on a 2-core CPU; held-out exact match
-should pass 95%. Every field is documented in txf/config.py; the ones set here are commented.
+should pass 95%. Every field is documented in txf/core/config.py; the ones set here are commented.
 """
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

@@ -15,7 +15,7 @@ test_2016_flickr with beam 4 is 36.6 from the last checkpoint and 37.9 from the 
 4 (`txf average-checkpoints --workdir runs/multi30k_en_de --last 4`).
 """
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

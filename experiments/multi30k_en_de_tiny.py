@@ -29,7 +29,7 @@ bf16 products on a CPU with bf16 units, which at the 4k batch trained the 8,000 
 fast and scored 0.25 BLEU lower on test2016 (BENCHMARKS.md, "bf16 products for Transformer-Tiny").
 """
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

@@ -13,7 +13,7 @@ predicts 14. Only a 30-step smoke run is set (it checks the pipeline, not a meas
 raise num_train_steps for a real one.
 """
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

@@ -32,7 +32,7 @@ The seed's model, and where this file deviates from it:
   Classification uses plain cross-entropy (label_smoothing = 0) and mean pooling over real tokens.
 """
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

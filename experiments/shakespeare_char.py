@@ -14,7 +14,7 @@ linear cooldown 1.493 (750 steps: 1.503); cooldown and no dropout 1.475; cooldow
 learning rate 1.564. Measured on an H100 with the same code and step counts (README).
 """
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

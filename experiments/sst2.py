@@ -18,7 +18,7 @@ that dropout 0.3, label smoothing, weight decay or attention dropout 81.2-81.3%,
 0.1 (this config) 82.8% (82.9). Measured on an H100 with the same code and step counts (README).
 """
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

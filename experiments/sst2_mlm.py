@@ -17,7 +17,7 @@ Measured (AMD EPYC, 2 cores, one seed): 8000 steps in about 32 min; masked-token
 text 27.9% (perplexity 126) at learning_rate_scale 1.0, against 19.6% (296) at sst2.py's 0.25.
 """
 
-from txf.config import load_experiment
+from txf.core.config import load_experiment
 
 
 def get_config():

@@ -13,7 +13,7 @@ With FSDP over 64 devices (``mesh_shape=(1, -1, 1)``) each holds 1/64 of them; s
 big model's recipe.
 """
 
-from txf.config import load_experiment
+from txf.core.config import load_experiment
 
 
 def get_config():

@@ -17,7 +17,7 @@ paper: every 10 minutes), BLEU by sacrebleu on detokenized text (the paper: toke
 expect a point or so lower.
 """
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 
 def get_config():

@@ -13,7 +13,7 @@ averaged the last 20 checkpoints of its big models; this keeps the base's 5: rai
 keep_checkpoints to 20 to do the same with `txf average-checkpoints --last 20`.)
 """
 
-from txf.config import load_experiment
+from txf.core.config import load_experiment
 
 
 def get_config():

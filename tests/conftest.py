@@ -13,9 +13,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from txf import compile_cache, runtime  # noqa: E402
+from txf.runtime import compile_cache, process as runtime  # noqa: E402
 from tests.xla_flags import TEST_XLA_FLAGS  # noqa: E402
-# The model's variant tables declare the allowed values that txf.config.validate checks.
+# The model's variant tables declare the allowed values that txf.core.config.validate checks.
 import txf.models  # noqa: E402,F401  pylint: disable=unused-import
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

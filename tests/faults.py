@@ -30,7 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from txf import cli
-from txf import workdir as workdir_lib
+from txf.runtime import workdir as workdir_lib
 from txf.train import loop
 
 

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf.config import base_config
+from txf.core.config import base_config
 from txf.models import build_model, init_params
 from txf.nn import TransformerConfig
 from txf.kernels import fused_attention as _fused_attention, fused_kernel, has_bf16_units, resolve_impl
-from txf import machine
+from txf.runtime import machine
 from txf.nn.config import resolve_dtype
 
 

@@ -1,4 +1,4 @@
-"""txf.agree: cross-process agreement.
+"""txf.runtime.agree: cross-process agreement.
 
 - one process: every function answers at once with this process's own value (no collective);
   the bytes path (JSON text in int32 words) round-trips large and non-ASCII objects;
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.test_multiprocess import _launch
-from txf import agree
+from txf.runtime import agree
 
 
 def _big(seed: int, chars: int) -> dict:
@@ -75,10 +75,10 @@ import numpy as np
 from txf.parallel import distributed
 distributed.maybe_initialize()
 import jax
-from txf import agree
+from txf.runtime import agree
 from txf.data import global_batches
 from txf.data.base import DataError
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 p = jax.process_index()
 out = {"process": p, "count": jax.process_count()}

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf import config as config_lib
+from txf.core import config as config_lib
 from txf import ops
 from txf.models import build_model, forward, init_params
 from txf.decode.adapter import init_cache, make_logits_fn

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bench import dotlibs
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 # Three library fusions and two plain dots: a YNNPACK fusion, a oneDNN fusion whose computation
 # reaches its dot through a call, a fusion without a dot, a plain dot in the entry computation and

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bench import peers
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 
 def train(peer, config, step, tok, first=None, cpu=None):

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from bench import programs
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 # two builds of one program: numbering, metadata and the frame tables differ, nothing else
 BUILD_A = """HloModule jit_run, entry_computation_layout={(f32[4]{0})->f32[4]{0}}

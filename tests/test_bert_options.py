@@ -1,7 +1,7 @@
 """BERT's model options in txf, recomputed in float64 numpy from the module's own parameters: the
 embeddings Dropout(LN(E[x] + P[pos] + T[0])) (model.type_vocab_size, model.embed_norm, learned
 positions, no sqrt(d) scale), the pooler tanh(W h_0 + b) (model.pooler), and the encoder_mlm
-family's head LN(gelu(h W + b)) E^T + b_out (these compile: the end-to-end tier). Also: the BERT converter (txf/models/bert.py) takes a
+family's head LN(gelu(h W + b)) E^T + b_out (these compile: the end-to-end tier). Also: the BERT converter (txf/hf/bert.py) takes a
 random state dict to txf parameters and back unchanged, and the defaults add no parameter."""
 
 import math
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from txf.models import bert, build_model, forward, init_params
+from txf.hf import bert
+from txf.models import build_model, forward, init_params
 from txf.nn import TransformerConfig
 
 BERT_LIKE = dict(vocab_size=13, d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1,
@@ -143,10 +144,10 @@ def test_converter_round_trip_is_the_identity(family):
 def test_export_of_a_txf_classifier_names_what_bert_needs(tmp_path):
   """txf export-hf of a classifier trained by txf (sst2's: sinusoidal positions, mean pooling, no
   embedding norm, SentencePiece) is refused with one TxfError listing each difference."""
-  from txf import config as config_lib
-  from txf.errors import TxfError
-  from txf.inference import hf
-  from txf.workdir import config_to_dict, write_json
+  from txf.core import config as config_lib
+  from txf.core.errors import TxfError
+  from txf import hf
+  from txf.runtime.workdir import config_to_dict, write_json
   workdir = tmp_path / "run"
   workdir.mkdir()
   write_json(str(workdir / "config.json"), config_to_dict(config_lib.load_experiment("sst2")))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from test_data_fixtures import config_for, write_lines
-from txf.config import ConfigError, validate
+from txf.core.config import ConfigError, validate
 from txf.data import builders
 from txf.inference import bleu
 
@@ -161,7 +161,7 @@ def test_txf_eval_reports_either_protocol(tmp_path):
 def test_tiny_multi30k_experiment_reads_the_tokenized_files():
   """experiments/multi30k_en_de_tiny.py is valid, is the paper's Transformer-Tiny, and (with the
   shared data beside the checkout) names the tok/*.lc.norm.tok.* files of all three splits."""
-  from txf.config import load_experiment
+  from txf.core.config import load_experiment
   from txf.data.text import resolve_text_dir
   cfg = load_experiment("multi30k_en_de_tiny")
   validate(cfg)

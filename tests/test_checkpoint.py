@@ -1,6 +1,6 @@
-"""txf.checkpoint on small hand-made train states (no training): save/restore, keep-N + best,
+"""txf.train.checkpoint on small hand-made train states (no training): save/restore, keep-N + best,
 a killed save, an unreadable checkpoint, restoring onto another device count, averaging; and the
-workdir guard (txf.workdir) that decides whether a run may resume.
+workdir guard (txf.runtime.workdir) that decides whether a run may resume.
 
 End-to-end kills, signals and NaNs through ``txf train`` are in test_checkpoint_resume.py.
 """
@@ -21,9 +21,9 @@ import optax
 import pytest
 
 from tests.conftest import ROOT
-from txf import workdir as workdir_lib
-from txf.checkpoint import Checkpointer, CheckpointFallbackWarning, average_checkpoints
-from txf.config import base_config
+from txf.runtime import workdir as workdir_lib
+from txf.train.checkpoint import Checkpointer, CheckpointFallbackWarning, average_checkpoints
+from txf.core.config import base_config
 from txf.train.steps import TrainState, create_train_state
 from tests import faults
 
@@ -221,7 +221,7 @@ def test_restore_onto_another_device_count(tmp_path):
       import jax, numpy as np
       from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
       from tests.test_checkpoint import _template, _state, _assert_tree_equal
-      from txf.checkpoint import Checkpointer
+      from txf.train.checkpoint import Checkpointer
       assert jax.device_count() == 4
       mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "tensor"))
       def sharding(x):
@@ -419,8 +419,8 @@ def test_average_shard_by_shard_over_four_devices(tmp_path):
   np.savez(tmp_path / "step2.npz", **{"/".join(map(str, k)): v for k, v in _flat_items(states[1].params)})
   script = textwrap.dedent(f"""
       import jax, numpy as np
-      from txf.checkpoint import Checkpointer, average_checkpoints
-      from txf import workdir as workdir_lib
+      from txf.train.checkpoint import Checkpointer, average_checkpoints
+      from txf.runtime import workdir as workdir_lib
       reads = []
       original = Checkpointer._restore_leaf
       def spy(self, step, keys, meta, sharding=None):

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import EXPERIMENTS, ROOT
-from txf import workdir as workdir_lib
-from txf.checkpoint import Checkpointer, average_checkpoints
+from txf.runtime import workdir as workdir_lib
+from txf.train.checkpoint import Checkpointer, average_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint_resume")]  # one reference run
 

@@ -16,7 +16,7 @@ import pytest
 
 from test_data_fixtures import config_for, sentences, tsv_dir, write_lines
 from txf import inference
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

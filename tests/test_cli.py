@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ROOT, run_txf
 from txf import cli
-from txf import runtime
+from txf.runtime import process as runtime
 
 
 def error_line(result):
@@ -88,7 +88,7 @@ def test_config_file_with_a_syntax_error_or_without_get_config(tmp_path):
 
 
 def test_config_names_resolve_to_the_shipped_experiments(tmp_path):
-  from txf import config as config_lib
+  from txf.core import config as config_lib
   assert config_lib.experiment_path("sst2") == os.path.join(ROOT, "experiments", "sst2.py")
   # the README's relative path works from any directory
   assert config_lib.experiment_path("experiments/default.py").endswith(
@@ -135,7 +135,7 @@ def test_info_is_quiet_by_default_and_logs_with_v():
 @pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_average_checkpoints_has_no_orbax_read_only_warning(tmp_path):
   from tests.test_checkpoint import _config, _state
-  from txf.checkpoint import Checkpointer
+  from txf.train.checkpoint import Checkpointer
   ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
   for step in (10, 20):
     ck.save(step, _state(step / 7, step), {"next_index": step})

@@ -26,10 +26,11 @@ from orbax.checkpoint._src.path import gcs_utils
 
 from tb_events import read_events
 from test_init_from import small_run_config
-from txf import inference, storage
-from txf import workdir as workdir_lib
-from txf.errors import TxfError
-from txf.metrics import MetricWriter
+from txf import inference
+from txf.runtime import storage
+from txf.runtime import workdir as workdir_lib
+from txf.core.errors import TxfError
+from txf.train.metrics import MetricWriter
 from txf.train import train
 from txf.train.profile import StepProfiler
 

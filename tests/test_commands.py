@@ -19,11 +19,11 @@ import pytest
 from tests.conftest import apply_overrides
 from txf import inference
 from txf.commands import terminal
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from txf.inference.evaluate import exact_match
 from txf.decode import DecodingSpec
 from txf.decode import decoders as decoding
-from txf import workdir as workdir_lib
+from txf.runtime import workdir as workdir_lib
 from txf.data.base import EOS_ID
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

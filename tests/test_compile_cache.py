@@ -1,4 +1,4 @@
-"""The persistent compilation cache (txf/compile_cache.py): where it lives, what keys its folder,
+"""The persistent compilation cache (txf/runtime/compile_cache.py): where it lives, what keys its folder,
 its bound, and that a cache that cannot be used is one warning line and a normal compile."""
 
 import glob
@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from conftest import ROOT, run_txf
-from txf import compile_cache
+from txf.runtime import compile_cache
 
 # a program compiled through the cache, then its result printed (a fresh process each time)
 SCRIPT = """
 import json, jax, jax.numpy as jnp
-from txf import compile_cache
+from txf.runtime import compile_cache
 where = compile_cache.apply(jax.config)
 x = jnp.arange(12.0).reshape(3, 4)
 y = jax.jit(lambda a: (jnp.tanh(a) @ a.T).sum())(x)
@@ -164,7 +164,7 @@ def test_a_run_is_bit_identical_cold_warm_and_off(tmp_path):
       for key in [k for k in row if "per_second" in k or "time" in k or "seconds" in k]:
         row.pop(key)
     results[mode] = (rows, (workdir / "params.msgpack").read_bytes())
-    if mode != "off":  # whole programs (txf.program_cache): kept cold, read back warm, none added
+    if mode != "off":  # whole programs (txf.runtime.program_cache): kept cold, read back warm, none added
       kept[mode] = {p: os.stat(p).st_mtime_ns for p in
                     glob.glob(os.path.join(cache, "*", compile_cache.PROGRAMS_SUBDIR, "*.program"))}
       if mode == "cold":  # a read marks an entry used: set every mark back to see which are read

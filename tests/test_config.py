@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from txf import config as config_lib
-from txf import families
-from txf.config import ConfigError, base_config, validate
+from txf.core import config as config_lib
+from txf.core import families
+from txf.core.config import ConfigError, base_config, validate
 from tests.conftest import EXPERIMENTS, run_txf
 
 

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from tests.conftest import apply_overrides, run_txf
-from txf import config as config_lib
-from txf.config import ConfigError, base_config, validate
+from txf.core import config as config_lib
+from txf.core.config import ConfigError, base_config, validate
 
 
 # (field, value, the refusal's words): the default experiment, as `txf train` without --config
@@ -86,7 +86,7 @@ def test_fit_cooldown_keeps_its_share_of_the_run(steps, cooldown, original, expe
 
 
 CONFIG = """
-from txf.config import base_config
+from txf.core.config import base_config
 
 def get_config():
   c = base_config()

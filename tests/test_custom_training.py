@@ -13,8 +13,8 @@ import optax
 import pytest
 
 from tests.conftest import ROOT
-from txf import workdir as workdir_lib
-from txf.config import ConfigError
+from txf.runtime import workdir as workdir_lib
+from txf.core.config import ConfigError
 from txf.data import make_task
 from txf.models import (DecoderLM, build_model, cross_entropy_loss, init_params,
                         model_config_from)

@@ -3,7 +3,7 @@
 import os
 import random
 
-from txf.config import base_config
+from txf.core.config import base_config
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 _WORDS = ("the a cat dog bird sees chases likes small big red green house tree river over under "

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from txf import config as config_lib
+from txf.core import config as config_lib
 from txf.data import global_batches, pipeline
 from txf.data.base import EOS_ID, RowLayout, data_spec
 from txf.data.real import make_real_task

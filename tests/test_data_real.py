@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from txf import workdir as workdir_lib
+from txf.runtime import workdir as workdir_lib
 from txf.data import builders, catalog
 from txf.data.base import EOS_ID
 from txf.data.real import make_real_task

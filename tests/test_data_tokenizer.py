@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from txf import workdir as workdir_lib
-from txf.config import base_config
+from txf.runtime import workdir as workdir_lib
+from txf.core.config import base_config
 from txf.data import sources, tokenizer
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from txf.data.base import DataError

@@ -2,9 +2,9 @@
 
 import pytest
 
-from txf.config import base_config
+from txf.core.config import base_config
 from txf.decode import DecodingSpec
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 
 def test_from_config_reads_the_runs_settings_and_flags_override_only_when_given():

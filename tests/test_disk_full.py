@@ -116,10 +116,10 @@ def test_orbax_background_failure_of_a_full_disk_is_a_disk_error_and_its_logs_ar
   import logging
   import numpy as np
   from tests import faults
-  from txf import runtime
-  from txf import workdir as workdir_lib
-  from txf.checkpoint import Checkpointer
-  from txf.config import base_config
+  from txf.runtime import process as runtime
+  from txf.runtime import workdir as workdir_lib
+  from txf.train.checkpoint import Checkpointer
+  from txf.core.config import base_config
 
   records = []
 

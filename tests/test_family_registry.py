@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf import families
-from txf import config as config_lib
-from txf.config import ConfigError
+from txf.core import families
+from txf.core import config as config_lib
+from txf.core.config import ConfigError
 
 
 class BigramLM(nn.Module):

@@ -1,11 +1,11 @@
-"""GPT-2's numpy converter and vocabulary permutation (txf.models.gpt2, txf.data.bpe), no torch:
+"""GPT-2's numpy converter and vocabulary permutation (txf.hf.gpt2, txf.data.bpe), no torch:
 the quick tier. The model against GPT2LMHeadModel itself is tests/test_hf_gpt2.py (slow)."""
 
 import numpy as np
 import pytest
 
 from txf.data import bpe
-from txf.models import gpt2
+from txf.hf import gpt2
 
 
 def random_state_dict(rng, vocab=11, d=8, layers=2, positions=6, tied=True):
@@ -76,7 +76,7 @@ def test_model_fields_of_the_default_config_and_refusals():
 
 def test_masked_special_logits_refuse_label_smoothing():
   import txf.models  # noqa: F401  (the variant tables validate reads)
-  from txf.config import ConfigError, base_config, validate
+  from txf.core.config import ConfigError, base_config, validate
   c = base_config()
   c.model.mask_special_logits = True  # base_config smooths labels (0.1): mass on the masked ids
   with pytest.raises(ConfigError,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf import config as config_lib
+from txf.core import config as config_lib
 from txf import kernels, ops
 from txf.kernels import bf16
 from txf.models import init_params

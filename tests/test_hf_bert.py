@@ -21,9 +21,10 @@ torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[hf]'
 transformers = pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[hf]'")
 
 from tests.conftest import run_txf  # noqa: E402
-from txf.errors import TxfError  # noqa: E402
-from txf import workdir as workdir_lib  # noqa: E402
-from txf.inference import classify_lines, hf, load_run  # noqa: E402
+from txf.core.errors import TxfError  # noqa: E402
+from txf.runtime import workdir as workdir_lib  # noqa: E402
+from txf.inference import classify_lines, load_run  # noqa: E402
+from txf import hf  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 

@@ -25,8 +25,9 @@ transformers = pytest.importorskip("transformers", reason="needs transformers: p
 tokenizers = pytest.importorskip("tokenizers")
 
 from txf.decode import DecodingSpec  # noqa: E402
-from txf.errors import TxfError  # noqa: E402
-from txf.inference import hf, load_run  # noqa: E402
+from txf.core.errors import TxfError  # noqa: E402
+from txf.inference import load_run  # noqa: E402
+from txf import hf  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 
@@ -193,7 +194,7 @@ def test_export_round_trip(small, imported, tmp_path):
   and tokenizer with the same logits and ids, and importing the export gives txf's parameters."""
   import jax
   from safetensors.numpy import load_file
-  from txf.workdir import load_params
+  from txf.runtime.workdir import load_params
   directory, model, tokenizer = small
   out = str(tmp_path / "exported")
   hf.export_hf(imported, out)
@@ -236,8 +237,8 @@ def test_import_refuses_what_txf_cannot_represent(small, tmp_path, option):
 def test_export_claims_only_runs_from_an_imported_gpt2(imported, tmp_path):
   """txf's own LM (shakespeare_char) is not taken as GPT-2: the Marian export refuses it naming
   its family; an imported run with a changed field is refused naming the field."""
-  from txf.config import load_experiment
-  from txf.workdir import config_to_dict, load_config, write_json
+  from txf.core.config import load_experiment
+  from txf.runtime.workdir import config_to_dict, load_config, write_json
   workdir = tmp_path / "run"
   workdir.mkdir()
   write_json(str(workdir / "config.json"), config_to_dict(load_experiment("shakespeare_char")))
@@ -259,9 +260,9 @@ def test_export_claims_only_runs_from_an_imported_gpt2(imported, tmp_path):
 def test_cli_import_generate_and_fine_tune(small, tmp_path):
   """`txf import-hf DIR --workdir W`, `txf generate --workdir W`, then the shakespeare_char
   experiment fine-tuned from W (init_from) a few steps on a tiny text file, with W's tokenizer."""
-  from txf.config import load_experiment
+  from txf.core.config import load_experiment
   from txf.train import train
-  from txf.workdir import load_params
+  from txf.runtime.workdir import load_params
   workdir = str(tmp_path / "gpt2")
   cli = [sys.executable, "-m", "txf.cli"]
   imp = subprocess.run(cli + ["import-hf", small[0], "--workdir", workdir], capture_output=True,

@@ -22,9 +22,10 @@ torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[hf]'
 transformers = pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[hf]'")
 import sentencepiece as spm  # noqa: E402
 
-from txf.errors import TxfError  # noqa: E402
+from txf.core.errors import TxfError  # noqa: E402
 from txf.decode import DecodingSpec  # noqa: E402
-from txf.inference import hf, load_run, translate_lines  # noqa: E402
+from txf.inference import load_run, translate_lines  # noqa: E402
+from txf import hf  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 
@@ -218,15 +219,15 @@ def test_import_refuses_what_txf_cannot_represent(small, tmp_path):
   assert "txf: error:" in proc.stderr and "activation_function='gelu_new'" in proc.stderr
   assert not os.path.exists(tmp_path / "w")
   with pytest.raises(TxfError, match="not a directory"):
-    hf.resolve_source(str(tmp_path / "nothing-here"))
+    hf.common.resolve_source(str(tmp_path / "nothing-here"))
 
 
 def test_fine_tune_from_imported(small, imported, tmp_path):
   """init_from: the imported parameters and tokenizer start a txf run (lr 1e-30: each Adam step
   moves a parameter by at most ~1e-30, so they stay as they are to 1e-25)."""
-  from txf.config import base_config
+  from txf.core.config import base_config
   from txf.train import train
-  from txf.workdir import load_params
+  from txf.runtime.workdir import load_params
   data = tmp_path / "data"
   data.mkdir()
   src, tgt = corpus(40, 2)
@@ -252,8 +253,8 @@ def test_fine_tune_from_imported(small, imported, tmp_path):
 
 
 def test_txf_default_run_export_names_what_stands_in_the_way(tmp_path):
-  from txf.config import base_config
-  from txf.workdir import write_json, config_to_dict
+  from txf.core.config import base_config
+  from txf.runtime.workdir import write_json, config_to_dict
   workdir = tmp_path / "run"
   workdir.mkdir()
   write_json(str(workdir / "config.json"), config_to_dict(base_config()))
@@ -314,11 +315,11 @@ def test_txf_run_with_marian_options_exports(tmp_path):
   """A txf model with a SentencePiece tokenizer and Marian's options (sin_cos PE, eps 1e-5; no
   attention or logits biases: exported as zeros) loads in MarianMTModel with the same logits."""
   import jax
-  from txf.config import base_config
+  from txf.core.config import base_config
   from txf.data import tokenizer as tok
   from txf.models import build_model, init_params
   from txf.nn import TransformerConfig
-  from txf.workdir import config_to_dict, save_params, write_json
+  from txf.runtime.workdir import config_to_dict, save_params, write_json
   src, tgt = corpus(300, 4)
   sp = tok.train_sentencepiece(src + tgt, 300)
   arch = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
@@ -389,13 +390,13 @@ def test_export_carries_the_decoding_settings_generate_can_express():
   """generation_config.json from a run's decoding spec: beams, the power penalty's alpha, early
   stopping; the GNMT penalty has no counterpart in generate() and is named in one line."""
   said = []
-  power = hf.generation_settings(DecodingSpec(beam_size=4, alpha=1.0, length_penalty="power",
+  power = hf.common.generation_settings(DecodingSpec(beam_size=4, alpha=1.0, length_penalty="power",
                                               early_stopping=True), said.append)
   assert power == {"num_beams": 4, "length_penalty": 1.0, "early_stopping": True} and not said
-  gnmt = hf.generation_settings(DecodingSpec(beam_size=5, alpha=0.6), said.append)
+  gnmt = hf.common.generation_settings(DecodingSpec(beam_size=5, alpha=0.6), said.append)
   assert gnmt == {"num_beams": 5, "length_penalty": 1.0, "early_stopping": "never"}
   assert len(said) == 1 and "GNMT" in said[0] and "0.6" in said[0]
-  assert hf.generation_settings(DecodingSpec(beam_size=1)) == {"num_beams": 1}
+  assert hf.common.generation_settings(DecodingSpec(beam_size=1)) == {"num_beams": 1}
   # transformers reads them back as written
   config = transformers.GenerationConfig(**power)
   assert (config.num_beams, config.length_penalty, config.early_stopping) == (4, 1.0, True)

@@ -25,7 +25,8 @@ transformers = pytest.importorskip("transformers", reason="needs transformers: p
 import sentencepiece as spm  # noqa: E402
 
 from txf.decode import DecodingSpec  # noqa: E402
-from txf.inference import hf, load_run, translate_lines  # noqa: E402
+from txf.inference import load_run, translate_lines  # noqa: E402
+from txf import hf  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 
@@ -241,9 +242,9 @@ def test_fine_tune_from_imported(small, imported, tmp_path):
   parameters stay as they are to 1e-25), whose model is T5's."""
   if small[0] != "v1.1":
     pytest.skip("one fine-tuning run is enough (v1.1: head_dim, gated FFN, untied head)")
-  from txf.config import base_config
+  from txf.core.config import base_config
   from txf.train import train
-  from txf.workdir import load_params
+  from txf.runtime.workdir import load_params
   import jax
   data = tmp_path / "data"
   data.mkdir()

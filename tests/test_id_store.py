@@ -148,13 +148,13 @@ def test_the_batches_are_the_same_without_a_store_and_nothing_is_encoded_twice(
 
 
 def test_the_config_default_is_the_store_default():
-  from txf.config import base_config
+  from txf.core.config import base_config
   assert base_config().data.id_store_tokens == id_store.MAX_TOKENS
 
 
 def test_a_run_resumes_with_another_store_budget_but_not_other_batching():
-  from txf.config import base_config
-  from txf.workdir import config_to_dict, differing_fields
+  from txf.core.config import base_config
+  from txf.runtime.workdir import config_to_dict, differing_fields
   old = config_to_dict(base_config())
   new = base_config()
   new.data.id_store_tokens = 0

@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from txf import workdir as workdir_lib
-from txf.config import base_config
+from txf.runtime import workdir as workdir_lib
+from txf.core.config import base_config
 from txf.train import train
 
 SRC = ["a cat sees a dog", "the big dog eats", "a small bird sings", "the red fish swims"] * 6

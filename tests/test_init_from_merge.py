@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from txf.train.init_from import merge, write_report
 
 

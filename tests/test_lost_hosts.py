@@ -147,7 +147,7 @@ def test_a_lost_or_hung_process_is_one_line_and_exit_75_on_the_survivor(victim, 
       job.end()
     uninterrupted = request.getfixturevalue("uninterrupted")
     assert rows(workdir) == rows(uninterrupted)
-    from txf import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    from txf.runtime import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     import jax  # pylint: disable=import-outside-toplevel
     for a, b in zip(jax.tree_util.tree_leaves(workdir_lib.load_params(str(workdir))),
                     jax.tree_util.tree_leaves(workdir_lib.load_params(str(uninterrupted)))):

@@ -43,7 +43,7 @@ if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before 
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from tests.xla_flags import TEST_XLA_FLAGS
-  from txf.runtime import add_xla_flags
+  from txf.runtime.process import add_xla_flags
   add_xla_flags(*TEST_XLA_FLAGS)  # the flags of every test process (those this XLA knows)
 
 import numpy as np
@@ -143,7 +143,7 @@ def _stand_in_data(root):
 
 
 def _config(family, runner, data_path):
-  from txf.config import load_experiment
+  from txf.core.config import load_experiment
   name, extra = FAMILY_CONFIG[family]
   config = load_experiment(name)
   overrides = {**TINY, **extra, **RUNNERS.get(runner, {"parallelism": "single"}),
@@ -176,7 +176,7 @@ def _printed_samples(printed, step):
 def _decode_on_one_device(config, workdir):
   """What the loop's sample lines at the last step should read: the run's params.msgpack decoded
   on one device (translations: the ``hyp:`` lines; LM: the continuations)."""
-  from txf import workdir as workdir_lib
+  from txf.runtime import workdir as workdir_lib
   from txf.data import make_task
   from txf.decode import DecodingSpec
   from txf.inference import Evaluator
@@ -202,7 +202,7 @@ def _param_shapes(config, workdir, model_shapes):
   """{path: shape} of the model's parameters (from its abstract init; only if ``model_shapes``,
   else None) and of params.msgpack."""
   import jax
-  from txf import workdir as workdir_lib
+  from txf.runtime import workdir as workdir_lib
   flat = lambda tree: {jax.tree_util.keystr(k): list(np.shape(v))
                        for k, v in jax.tree_util.tree_leaves_with_path(tree)}
   want = None

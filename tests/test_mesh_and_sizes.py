@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from txf import config as config_lib
-from txf.config import ConfigError, base_config, fill_mesh_shape, mesh_axis_sizes, rule_axes
+from txf.core import config as config_lib
+from txf.core.config import ConfigError, base_config, fill_mesh_shape, mesh_axis_sizes, rule_axes
 from txf.data import pipeline
 from txf.data.real import make_real_task
 from txf.models import model_config_for, model_config_from
@@ -189,7 +189,7 @@ def test_plan_sizes_a_span_corruption_batch_by_its_corrupted_lengths():
 def test_plan_sizes_a_registered_family_by_its_own_lengths():
   """A plugin family whose loss rewrites the batch says what its model reads
   (``Family.lengths``); plan takes it from the record, not from the family's name."""
-  from txf import families
+  from txf.core import families
   seen = []
 
   def halves(max_input_len, pretrain):

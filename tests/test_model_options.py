@@ -382,9 +382,9 @@ def test_parallel_block_composes_its_own_sublayers(layer, pre_ln):
     ("activation", "swiglu", "model.activation='swiglu'"), ("use_bias", False, "model.use_bias=False"),
     ("parallel_block", True, "model.parallel_block=True")])
 def test_marian_export_names_the_ffn_and_block_variants(field, value, words):
-  from txf.config import base_config
-  from txf.inference import hf
+  from txf.core.config import base_config
+  from txf.hf import marian
   config = base_config()
-  assert not [p for p in hf.export_problems(config, None) if "model." in p and "FFN" in p]
+  assert not [p for p in marian.export_problems(config, None) if "model." in p and "FFN" in p]
   setattr(config.model, field, value)
-  assert any(words in p for p in hf.export_problems(config, None))
+  assert any(words in p for p in marian.export_problems(config, None))

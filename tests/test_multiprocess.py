@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import EXPERIMENTS, ROOT
-from txf import workdir as workdir_lib
+from txf.runtime import workdir as workdir_lib
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 
@@ -107,7 +107,7 @@ def test_two_processes_train_checkpoint_and_one_process_resumes(tmp_path):
                                   "--workdir", str(resumed), "--last", "2"])
   assert status == 0 and "checkpoints at steps 3, 6" in out, out[-3000:]
   assert os.path.isdir(resumed / "params_avg2")
-  from txf.checkpoint import average_checkpoints
+  from txf.train.checkpoint import average_checkpoints
   average_checkpoints(str(resumed), 2)  # one process, float64 sums: params_avg2.msgpack
   whole = workdir_lib.load_params(str(resumed), "params_avg2.msgpack")
   sharded = workdir_lib.load_params(str(resumed), "params_avg2")
@@ -215,7 +215,7 @@ def test_a_workdir_conflict_on_process_0_stops_every_process_with_its_error(tmp_
 
 LATE_FAILURE = """
 import time
-from txf import supervise
+from txf.runtime import supervise
 from txf.parallel import distributed
 distributed._initialize(supervise.distributed_args())  # no failure watch: stop_all alone hands over
 import jax

@@ -33,7 +33,7 @@ import pytest
 from tests.conftest import EXPERIMENTS, ROOT
 from tests.test_data_fixtures import parallel_dir, tsv_dir
 from tests.test_multiprocess import ARGS, LAUNCH, _env, _launch, _train_rows
-from txf.errors import EXIT_RESUMABLE
+from txf.core.errors import EXIT_RESUMABLE
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
 

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from txf import config as config_lib
+from txf.core import config as config_lib
 from txf.models import init_params
 from txf.nn import TransformerConfig
 from txf.train import optimizer as opt

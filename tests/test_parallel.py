@@ -22,7 +22,7 @@ if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before 
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from tests.xla_flags import TEST_XLA_FLAGS
-  from txf.runtime import add_xla_flags
+  from txf.runtime.process import add_xla_flags
   add_xla_flags(*TEST_XLA_FLAGS)  # the flags of every test process (those this XLA knows)
 
 import jax
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.config import base_config
+from txf.core.config import base_config
 from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
 from txf.parallel import distributed, make_runner, sharding
@@ -347,7 +347,7 @@ def test_init_params_returns_plain_arrays_equal_to_the_boxed_values():
 
 
 def test_partition_specs_follow_the_declared_axes_and_the_rules():
-  from txf.config import ConfigError
+  from txf.core.config import ConfigError
   from txf.train.optimizer import make_optimizer as opt
   cfg = _model(family="encoder_decoder")
   params, axes = _abstract_params(family="encoder_decoder")
@@ -414,7 +414,7 @@ def test_mesh_shape_fills_one_axis_and_names_the_problem():
   assert mesh.axis_names == ("data", "fsdp", "tensor") and mesh.shape["data"] == jax.device_count()
   # one process: a dcn mesh of one slice is the plain mesh; two slices cannot be
   assert dict(sharding.make_mesh((-1, 1, 1), dcn_mesh_shape=(1, 1, 1)).shape)["data"] == jax.device_count()
-  from txf.config import ConfigError
+  from txf.core.config import ConfigError
   try:
     sharding.make_mesh((-1, 1, 1), dcn_mesh_shape=(2, 1, 1))
     raise AssertionError("a dcn_mesh_shape over 2 processes must raise on 1")

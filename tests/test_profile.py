@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import EXPERIMENTS, ROOT
-from txf.config import ConfigError, base_config, validate
+from txf.core.config import ConfigError, base_config, validate
 from txf.train import profile
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)

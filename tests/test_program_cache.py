@@ -1,4 +1,4 @@
-"""The program cache (txf/program_cache.py, keyed by txf/fingerprint.py): what its key sees,
+"""The program cache (txf/runtime/program_cache.py, keyed by txf/runtime/fingerprint.py): what its key sees,
 that a kept program is read back whole in a new process (nothing traced, the same bits, the
 state still donated), that a program jax's own cache handed back is not kept, and that an
 unreadable entry is one warning line."""
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from txf import compile_cache, fingerprint, program_cache
+from txf.runtime import compile_cache, fingerprint, program_cache
 
 
 # --------------------------------------------------------------------------- the fingerprint
@@ -121,7 +121,7 @@ def test_the_arrays_a_kept_program_returns_can_be_differentiated(tmp_path):
 # step was traced in this process and whether the donated input was consumed
 SCRIPT = """
 import hashlib, json, os, sys, jax, jax.numpy as jnp
-from txf import compile_cache, fingerprint, program_cache
+from txf.runtime import compile_cache, fingerprint, program_cache
 compile_cache.apply(jax.config)
 traced = []
 
@@ -314,7 +314,7 @@ def test_a_binding_changed_at_run_time_changes_the_code_fingerprint(monkeypatch)
 def test_the_fingerprint_is_the_same_in_every_process():
   """Each process seeds string hashing anew, so a set literal in code iterates in another order:
   the fingerprint of code holding one, and of txf's modules, must not follow it."""
-  script = ("from txf import fingerprint\n"
+  script = ("from txf.runtime import fingerprint\n"
             "def f(x):\n  return x in {'alpha', 'beta', 'gamma', 'delta'}\n"
             "import txf.train.loop\n"
             "print(fingerprint.closure_fingerprint(f), fingerprint.code_fingerprint())")

@@ -82,7 +82,7 @@ def run_python(code, tmp_path, **env):
 
 
 WRITE = ("import sys\n"
-         "from txf.metrics import MetricWriter\n"
+         "from txf.train.metrics import MetricWriter\n"
          "w = MetricWriter(sys.argv[0] if False else '.')\n"
          "w.write(1, 'train', {'loss': 2.0})\n"
          "print('torch imported:', 'torch' in sys.modules and sys.modules['torch'] is not None)\n"

@@ -11,7 +11,7 @@ the lines of their ```bash (sh, shell, console) blocks, continuation lines joine
 * ``NOT_RUN``: not run in CI; the value says why (a download, hours of compute, an accelerator, a
   cluster, a duplicate of a run command with one flag changed). Their ``txf`` subcommands, flags,
   config files and ``--config.FIELD`` names are still checked against ``txf <cmd> --help`` and
-  txf/config.py (``test_every_txf_call_names_commands_flags_and_fields_that_exist``), and so are
+  txf/core/config.py (``test_every_txf_call_names_commands_flags_and_fields_that_exist``), and so are
   ``python -m txf.X`` modules and their flags.
 
 A new command in a document: add it to RUN (if it runs in a few seconds once shortened) or NOT_RUN.
@@ -32,7 +32,7 @@ import pytest
 from tests import test_data_fixtures as fx
 from tests.conftest import ROOT
 from txf import cli
-from txf import config as config_lib
+from txf.core import config as config_lib
 
 DOCUMENTS = ["README.md", "notebooks/README.md", "docs/**/*.md", "experiments/*.md"]
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
@@ -424,7 +424,7 @@ def test_every_txf_call_names_commands_flags_and_fields_that_exist():
       known = command_flags(sub) | COMMON_FLAGS
     names, configs, fields = flag_names(args)
     problems += [where + f"{sub or 'txf'} has no flag --{n}" for n in names if not known_flag(n, known)]
-    problems += [where + f"no config field '{f}' (txf/config.py)" for f in fields if f not in fields_known]
+    problems += [where + f"no config field '{f}' (txf/core/config.py)" for f in fields if f not in fields_known]
     for c in configs:
       if not sub.startswith("python -m "):
         try:

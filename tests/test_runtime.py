@@ -1,4 +1,4 @@
-"""txf.runtime: when the txf command re-executes itself under tcmalloc, and that it really does."""
+"""txf.runtime.process: when the txf command re-executes itself under tcmalloc, and that it really does."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.conftest import run_txf
-from txf import runtime
+from txf.runtime import process as runtime
 
 LIB = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 

@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from txf import config as config_lib
-from txf import workdir as workdir_lib
+from txf.core import config as config_lib
+from txf.runtime import workdir as workdir_lib
 from txf.train.optimizer import constant_schedule, inverse_sqrt_schedule, make_optimizer, make_schedule
 
 

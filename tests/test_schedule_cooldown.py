@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from txf import config as config_lib
+from txf.core import config as config_lib
 from txf.train.optimizer import make_optimizer, make_schedule, with_cooldown
 
 

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tests.conftest import EXPERIMENTS
-from txf import config as config_lib
+from txf.core import config as config_lib
 
 
 def _config():

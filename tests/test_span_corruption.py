@@ -12,7 +12,7 @@ from flax.traverse_util import flatten_dict
 
 from tests.conftest import run_txf
 from tests.test_checkpoint_resume import _assert_same_run
-from txf import workdir as workdir_lib
+from txf.runtime import workdir as workdir_lib
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ the other families' tokenizer settings unchanged."""
 
 import pytest
 
-from txf import config as config_lib
+from txf.core import config as config_lib
 from txf.data import sentinels, tokenizer
 from txf.data.base import DataError, data_spec
 from txf.data.sources import _tokenizer_settings
@@ -80,7 +80,7 @@ def test_config_checks():
 
 
 def test_t5_tokenizer_numbering_is_the_same_convention(base):
-  """An imported T5's tokenizer (txf.inference.hf_t5.t5_codec's layout: the sentinels at
+  """An imported T5's tokenizer (txf.hf.t5.t5_codec's layout: the sentinels at
   V_spm + extra - 1 - N, model vocabulary padded beyond them) gives the span task its first id."""
   pieces, extra = base.vocab_size, 5
   vocab = {base._sp.id_to_piece(i): i for i in range(pieces)}

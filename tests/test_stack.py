@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.config import ConfigError, base_config, validate
+from txf.core.config import ConfigError, base_config, validate
 from txf.models import build_model, cross_entropy_loss, init_params
 from txf.decode.adapter import init_cache, make_logits_fn
 from txf.nn import TransformerConfig

@@ -1,4 +1,4 @@
-"""txf.supervise, the parent of each process of a multi-process job: whatever order the child's own
+"""txf.runtime.supervise, the parent of each process of a multi-process job: whatever order the child's own
 error line and the runtime client's "the service is gone" lines come in, and however the child
 ends (its own exit, an abort from inside jaxlib), the user sees one line and a resumable status.
 
@@ -28,7 +28,7 @@ def supervised(child_lines, child_end, tmp_path):
                    + child_end + "\n")
   parent = textwrap.dedent(f"""
       import subprocess, sys
-      from txf import supervise
+      from txf.runtime import supervise
       real = subprocess.Popen
       supervise.subprocess.Popen = lambda args, **kw: real([sys.executable, {str(child)!r}], **kw)
       supervise.supervise(["txf", "train"], {{"TXF_COORDINATOR": "127.0.0.1:1",

@@ -19,9 +19,9 @@ import pytest
 from scipy import stats as scipy_stats
 
 from tests.conftest import ROOT, run_txf
-from txf import config as config_lib
-from txf import workdir as workdir_lib
-from txf.metrics import MetricWriter
+from txf.core import config as config_lib
+from txf.runtime import workdir as workdir_lib
+from txf.train.metrics import MetricWriter
 from txf.sweep import grid, report, runner, stats
 from txf.sweep.grid import SweepError
 
@@ -425,7 +425,7 @@ def test_wandb_online_without_a_login_is_one_user_error(tmp_path):
   # a fresh process (wandb keeps its settings per process); no key, no ~/.netrc
   env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY")}
   env.update(HOME=str(tmp_path), WANDB_DIR=str(tmp_path), PYTHONPATH=ROOT)
-  code = ("from txf.errors import TxfError\nfrom txf.metrics import MetricWriter\ntry:\n"
+  code = ("from txf.core.errors import TxfError\nfrom txf.train.metrics import MetricWriter\ntry:\n"
           f"  MetricWriter({str(tmp_path)!r}, tensorboard=False, tracker='wandb')\n"
           "except TxfError as e:\n  print(e)\n")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

@@ -1,4 +1,4 @@
-"""txf.models.t5, the numpy T5 <-> txf converter (no torch, no jit): the config fields of v1.0 and
+"""txf.hf.t5, the numpy T5 <-> txf converter (no torch, no jit): the config fields of v1.0 and
 v1.1 configs, the options it refuses, the per-head layout of the kernels, and that a state dict
 comes back bit for bit."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from txf.data.tokenizer import marian_order
-from txf.models import t5
+from txf.hf import t5
 
 RNG = np.random.default_rng(7)
 

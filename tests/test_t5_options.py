@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_positions import bucket_np
-from txf import config as config_lib
+from txf.core import config as config_lib
 from txf import ops
 from txf.kernels import attend
 from txf.kernels import bf16

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT
 from txf.plan import topology
-from txf.config import ConfigError
+from txf.core.config import ConfigError
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 TINY = ["--config=experiments/copy.py", "--config.parallelism=mesh", "--config.mesh_shape=(1,-1,1)",

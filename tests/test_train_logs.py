@@ -4,7 +4,7 @@ each against hand-worked numbers."""
 import numpy as np
 import pytest
 
-from txf import viz
+from txf.train import viz
 from txf.train import logs
 from txf.train.stopping import DivergenceError, DivergenceGuard
 

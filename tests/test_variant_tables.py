@@ -1,4 +1,4 @@
-"""The variant tables (txf.variants.Table): a variant registered from outside txf (one formula, one
+"""The variant tables (txf.core.variants.Table): a variant registered from outside txf (one formula, one
 table line) is allowed by the config and runs in the model, checked against numpy float64; every
 table's names are exactly its config field's allowed values; the train command's imports declare
 them before it validates."""
@@ -13,7 +13,7 @@ import pytest
 from flax import linen as nn
 
 from tests.conftest import ROOT, run_txf
-from txf import config as config_lib
+from txf.core import config as config_lib
 from txf import kernels
 from txf.kernels import ATTENTION, ATTENTION_IMPLS, Attention, attend
 from txf.models import build_model, init_params, model_config_from
@@ -23,7 +23,7 @@ from txf.nn.qk_norm import QK_NORMS
 from txf.nn.stack import REMAT
 from txf.ops.feedforward import ACTIVATIONS
 from txf.ops.positional import LAYOUTS
-from txf.variants import Table, UnknownVariant
+from txf.core.variants import Table, UnknownVariant
 
 # Every table with a config field.
 CONFIG_TABLES = (ACTIVATIONS, LAYOUTS, POSITIONAL, ATTENTION, NORMS, ATTENTION_IMPLS, REMAT, POOLINGS,
@@ -183,7 +183,7 @@ def test_a_table_refuses_unknown_and_duplicate_names():
 def test_the_train_commands_imports_declare_the_choices_before_validate():
   # a fresh process that imports only what `txf train` imports, then validates
   code = ("import txf.commands.train\n"
-          "from txf import config\n"
+          "from txf.core import config\n"
           "c = config.base_config(); c.model.activation = 'nope'\n"
           "try:\n"
           "  config.validate(c)\n"
@@ -205,7 +205,7 @@ def test_the_cli_rejects_an_unknown_variant_with_the_tables_names(command, tmp_p
 
 
 def test_validate_refuses_to_run_before_the_tables_are_declared():
-  code = ("from txf import config\n"
+  code = ("from txf.core import config\n"
           "config.validate(config.base_config())\n")
   run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        timeout=60)

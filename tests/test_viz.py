@@ -1,4 +1,4 @@
-"""txf.viz: every plot is written as a real, non-blank PNG."""
+"""txf.train.viz: every plot is written as a real, non-blank PNG."""
 
 import json
 
@@ -6,7 +6,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from txf import viz
+from txf.train import viz
 from txf.ops import positional
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

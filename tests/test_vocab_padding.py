@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.config import base_config, resolve_vocab_multiple
+from txf.core.config import base_config, resolve_vocab_multiple
 from txf import decode
 from txf.decode.adapter import init_cache, make_logits_fn
 from txf.decode.decoders import translate_ids

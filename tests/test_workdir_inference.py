@@ -22,10 +22,10 @@ import pytest
 from test_data_fixtures import config_for, parallel_dir, plain_dir, sentences, tsv_dir
 from txf import decode, inference
 from txf.commands import terminal
-from txf import workdir as workdir_lib
+from txf.runtime import workdir as workdir_lib
 from txf.data import make_task
 from txf.data.saved import point_at_data
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

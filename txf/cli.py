@@ -16,10 +16,10 @@ import sys
 from typing import List, Optional
 
 import txf
-from txf import compile_cache
-from txf import config as config_lib
-from txf import runtime
-from txf import supervise
+from txf.runtime import compile_cache
+from txf.core import config as config_lib
+from txf.runtime import process as runtime
+from txf.runtime import supervise
 from txf.commands import common
 
 COMMANDS = {
@@ -73,7 +73,7 @@ def _config_arg(args: List[str]) -> Optional[tuple]:
 
 
 def resolve_config_args(args: List[str]) -> List[str]:
-  """Replace ``--config NAME`` by the experiment file it names (txf.config.experiment_path) and
+  """Replace ``--config NAME`` by the experiment file it names (txf.core.config.experiment_path) and
   check every ``--config.FIELD=VALUE`` override names a field txf knows; raise UsageError."""
   args = list(args)
   found = _config_arg(args)
@@ -93,7 +93,7 @@ def resolve_config_args(args: List[str]) -> List[str]:
       field = a.split("=", 1)[0].split(".", 1)[1]
       if field not in known:
         close = difflib.get_close_matches(field, known, n=1)
-        hint = f"did you mean --config.{close[0]}?" if close else "see txf/config.py for the fields"
+        hint = f"did you mean --config.{close[0]}?" if close else "see txf/core/config.py for the fields"
         raise UsageError(f"unknown config field '{field}' in {a}: {hint}")
   return args
 
@@ -121,7 +121,7 @@ def command_help(name: str, module) -> str:
       lines.append(f"  --{f.name}: {f.help}{note}")
     if any(f.name == "config" for f in own):
       lines.append("  --config.FIELD=VALUE: override one field of the config, e.g. "
-                   "--config.model.num_heads=2 (the fields: txf/config.py)")
+                   "--config.model.num_heads=2 (the fields: txf/core/config.py)")
   lines += ["", "every command:", "  -v (= --verbosity=0): show library logging (absl, orbax, jax); --verbosity=1: debug",
             "  --verbose_errors: show the traceback of a txf: error"]
   return "\n".join(lines)
@@ -181,7 +181,7 @@ def parse_flags(argv: List[str], name: str, verbose_errors: bool) -> List[str]:
 
 def fit_config(name: str) -> None:
   """A run shortened below its experiment's cooldown gets the cooldown scaled down, with a note
-  (txf.config.fit_cooldown); an explicit ``--config.optimizer.cooldown_steps`` is left alone."""
+  (txf.core.config.fit_cooldown); an explicit ``--config.optimizer.cooldown_steps`` is left alone."""
   from absl import flags
   from ml_collections import config_flags
   flag = next((f for f in flags.FLAGS.get_flags_for_module(COMMANDS[name][0]) if f.name == "config"),

@@ -19,7 +19,7 @@ import tempfile
 # XLA:CPU to compile fast and run slow: a smoke test, not a measurement.
 SMALL = os.environ.get("TXF_NOTEBOOK_SMALL", "").strip().lower() not in ("", "0", "false", "no")
 if SMALL:
-  from txf.runtime import add_xla_flags  # only the flags this jaxlib's XLA knows (an unknown one is fatal)
+  from txf.runtime.process import add_xla_flags  # only the flags this jaxlib's XLA knows (an unknown one is fatal)
   add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from IPython.display import Image, display
 
-from txf import ops, viz
+from txf import ops
+from txf.train import viz
 
 
 def pick(full, small):

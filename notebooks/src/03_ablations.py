@@ -33,7 +33,7 @@ import time
 # XLA:CPU to compile fast and run slow: a smoke test, not a measurement.
 SMALL = os.environ.get("TXF_NOTEBOOK_SMALL", "").strip().lower() not in ("", "0", "false", "no")
 if SMALL:
-  from txf.runtime import add_xla_flags  # only the flags this jaxlib's XLA knows (an unknown one is fatal)
+  from txf.runtime.process import add_xla_flags  # only the flags this jaxlib's XLA knows (an unknown one is fatal)
   add_xla_flags("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 OUT = os.environ.get("TXF_NOTEBOOK_OUT") or tempfile.mkdtemp(prefix="txf-notebook-")
 os.makedirs(OUT, exist_ok=True)
@@ -52,8 +52,8 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 import numpy as np
 from IPython.display import Image, Markdown, display
 
-from txf import viz
-from txf.config import load_experiment
+from txf.train import viz
+from txf.core.config import load_experiment
 from txf.sweep import stats
 from txf.train import train
 

@@ -2,7 +2,7 @@
 
 Writes the element-wise mean of the parameters of the last N checkpoints (the N highest steps in
 ``<workdir>/checkpoints``) to ``<workdir>/params_avg<N>.msgpack`` (flax msgpack, like
-params.msgpack), which ``txf.workdir.load_params(workdir, "params_avg<N>.msgpack")`` loads.
+params.msgpack), which ``txf.runtime.workdir.load_params(workdir, "params_avg<N>.msgpack")`` loads.
 The paper averages the last 5 (base) or 20 (big) checkpoints, written at 10-minute intervals.
 ``--step`` exports one checkpoint's parameters instead (``params_<step>.msgpack``): ``best`` is the
 saved step with the best evaluation by the run's ``best_metric``, e.g. early stopping on dev.
@@ -15,10 +15,11 @@ import os
 from absl import flags
 import jax
 
-from txf.checkpoint import average_checkpoints
-from txf import workdir as workdir_lib
-from txf import families, storage
-from txf.errors import TxfError
+from txf.train.checkpoint import average_checkpoints
+from txf.runtime import workdir as workdir_lib
+from txf.core import families
+from txf.runtime import storage
+from txf.core.errors import TxfError
 from txf.parallel import distributed
 
 flags.DEFINE_string("workdir", None, "run directory holding checkpoints/", required=True)

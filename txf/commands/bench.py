@@ -14,7 +14,7 @@ import sys
 
 from absl import flags
 
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 flags.DEFINE_list("configs", ["small", "base"], "bench configs to run (bench/train.py BENCH_CONFIGS)")
 flags.DEFINE_string("output", "runs/bench.json", "JSON results file ('' = do not write)")

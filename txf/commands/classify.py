@@ -16,7 +16,7 @@ from absl import flags
 
 from txf import inference
 from txf.commands import terminal
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained encoder_classifier run", required=True)
 flags.DEFINE_string("input", None, "file to classify, one text per line (default: stdin)")

@@ -8,8 +8,8 @@ import traceback
 
 from absl import flags
 
-from txf.errors import EXIT_USER, TxfError
-from txf.config import experiment_path
+from txf.core.errors import EXIT_USER, TxfError
+from txf.core.config import experiment_path
 
 flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user errors")
 
@@ -52,7 +52,7 @@ def fail(message: str, verbose_errors: bool = False) -> None:
 
 
 def guarded(fn):
-  """Run a command's main; a ``txf.errors.TxfError`` (bad input) becomes one ``txf: error:`` line
+  """Run a command's main; a ``txf.core.errors.TxfError`` (bad input) becomes one ``txf: error:`` line
   on stderr and exit status 2. Every other exception is a bug and keeps its traceback. In a job of
   several processes every process stops with the same line and status
   (``txf.parallel.distributed.stop_all``)."""

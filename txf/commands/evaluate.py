@@ -20,11 +20,11 @@ from absl import flags
 
 from txf import inference
 from txf.commands import terminal
-from txf import storage
-from txf import workdir as workdir_lib
+from txf.runtime import storage
+from txf.runtime import workdir as workdir_lib
 from txf.data.base import DataError
 from txf.decode import DecodingSpec
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained run", required=True)
 flags.DEFINE_string("split", None, "split to evaluate (default: the run's config.data.test_split, "

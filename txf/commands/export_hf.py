@@ -1,27 +1,20 @@
 """``txf export-hf --workdir W --output DIR [--params params_avg5.msgpack]``.
 
-Writes DIR for Hugging Face: config.json, generation_config.json, model.safetensors and the Marian
-tokenizer files (source.spm, target.spm, vocab.json, tokenizer_config.json), which
-``MarianMTModel.from_pretrained(DIR)`` and ``MarianTokenizer.from_pretrained(DIR)`` load. Works for
-a run imported with ``txf import-hf`` (fine-tuned or not) and for a txf translation run with a
-SentencePiece tokenizer and Marian's options (model.positional_layout=sin_cos,
-model.layer_norm_eps=1e-5, post-LN); anything else is refused with what stands in the way. An
-imported BERT (encoder_classifier or encoder_mlm with its WordPiece tokenizer, fine-tuned or not)
-is written as ``BertForSequenceClassification`` / ``BertForMaskedLM`` with tokenizer.json,
-vocab.txt and tokenizer_config.json (``AutoTokenizer.from_pretrained(DIR)``). A decoder_lm run is
-exported as GPT-2 (GPT2LMHeadModel, GPT2TokenizerFast: tokenizer.json, vocab.json, merges.txt),
-which only a run started from an imported GPT-2 can be (README, "GPT-2"). A run with T5's layout
-(an imported T5, fine-tuned or not) is written as a T5 model (config.json, model.safetensors,
-spiece.model, tokenizer_config.json: txf.inference.hf_t5).
+Writes DIR for Hugging Face's ``from_pretrained``: config.json, generation_config.json,
+model.safetensors and the tokenizer's files, as the first architecture of txf.hf's
+``ARCHITECTURES`` that claims the run (an imported BERT, GPT-2 or T5, fine-tuned or not), else as
+Marian (``MarianMTModel``): an imported Marian, or a txf translation run with a SentencePiece
+tokenizer and Marian's options (sin_cos positions, layer_norm_eps=1e-5, post-LN). Anything else is
+refused with what stands in the way (docs/huggingface.md).
 """
 
 import sys
 
 from absl import flags
 
-from txf import workdir as workdir_lib
-from txf.errors import TxfError
-from txf.inference import hf
+from txf.runtime import workdir as workdir_lib
+from txf.core.errors import TxfError
+from txf import hf
 
 flags.DEFINE_string("workdir", None, "run directory of a translation run (or of an imported BERT or GPT-2)", required=True)
 flags.DEFINE_string("output", None, "the new Hugging Face model directory (must not exist, or be empty)",

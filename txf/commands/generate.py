@@ -22,7 +22,7 @@ from absl import flags
 from txf import inference
 from txf.commands import terminal
 from txf.decode import DecodingSpec
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from txf.inference.spans import fill_sentinels
 
 flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run", required=True)

@@ -1,26 +1,21 @@
 """``txf import-hf SRC --workdir W [--data_config multi30k_en_de] [--max_len 128]``.
 
-SRC is a directory written by Hugging Face's ``MarianMTModel.save_pretrained`` (config.json,
-model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json), or a Hub name such as
-``Helsinki-NLP/opus-mt-en-de``, downloaded only then (needs the network and huggingface_hub); or a
-GPT-2 (``GPT2LMHeadModel``: config.json, weights, tokenizer.json or vocab.json + merges.txt; Hub
-name ``gpt2``), which becomes a decoder_lm run for ``txf generate`` (README, "GPT-2"); or a T5
-(``T5ForConditionalGeneration.save_pretrained``: config.json, model.safetensors, spiece.model;
-txf.inference.hf_t5), an encoder_decoder run (README, "T5").
-Writes a complete txf workdir W (config.json, task.json, tokenizer/, params.msgpack) that
-``txf translate``, ``txf eval``, ``txf export-hf`` and ``txf train --config.init_from=W`` use.
-Its decoding settings are Hugging Face's ``generate(num_beams=K, length_penalty=1.0,
-early_stopping=True)`` (README, "OPUS-MT / Hugging Face"). A BERT directory (``model_type: bert``,
-with tokenizer.json or vocab.txt) becomes an ``encoder_classifier`` run that ``txf classify`` serves
-(or, with ``--data_config ''``, an ``encoder_mlm`` of its MLM head): txf.inference.hf_bert.
+SRC is a directory written by Hugging Face's ``save_pretrained`` (config.json, model.safetensors or
+pytorch_model.bin, the tokenizer's files), or a Hub name such as ``Helsinki-NLP/opus-mt-en-de``,
+downloaded only then (needs the network and huggingface_hub). Its ``model_type`` picks the
+architecture in txf.hf's ``ARCHITECTURES`` (Marian, BERT, GPT-2, T5), which writes a complete txf
+workdir W (config.json, task.json, tokenizer/, params.msgpack) of the family it becomes: the
+serving command it prints (``txf translate``, ``txf classify``, ``txf generate``), ``txf eval``,
+``txf export-hf`` and ``txf train --config.init_from=W`` use it like a trained run. Decoding
+settings are Hugging Face's ``generate`` defaults (docs/huggingface.md).
 """
 
 from absl import flags
 
-from txf import families
-from txf import workdir as workdir_lib
-from txf.errors import TxfError
-from txf.inference import hf
+from txf.core import families
+from txf.runtime import workdir as workdir_lib
+from txf.core.errors import TxfError
+from txf import hf
 
 flags.DEFINE_string("workdir", None, "the new txf workdir (must not exist, or be empty)", required=True)
 flags.DEFINE_string("data_config", None, "the experiment whose data fields (source, languages, "

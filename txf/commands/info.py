@@ -6,9 +6,10 @@ One ``key: value`` line each; useful in bug reports and to check that tcmalloc i
 
 import jax
 
-from txf import compile_cache, kernels
-from txf.errors import TxfError
-from txf.machine import machine_info
+from txf import kernels
+from txf.runtime import compile_cache
+from txf.core.errors import TxfError
+from txf.runtime.machine import machine_info
 
 
 def main(argv):

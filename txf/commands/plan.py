@@ -15,9 +15,9 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from txf import runtime
+from txf.runtime import process as runtime
 from txf.commands.common import default_config_path
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 config_flags.DEFINE_config_file("config", default_config_path(),
                                 "experiment config file (a get_config() file in experiments/)",
@@ -49,7 +49,7 @@ def main(argv):
   if len(argv) > 1:
     raise TxfError(f"unexpected arguments {argv[1:]}: flags look like --config.mesh_shape=(1,8,1)")
   f = flags.FLAGS
-  from txf.config import ConfigError, validate
+  from txf.core.config import ConfigError, validate
   import txf.models  # noqa: F401  the model's variant tables declare the allowed values validate checks
   config = f.config
   from txf.train.init_from import apply_init_from

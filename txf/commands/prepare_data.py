@@ -10,7 +10,7 @@ from absl import flags
 
 from txf.data.builders import resolve_data_dir
 from txf.data.catalog import prepare
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 flags.DEFINE_string("data_dir", "", "where the prepared dataset goes; default $TXF_DATA_DIR or "
                     "~/.cache/txf/tfds")

@@ -10,7 +10,7 @@ import sys
 
 from absl import flags
 
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from txf.sweep import (emit_commands, emit_slurm, load_sweep, read_sweep, run_local, write_report,
                        write_sweep)
 from txf.sweep.grid import parse_sets

@@ -12,7 +12,7 @@ import time
 from typing import Callable, Iterator, List, Optional, Sequence, TextIO
 
 from txf import inference
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 
 def load_run(workdir: str, params_name: Optional[str] = None, data_path: Optional[str] = None):

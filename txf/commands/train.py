@@ -9,7 +9,7 @@ from ml_collections import config_flags
 from txf.commands.common import default_config_path
 from txf.commands.reporting import (TerminalReporter, drop_closed_loop_noise,
                                     drop_output_on_broken_pipe)
-from txf.errors import EXIT_RESUMABLE, TxfError
+from txf.core.errors import EXIT_RESUMABLE, TxfError
 from txf.parallel import distributed
 from txf.train import train
 from txf.train.stopping import Preemption

@@ -16,7 +16,7 @@ from absl import flags
 from txf import inference
 from txf.commands import terminal
 from txf.decode import DecodingSpec
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 flags.DEFINE_string("workdir", None, "run directory of a trained encoder_decoder run", required=True)
 flags.DEFINE_string("input", None, "file to translate, one sentence per line (default: stdin)")

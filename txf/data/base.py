@@ -17,17 +17,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from txf.config import base_config
-from txf.errors import TxfError
+from txf.core.config import base_config
+from txf.core.errors import TxfError
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 # DataSpec: ``config.data`` read once, frozen. Its fields, types and defaults are those of
-# ``txf.config.base_config().data`` (declared there only, with their comments); tasks hold one.
+# ``txf.core.config.base_config().data`` (declared there only, with their comments); tasks hold one.
 DataSpec = dataclasses.make_dataclass(
     "DataSpec", [(name, type(value), dataclasses.field(default=value))
                  for name, value in base_config().data.items()], frozen=True)
-DataSpec.__doc__ = "The data settings of a run (``config.data``), read once: see txf/config.py."
+DataSpec.__doc__ = "The data settings of a run (``config.data``), read once: see txf/core/config.py."
 
 
 def data_spec(config) -> "DataSpec":

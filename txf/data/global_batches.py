@@ -31,10 +31,10 @@ import grain
 import jax
 import numpy as np
 
-from txf import agree
+from txf.runtime import agree
 from txf.data.base import Batch, CheckpointableIterator, DataError, RowLayout
 from txf.data.pipeline import LABEL, BatchSpec, LengthLimiter, bucket_lengths, rows_for_length
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 
 def layout_spec(spec: BatchSpec, layout: RowLayout) -> BatchSpec:

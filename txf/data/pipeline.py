@@ -24,7 +24,7 @@ LABEL = "label"
 
 
 # The fields of ``config.data`` that decide batching; BatchSpec takes their types and defaults from
-# DataSpec (declared once, in txf/config.py's base_config).
+# DataSpec (declared once, in txf/core/config.py's base_config).
 BATCHING_FIELDS = ("tokens_per_batch", "packing", "bucketing", "num_buckets", "bucket_window",
                    "rows_multiple", "packing_bins", "truncate", "prefetch", "read_threads")
 

@@ -15,7 +15,7 @@ from txf.data import vocab
 from txf.data.base import Batch, CheckpointableIterator, Example, RowLayout
 from txf.data.sentinels import first_sentinel
 from txf.data.tasks import StreamLMTask
-from txf.objectives import corrupted_lengths
+from txf.core.objectives import corrupted_lengths
 
 
 class _Mapped(CheckpointableIterator):

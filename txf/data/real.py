@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Sequence
 
 from absl import logging
 
-from txf import families
+from txf.core import families
 from txf.data import builders, tokenizer
 from txf.data.base import DataError, DataSpec, Task, data_spec
 from txf.data.pretraining import SpanCorruptionTask, StreamMLMTask, whole_word
@@ -39,7 +39,7 @@ from txf.data.tasks import (ClassificationTask, ExampleTask, SentenceLMTask,  # 
 def new_task(family: str, data: DataSpec, sources: Dict[str, Sequence[Any]], adapt: Callable,
              codec: tokenizer.Codec, fingerprint: str, sentences: bool, num_classes: int = 0,
              pretrain=None, whole_word: bool = False) -> Task:
-  """The real Task class of ``family``'s data kind (its ``txf.families`` record), chosen here and
+  """The real Task class of ``family``'s data kind (its ``txf.core.families`` record), chosen here and
   nowhere else: parallel -> TranslationTask, tsv -> ClassificationTask (``num_classes``), plain ->
   SentenceLMTask when a record is one sentence (``sentences``, catalog data), else StreamLMTask;
   span_corruption -> SpanCorruptionTask (``pretrain``: config.pretrain); encoder_mlm ->
@@ -68,7 +68,7 @@ def make_real_task(config, workdir: str = "") -> Task:
   """The Task of ``config.data.source`` (text:... or tfds:...) for ``config.model.family``.
 
   The tokenizer is read from ``workdir/tokenizer`` if the run has one, else trained (or taken
-  from the cache); the training loop saves it into the run once (``txf.workdir.save_task``), so
+  from the cache); the training loop saves it into the run once (``txf.runtime.workdir.save_task``), so
   every later use of the run sees the same ids. Nothing is written to ``workdir`` here.
   """
   d, family = data_spec(config), config.model.family

@@ -12,8 +12,8 @@ import dataclasses
 import os
 from typing import Any, Dict, Optional
 
-from txf import storage
-from txf import workdir as workdir_lib
+from txf.runtime import storage
+from txf.runtime import workdir as workdir_lib
 from txf.data import builders, real, tokenizer
 from txf.data.base import DataError, DataSpec, Task, data_spec
 from txf.data.sources import open_source

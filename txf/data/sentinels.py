@@ -2,7 +2,7 @@
 
 Sentinels are the top ids of the vocabulary, ``<extra_id_0>`` the highest and ``<extra_id_N>`` =
 ``<extra_id_0>`` - N: T5's convention, which txf's imported T5Tokenizer keeps
-(txf.inference.hf_t5), and the one ``add_sentinels`` gives a SentencePiece model txf trains.
+(txf.hf.t5), and the one ``add_sentinels`` gives a SentencePiece model txf trains.
 """
 
 import re

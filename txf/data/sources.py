@@ -2,7 +2,7 @@
 ``data.source`` (``text:`` prepared by txf.data.builders, ``tfds:`` through txf.data.catalog) as
 per-split record sources, and ``build_codec`` gives the run's tokenizer (the run's own, a cached
 one, or one trained on the training split, cached under ``data_dir/txf_tokenizers/<hash>``).
-Neither writes into a run: the training loop saves the task once (``txf.workdir.save_task``).
+Neither writes into a run: the training loop saves the task once (``txf.runtime.workdir.save_task``).
 """
 
 import hashlib
@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Sequence
 from absl import logging
 import numpy as np
 
-from txf import workdir as workdir_lib
+from txf.runtime import workdir as workdir_lib
 from txf.data import builders, catalog, tokenizer, vocab
 from txf.data import sentinels as sentinel_lib
 from txf.data.base import DataError, DataSpec

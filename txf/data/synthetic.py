@@ -21,8 +21,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from txf import families
-from txf.config import ConfigError
+from txf.core import families
+from txf.core.config import ConfigError
 from txf.data.base import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Batch, CheckpointableIterator, Example,
                            LazyBatches, RowLayout, Task, pad_batch)
 
@@ -126,7 +126,7 @@ class _StepIterator(CheckpointableIterator):
 
 
 class SyntheticTask(Task):
-  """copy | reverse | sort | translate, for any family that predicts targets (txf.families): with
+  """copy | reverse | sort | translate, for any family that predicts targets (txf.core.families): with
   source and target for one that reads ``inputs`` (encoder_decoder), the target alone for one that
   does not (decoder_lm)."""
   KINDS = ("copy", "reverse", "sort", "translate")

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from absl import logging
 import numpy as np
 
-from txf import families
+from txf.core import families
 from txf.data import global_batches, pipeline, tokenizer
 from txf.data.base import (EOS_ID, Batch, CheckpointableIterator, DataError, DataSpec, Example,
                            RowLayout, Task, truncate_keep_eos)

@@ -30,7 +30,7 @@ import numpy as np
 import sentencepiece as spm
 import tokenizers
 
-from txf import storage
+from txf.runtime import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
 from txf.data.bpe import GPT2Tokenizer, clean_up_spaces
 
@@ -276,7 +276,7 @@ class WordPieceTokenizer(Tokenizer):
 
 
 class T5Tokenizer(MarianTokenizer):
-  """A T5 tokenizer (txf.inference.hf_t5): one SentencePiece model with ``vocab`` its pieces at
+  """A T5 tokenizer (txf.hf.t5): one SentencePiece model with ``vocab`` its pieces at
   their ids plus the sentinels ``<extra_id_N>`` above them, ids txf's as for Marian. The sentinels
   are special tokens, as in Hugging Face's T5Tokenizer: written in the text each is one id (the
   text around it encoded on its own, surrounding spaces dropped), and ``decode`` drops them with

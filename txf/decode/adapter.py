@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import families
+from txf.core import families
 from txf.models import build_model
 from txf.nn import Embed, TransformerConfig, kv_cache
 from txf.nn.stack import unstack_layers

@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any, Mapping, Optional, Tuple
 
 from txf.decode.beam import PENALTIES
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,8 +14,9 @@ import numpy as np
 import sacrebleu
 
 from txf.data.base import PAD_ID, Batch, Example, truncate_keep_eos
-from txf import families, storage
-from txf.errors import TxfError
+from txf.core import families
+from txf.runtime import storage
+from txf.core.errors import TxfError
 from txf.inference import bleu as bleu_lib
 from txf.decode.decoders import translate_texts
 from txf.decode.spec import DecodingSpec

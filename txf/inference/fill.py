@@ -6,11 +6,11 @@ from typing import List, Sequence, Tuple
 import jax
 import numpy as np
 
-from txf import workdir as workdir_lib
+from txf.runtime import workdir as workdir_lib
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from txf.data.tokenizer import SentencePieceTokenizer, Tokenizer, load_codec
 from txf.data.vocab import mask_token_id
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from txf.inference.run import Run, Warn, log_warning
 from txf.models import build_model
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from txf.data.base import UNK_ID, Task, pad_batch, truncate_keep_eos
 from txf.data.tokenizer import Codec
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from txf.decode.sampling import row_keys
 from txf.decode.decoders import compiled_ragged_sampler, decode_buffer_len, translate_ids
 from txf.decode.spec import SAMPLING, DecodingSpec

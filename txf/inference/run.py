@@ -13,11 +13,12 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from txf import families, storage
-from txf import workdir as workdir_lib
+from txf.core import families
+from txf.runtime import storage
+from txf.runtime import workdir as workdir_lib
 from txf.data import make_task, saved
 from txf.data.base import Task
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from txf.models import init_params, model_config_from
 
 DEFAULT_PARAMS = workdir_lib.PARAMS_FILE
@@ -129,7 +130,7 @@ def load_run(workdir: str, params_name: Optional[str] = None, data_path: Optiona
 
 def require_family(run: Run, family: str, command: str) -> None:
   """TxfError unless the run's model family is ``family`` or another family served by the same
-  command (their ``txf.families`` records' ``command``), pointing at the right command."""
+  command (their ``txf.core.families`` records' ``command``), pointing at the right command."""
   if run.family == family or families.get(run.family).command == families.get(family).command:
     return
   raise TxfError(f"txf {command} needs a model.family={family} run, but {run.workdir} holds a "

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from txf import ops
 from txf.kernels import bf16
 from txf.kernels.select import ATTENTION_IMPLS, backend, select
-from txf.variants import Table
+from txf.core.variants import Table
 
 
 def resolve_impl(impl: str, backend_name: Optional[str] = None) -> str:

@@ -15,8 +15,8 @@ from typing import AbstractSet, Dict, Iterator, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from txf import machine
-from txf.variants import Table
+from txf.runtime import machine
+from txf.core.variants import Table
 
 # The kinds of bf16 matrix product on CPU (see txf.kernels.dots and BENCHMARKS.md):
 #   "layout": bf16 operands, float32 accumulation and result, transposed operands as row-major copies;

@@ -2,7 +2,7 @@
 from one set of txf.nn modules (``build``: modules, parameters, forward, the run's model config,
 vocabulary padding) and the default training objective (``loss``).
 Which module a ``model.family`` names, and what the rest of txf knows of it, is its record in
-``txf.families``."""
+``txf.core.families``."""
 
 from txf.models.build import (TOKEN_HEAD_FAMILIES, ModelBuilder, abstract_params, build_model,
                               count_params, forward, forward_hidden, init_boxed_params, init_params,

@@ -8,15 +8,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import families, kernels, program_cache
-from txf.config import resolve_vocab_multiple
+from txf import kernels
+from txf.core import families
+from txf.runtime import program_cache
+from txf.core.config import resolve_vocab_multiple
 from txf.models.decoder_lm import DecoderLM
 from txf.models.encoder_decoder import EncoderDecoder
 from txf.nn import TransformerConfig
 
 
 def build_model(cfg: TransformerConfig, deterministic: bool = False, decode: bool = False) -> nn.Module:
-  """The module of ``cfg.family`` (its record in ``txf.families``) with the run-mode switches set
+  """The module of ``cfg.family`` (its record in ``txf.core.families``) with the run-mode switches set
   (train / eval / decode)."""
   module = families.resolve_module(families.get(cfg.family))
   return module(dataclasses.replace(cfg, deterministic=deterministic or decode, decode=decode))
@@ -133,7 +135,7 @@ def model_config_for(config, vocab_size: int, target_vocab_size: int = 0, num_cl
 
   ``vocab_size`` stays the real vocabulary; the tables' padded row count follows
   ``vocab_multiple`` (default: ``config.model.vocab_multiple`` resolved for this run's backend and
-  mesh by ``txf.config.resolve_vocab_multiple``; 1 for parameters exported without padding).
+  mesh by ``txf.core.config.resolve_vocab_multiple``; 1 for parameters exported without padding).
   """
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in config.model.items() if k in fields}

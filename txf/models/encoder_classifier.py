@@ -4,7 +4,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf.nn import Embed, Encoder, TransformerConfig
-from txf.variants import Table
+from txf.core.variants import Table
 
 
 def mean_pool(encoded: jnp.ndarray, valid: jnp.ndarray) -> jnp.ndarray:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import kernels, ops
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 from txf.models.loss import corruption_rngs, cross_entropy_loss
 from txf.nn import BOS_ID, EOS_ID, Embed, Encoder, LayerNorm, PAD_ID, TransformerConfig, UNK_ID
 from txf.nn.attention import xavier

@@ -1,6 +1,6 @@
 """Model FLOPs of a training step, counted from the model's shape (``txf plan``, ``txf bench``, MFU)."""
 
-from txf import families
+from txf.core import families
 from txf.nn import TransformerConfig
 
 

@@ -7,7 +7,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import families, kernels, ops
+from txf import kernels, ops
+from txf.core import families
 from txf.models.build import TOKEN_HEAD_FAMILIES, forward, forward_hidden
 
 
@@ -70,7 +71,7 @@ def corruption_rngs(rng: Optional[jax.Array], eval_seed: int) -> Tuple[jax.Array
 
 
 def default_loss(cfg, label_smoothing: float = 0.0) -> LossFn:
-  """The objective of ``cfg.family``: its ``txf.families`` record's ``loss`` factory called with
+  """The objective of ``cfg.family``: its ``txf.core.families`` record's ``loss`` factory called with
   ``label_smoothing``, or (None) ``cross_entropy_loss(label_smoothing)``."""
   make = families.get(cfg.family).loss
   return cross_entropy_loss(label_smoothing) if make is None else families.resolve(make)(label_smoothing)

@@ -6,7 +6,7 @@ from typing import Any, Optional
 import jax.numpy as jnp
 
 from txf import kernels, ops
-from txf.config import base_config
+from txf.core.config import base_config
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
@@ -32,7 +32,7 @@ def resolve_dtype(name: str, backend: Optional[str] = None) -> str:
 
 # The fields the data and the run mode decide, which an experiment's ``config.model`` does not hold.
 # Every other field of TransformerConfig, with its type and default, is a ``config.model`` field of
-# ``txf.config.base_config()`` (declared there only, with what it means).
+# ``txf.core.config.base_config()`` (declared there only, with what it means).
 SIZE_FIELDS = (
     ("vocab_size", int, 32),                # source (or only) vocabulary
     ("target_vocab_size", int, 0),          # 0: same vocabulary as the source
@@ -47,7 +47,7 @@ SIZE_FIELDS = (
 class _TransformerConfigBase:
   """Hyper-parameters of one model; eval/decode variants are ``dataclasses.replace`` copies.
 
-  Attributes are those of ``config.model`` (``txf.config.base_config``: the paper's base model,
+  Attributes are those of ``config.model`` (``txf.core.config.base_config``: the paper's base model,
   ``dtype="auto"``, ``vocab_multiple=0`` = no padding rows), those of ``config.pretrain`` (the
   self-supervised objectives' settings, read by their losses), plus ``SIZE_FIELDS``: the sizes
   and ids the data decides and the two run-mode switches.

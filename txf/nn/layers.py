@@ -13,7 +13,7 @@ from txf.nn.dropout import Dropout
 from txf.nn.positional import (POSITIONAL, attention_positions, learned_positions,  # noqa: F401
                                no_positions, sinusoidal_positions)
 from txf.nn.stack import apply_layers
-from txf.variants import Table
+from txf.core.variants import Table
 
 
 class Embed(nn.Module):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.nn.config import TransformerConfig
-from txf.variants import Table
+from txf.core.variants import Table
 
 
 def sinusoidal_positions(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray,

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.nn.config import TransformerConfig
-from txf.variants import Table
+from txf.core.variants import Table
 
 
 def _gain(module: nn.Module, name: str, init, d: int) -> jnp.ndarray:

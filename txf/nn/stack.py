@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf.variants import Table
+from txf.core.variants import Table
 
 # The parameter name of a scanned stack, and its logical axis.
 LAYERS = "layers"

@@ -5,7 +5,7 @@ from typing import Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from txf.variants import Table
+from txf.core.variants import Table
 
 
 class Gated(NamedTuple):

@@ -5,7 +5,7 @@ relative score biases."""
 import jax.numpy as jnp
 import numpy as np
 
-from txf.variants import Table
+from txf.core.variants import Table
 
 
 def sinusoidal_positional_encoding(length: int, d_model: int, max_timescale: float = 10000.0) -> jnp.ndarray:

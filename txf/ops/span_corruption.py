@@ -18,7 +18,7 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 
-from txf.objectives import corrupted_lengths, span_counts  # noqa: F401  (re-exported here)
+from txf.core.objectives import corrupted_lengths, span_counts  # noqa: F401  (re-exported here)
 
 EOS = 2  # txf's EOS id (txf.nn.config.EOS_ID; ops import nothing from the layers above)
 

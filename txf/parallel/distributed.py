@@ -34,7 +34,7 @@ hung host) is found by txf's own heartbeat (``txf/alive/<i>`` in the store, read
 a watchdog for a store that stops answering) within ``TXF_HEARTBEAT_TIMEOUT`` seconds: the others
 say so in one line and exit 75. Losing process 0 takes the coordination service with it, which
 ends every other process from inside jaxlib at once; the ``txf`` command's supervising parent
-(txf.supervise) turns that into the same line and exit 75.
+(txf.runtime.supervise) turns that into the same line and exit 75.
 """
 
 import atexit
@@ -48,11 +48,11 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 
-from txf import agree, compile_cache
-from txf import supervise
-from txf.supervise import distributed_args  # noqa: F401  (re-exported: txf.parallel.distributed_args)
-from txf import workdir as workdir_lib
-from txf.errors import EXIT_RESUMABLE, TxfError
+from txf.runtime import agree, compile_cache
+from txf.runtime import supervise
+from txf.runtime.supervise import distributed_args  # noqa: F401  (re-exported: txf.parallel.distributed_args)
+from txf.runtime import workdir as workdir_lib
+from txf.core.errors import EXIT_RESUMABLE, TxfError
 
 HEARTBEAT_TIMEOUT = supervise.HEARTBEAT_TIMEOUT  # default TXF_HEARTBEAT_TIMEOUT, seconds
 ACK_TIMEOUT = 10.0                   # seconds a failing process waits for the others to see it
@@ -92,7 +92,7 @@ def _initialize(args: Dict[str, Any]) -> None:
 
 def note_workdir(workdir: str) -> None:
   """The run directory whose last checkpoint a lost-process message names (here, and in the
-  supervising parent's, txf.supervise)."""
+  supervising parent's, txf.runtime.supervise)."""
   _state["workdir"] = workdir
   supervise.write_note("workdir", workdir)
 

@@ -14,7 +14,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from txf.config import ConfigError
+from txf.core.config import ConfigError
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.placed import DeviceParams
 

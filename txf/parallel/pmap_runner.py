@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from txf.config import ConfigError
+from txf.core.config import ConfigError
 from txf.parallel.placed import DeviceParams
 
 

@@ -3,7 +3,7 @@
 Runner API (numpy host batches in, the same pure step function inside every runner):
   place_state(state) -> state on device(s); host values must be the same on every process
   prefetch(state, batch, rng) -> start reading the train step's program back from the program
-      cache (``txf.program_cache``) on a thread, where the runner keeps it there (single device)
+      cache (``txf.runtime.program_cache``) on a thread, where the runner keeps it there (single device)
   train_step(state, batch, rng) -> (state, metrics)    compiled, state buffers donated;
       ``batch`` is the global batch [B, ...], of which a process fills only the rows its devices
       hold (``txf.parallel.feeding.Feed``; all of them on one process)
@@ -28,8 +28,8 @@ from typing import Callable
 import jax
 import numpy as np
 
-from txf import program_cache
-from txf.config import ConfigError
+from txf.runtime import program_cache
+from txf.core.config import ConfigError
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
 from txf.parallel.placed import DeviceParams
@@ -47,7 +47,7 @@ class SingleDeviceRunner:
 
   @property
   def train_jit(self):
-    """The jitted, state-donating train step (kept in the program cache, ``txf.program_cache``):
+    """The jitted, state-donating train step (kept in the program cache, ``txf.runtime.program_cache``):
     ``.lower(...).compile()`` for AOT, ``._cache_size()``."""
     return self._train
 

@@ -26,8 +26,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from txf import config as config_lib
-from txf.config import ConfigError, base_config
+from txf.core import config as config_lib
+from txf.core.config import ConfigError, base_config
 
 MESH_AXES = config_lib.MESH_AXES
 
@@ -285,7 +285,7 @@ def batch_spec(rules, axis_sizes: Mapping[str, int]) -> PartitionSpec:
 def resolve_mesh_shape(mesh_shape: Sequence[int], num_devices: int,
                        field: str = "mesh_shape") -> Tuple[int, ...]:
   """(data, fsdp, tensor) with at most one -1 filled so that the product is ``num_devices``;
-  anything else is a ConfigError naming ``field`` (``txf.config.fill_mesh_shape``, strict)."""
+  anything else is a ConfigError naming ``field`` (``txf.core.config.fill_mesh_shape``, strict)."""
   return config_lib.fill_mesh_shape(mesh_shape, num_devices, field, strict=True)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
-from txf import families
+from txf.core import families
 from txf.ops.feedforward import ACTIVATIONS, is_gated
 from txf.data.pipeline import rows_for_tokens
 from txf.models.flops import model_train_flops
@@ -32,17 +32,17 @@ from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
 from txf.train.optimizer import make_optimizer, make_schedule
 from txf.train.steps import create_train_state, make_eval_step, make_train_step
-from txf.config import ConfigError, resolve_vocab_multiple
+from txf.core.config import ConfigError, resolve_vocab_multiple
 
 
 def batch_shape(config) -> Dict[str, int]:
   """{"rows", "source_len", "target_len", "encoder_len"} of the largest batch the data gives one
   step: its rows from the data's own count (``txf.data.pipeline.rows_for_tokens``) for
   ``max_target_len``. ``encoder_len`` is what the encoder reads: ``source_len``, except for a
-  family whose loss rewrites the batch (``txf.families.Family.lengths``): its rows are windows of
+  family whose loss rewrites the batch (``txf.core.families.Family.lengths``): its rows are windows of
   L = ``max_input_len`` tokens, and the model reads the lengths the family gives, whatever
   ``data.max_target_len`` says (span corruption: encoder inputs of L - n + s + 1 and targets of
-  n + s + 1 tokens, n noise tokens in s spans, ``txf.objectives.corrupted_lengths``)."""
+  n + s + 1 tokens, n noise tokens in s spans, ``txf.core.objectives.corrupted_lengths``)."""
   d = config.data
   source, target = d.max_input_len, d.max_target_len
   encoder, window = source, target  # window: the length the data's rows are counted for

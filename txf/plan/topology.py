@@ -13,7 +13,7 @@ import os
 import re
 from typing import Dict, List, Tuple
 
-from txf.config import ConfigError
+from txf.core.config import ConfigError
 
 # generation: (HBM bytes per chip, peak bf16 TFLOP/s per chip, TensorCores per chip in the name)
 CHIPS: Dict[str, Tuple[int, float, int]] = {

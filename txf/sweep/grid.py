@@ -4,7 +4,7 @@ A sweep file is a Python file whose ``get_sweep()`` returns a dict, or a JSON or
 the same dict (see docs/sweeps.md):
 
   config     the base experiment (a path, or the name of an experiment shipped with txf)
-  overrides  {field: value} applied to every arm (dotted fields of txf/config.py)
+  overrides  {field: value} applied to every arm (dotted fields of txf/core/config.py)
   arms       {name: {field: value}}: named override sets, one arm each
   grid       {field: [values]}: the Cartesian product of the lists, one arm per combination
              (give arms or grid, not both)
@@ -17,7 +17,7 @@ the same dict (see docs/sweeps.md):
   name       the sweep's name (default: the file's name); the root defaults to runs/sweeps/<name>
 
 Every arm's config is built here as ``txf train`` would build it (the experiment, then the
-overrides, the seed and the steps) and checked with ``txf.config.validate`` before anything runs.
+overrides, the seed and the steps) and checked with ``txf.core.config.validate`` before anything runs.
 """
 
 import ast
@@ -33,8 +33,8 @@ from typing import Any, Dict, List, Optional
 import ml_collections
 
 import txf.models  # noqa: F401  # declares the variant fields' allowed values that validate checks
-from txf import config as config_lib
-from txf.errors import TxfError
+from txf.core import config as config_lib
+from txf.core.errors import TxfError
 
 SPEC_FIELDS = ("config", "overrides", "arms", "grid", "seeds", "baseline", "metric", "mode", "steps",
                "name")
@@ -158,7 +158,7 @@ def check_field(field: str, where: str) -> None:
     raise SweepError(f"{where} sets seed: the sweep's seeds give each run its seed (use seeds)")
   if field not in known:
     close = difflib.get_close_matches(field, known, n=1)
-    hint = f"did you mean {close[0]}?" if close else "see txf/config.py for the fields"
+    hint = f"did you mean {close[0]}?" if close else "see txf/core/config.py for the fields"
     raise SweepError(f"unknown config field '{field}' in {where}: {hint}")
 
 
@@ -229,7 +229,7 @@ def build_config(sweep: Sweep, arm: str, seed: int) -> ml_collections.ConfigDict
   """The config of one run, as ``txf train`` builds it from the sweep's arguments: the
   experiment's ``get_config()``, the sweep's overrides (its steps among them), the arm's, the
   seed; a cooldown longer than the shortened run is scaled as the train command scales it
-  (txf.config.fit_cooldown)."""
+  (txf.core.config.fit_cooldown)."""
   config = config_lib.load_experiment(sweep.config)
   original = config.num_train_steps
   merged = {**sweep.overrides, **sweep.arms[arm]}
@@ -319,7 +319,7 @@ def load_sweep(path: str, root: Optional[str] = None, sets: Optional[Dict[str, A
 
 def check_metric(metric: str, config: ml_collections.ConfigDict) -> None:
   """SweepError unless ``metric`` is SPLIT/KEY with a split txf logs, and, for eval, a key that
-  this config's evaluations log (txf.config.eval_metrics)."""
+  this config's evaluations log (txf.core.config.eval_metrics)."""
   split, _, key = metric.partition("/")
   if split not in METRIC_SPLITS or not key:
     raise SweepError(f"metric {metric!r}: write SPLIT/KEY with SPLIT one of {', '.join(METRIC_SPLITS)}, "

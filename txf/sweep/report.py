@@ -15,8 +15,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from txf import viz
-from txf import workdir as workdir_lib
+from txf.train import viz
+from txf.runtime import workdir as workdir_lib
 from txf.sweep.grid import Run, Sweep
 from txf.sweep.runner import is_complete
 from txf.sweep.stats import CONFIDENCE, Summary, Welch, summarize, welch

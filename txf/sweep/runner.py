@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from txf import runtime, workdir as workdir_lib
+from txf.runtime import process as runtime, workdir as workdir_lib
 from txf.sweep.grid import Run, Sweep
 
 POLL_SECONDS = 0.2   # how often the running processes are polled
@@ -50,7 +50,7 @@ def state_of(run: Run) -> str:
 
 def txf_command(run: Run) -> List[str]:
   """The process that trains ``run``: this Python's ``-P -m txf.cli train ...``
-  (txf.runtime.txf_argv; with :func:`child_environment`, the same txf)."""
+  (txf.runtime.process.txf_argv; with :func:`child_environment`, the same txf)."""
   return runtime.txf_argv(["train", *run.args])
 
 

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 try:
   from scipy import stats as scipy_stats

@@ -22,9 +22,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 from flax import traverse_util
 
-from txf import storage
-from txf import workdir as workdir_lib
-from txf.errors import TxfError
+from txf.runtime import storage
+from txf.runtime import workdir as workdir_lib
+from txf.core.errors import TxfError
 from txf.inference.run import check_params
 
 # model fields the new run keeps from its own experiment (training-time choices)

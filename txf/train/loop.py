@@ -4,7 +4,7 @@
 stop?, checkpoint), then finish. Everything one run needs lives in a ``Setup``; what changes from
 step to step lives in a ``LoopState``.
 
-Checkpoints (txf/checkpoint.py) are written every ``config.checkpoint_every`` steps, at the end,
+Checkpoints (txf/train/checkpoint.py) are written every ``config.checkpoint_every`` steps, at the end,
 at every evaluation when ``config.best_metric`` is set (so the best one can be kept), and when the
 run is stopped by SIGTERM/SIGINT; saving is asynchronous. A run restarted in the same workdir
 resumes from the latest checkpoint (state, data position and the partial log window), so its
@@ -28,15 +28,16 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import jax
 
-from txf import compile_cache, families, program_cache
-from txf import config as config_lib
-from txf import workdir as workdir_lib
-from txf.checkpoint import Checkpointer
-from txf.config import ConfigError
+from txf.core import families
+from txf.runtime import compile_cache, program_cache
+from txf.core import config as config_lib
+from txf.runtime import workdir as workdir_lib
+from txf.train.checkpoint import Checkpointer
+from txf.core.config import ConfigError
 from txf.data import make_task
 from txf.decode import DecodingSpec
 from txf.inference import Evaluator, make_eval_step
-from txf.metrics import MetricWriter
+from txf.train.metrics import MetricWriter
 from txf.models import (LossFn, ModelBuilder, abstract_params, count_params, init_params, model_config_from,
                         param_axes, unpad_vocab)
 from txf.parallel import distributed, make_runner
@@ -344,7 +345,7 @@ def checkpoint(run: Setup, loop: LoopState, is_last: bool, evaluated) -> None:
 def finish(run: Setup, loop: LoopState, preemption: Preemption) -> Dict[str, float]:
   """Report how training ended; unless stopped by a signal, write the final parameters and the plots:
   params.msgpack (one process, or pmap), or params/ (a multi-process mesh run: orbax, each
-  process its own shards, nothing gathered; ``txf.workdir.load_params`` reads either)."""
+  process its own shards, nothing gathered; ``txf.runtime.workdir.load_params`` reads either)."""
   config, say = run.config, run.report.line
   if loop.stopped_by == "signal":  # every process says why it ended (the same line on each)
     run.writer.close()
@@ -401,7 +402,7 @@ def _restore_target(runner, abstract_state):
 def _write_plots(workdir: str, say) -> None:
   """The run's plots; a full or read-only disk is a DiskError (params.msgpack is written by then, so
   running the command again after freeing space writes them), any other failure a warning."""
-  from txf import viz  # deferred: matplotlib takes a second to import
+  from txf.train import viz  # deferred: matplotlib takes a second to import
   try:
     with workdir_lib.disk_errors(workdir, "writing the plots to", need_bytes=1 << 20):
       paths = viz.write_run_plots(workdir)

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 import optax.contrib
-from txf.config import ConfigError
-from txf.variants import Table
+from txf.core.config import ConfigError
+from txf.core.variants import Table
 
 
 def inverse_sqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:

@@ -18,8 +18,8 @@ from typing import Optional, Tuple
 
 import jax
 
-from txf import storage
-from txf.config import ConfigError
+from txf.runtime import storage
+from txf.core.config import ConfigError
 
 PROFILE_DIR = "profile"
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from txf import program_cache
+from txf.runtime import program_cache
 from txf.inference.evaluate import make_eval_step  # noqa: F401  (the eval step, for callers of both)
 from txf.models import LossFn, ModelBuilder, build_model, default_loss
 from txf.nn import TransformerConfig

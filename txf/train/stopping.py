@@ -8,7 +8,7 @@ all (compilation and in-loop evaluations included), counted across restarts: eac
 records the training seconds behind it, so a resumed run gets what is left of its budget.
 
 Agreement: with several processes, a stop is decided by all of them at once, so every process
-leaves the loop after the same step (txf/agree.py). A signal is voted on every step
+leaves the loop after the same step (txf/runtime/agree.py). A signal is voted on every step
 (``agree.LaggedMax``: one tiny all-reduce of one int per process, read one step later so the host
 never waits on the devices for it): a signal to any one process stops all of them within two
 steps of it, whatever ``log_every`` is. The time limit is compared at log steps (``any_process``).
@@ -36,8 +36,8 @@ from typing import Callable, Optional, Tuple
 import jax
 import numpy as np
 
-from txf import agree
-from txf.errors import TxfError
+from txf.runtime import agree
+from txf.core.errors import TxfError
 
 
 class NonFiniteLossError(TxfError, RuntimeError):

@@ -7,7 +7,7 @@ that serves a trained run. txf's four families are declared below (encoder_mlm, 
 trains on plain text through its own loss, which masks each batch); a new one is one module plus one
 :func:`register` line (from any Python file the run names in ``config.plugins``)::
 
-    from txf import families
+    from txf.core import families
     families.register(families.Family(
         name="bag_of_words", module=BagOfWords, inputs=("inputs",), predicts="label",
         data_kind="tsv", command="txf classify"))
@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 # The metrics every evaluation logs; token predictors add perplexity, translation adds the decoded.
 BASE_METRICS = ("loss", "nll", "accuracy")
@@ -142,7 +142,7 @@ def get(name: str) -> Family:
   """The record of ``name``; FamilyError naming the registered families otherwise."""
   if name not in _REGISTRY:
     raise FamilyError(f"unknown model.family {name!r}: choose one of {names()}, or register it "
-                      f"(txf.families.register) in a file that config.plugins names")
+                      f"(txf.core.families.register) in a file that config.plugins names")
   return _REGISTRY[name]
 
 
@@ -242,4 +242,4 @@ register(Family(
     name="span_corruption", module="txf.models.encoder_decoder:EncoderDecoder",
     inputs=("inputs", "targets"), predicts="targets", data_kind="plain", decoding=None,
     command="txf generate", encoder=True, loss="txf.models.span_loss:span_corruption_loss",
-    lengths="txf.objectives:span_corruption_lengths"))
+    lengths="txf.core.objectives:span_corruption_lengths"))

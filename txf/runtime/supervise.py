@@ -29,9 +29,9 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Mapping, Optional
 
-from txf import runtime
-from txf.config import ConfigError
-from txf.errors import EXIT_RESUMABLE
+from txf.runtime import process as runtime
+from txf.core.config import ConfigError
+from txf.core.errors import EXIT_RESUMABLE
 
 HEARTBEAT_TIMEOUT = 30               # default TXF_HEARTBEAT_TIMEOUT, seconds
 SUPERVISED_ENV = "TXF_SUPERVISED"    # set in the child: it runs the command itself
@@ -107,7 +107,7 @@ def _lost_coordinator_line(notes: Dict[str, str], env: Mapping[str, str]) -> str
   processes = notes.get("processes") or env.get("TXF_NUM_PROCESSES", "?")
   checkpoint = ""
   if notes.get("workdir"):
-    from txf import workdir as workdir_lib  # pylint: disable=import-outside-toplevel  # jax: only now
+    from txf.runtime import workdir as workdir_lib  # pylint: disable=import-outside-toplevel  # jax: only now
     checkpoint = f"; the run's last checkpoint: {workdir_lib.last_checkpoint(notes['workdir'])}"
   return (f"txf: error: lost process 0 (the coordinator) of {processes}: its coordination service "
           f"is gone{checkpoint}: run the same command again to resume")

@@ -6,7 +6,7 @@ bytes); ``Unfingerprintable`` for anything it cannot describe. ``code_fingerprin
 package's source and every loaded module outside the Python installation, by content, and the
 versions of the libraries that trace and compile. ``environment_fingerprint()``: the jax
 configuration, the ``JAX_*``/``XLA_*``/``TXF_*`` environment, the devices and the CPU.
-``txf.program_cache`` keys its programs by them.
+``txf.runtime.program_cache`` keys its programs by them.
 """
 
 import dataclasses
@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 import jax
 import numpy as np
 
-from txf import compile_cache
+from txf.runtime import compile_cache
 
 # environment variables that only say where and whether to cache or log: not part of a program
 _ENV_SKIP = ("TXF_COMPILE_CACHE", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_LOG",
@@ -233,7 +233,7 @@ def code_fingerprint() -> str:
   file's size or modification time changes), and the versions of the libraries that trace and
   compile."""
   h = hashlib.sha256()
-  package = os.path.dirname(os.path.abspath(__file__))
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # txf/
   files = set()
   for root, _, names in os.walk(package):
     files.update(os.path.join(root, n) for n in names if n.endswith(".py"))

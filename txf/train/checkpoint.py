@@ -42,9 +42,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from txf import agree, storage
-from txf import workdir as workdir_lib
-from txf.errors import TxfError
+from txf.runtime import agree, storage
+from txf.runtime import workdir as workdir_lib
+from txf.core.errors import TxfError
 from txf.models import model_config_for, unpad_vocab
 
 FORMAT_VERSION = 1

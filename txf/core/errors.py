@@ -23,7 +23,7 @@ class TxfError(Exception):
 
 
 class ConfigError(TxfError, ValueError):
-  """A config that cannot work; the message names the field and the fix (``txf.config``)."""
+  """A config that cannot work; the message names the field and the fix (``txf.core.config``)."""
 
 
 # How libraries word the disk failures of OSError errnos (ENOSPC 28, EDQUOT 122, EROFS 30) when they

@@ -16,7 +16,7 @@ CPUs (AVX-512 beside AVX2), or kept across an upgrade, therefore never hands bac
 for something else. The folder is bounded (``TXF_COMPILE_CACHE_MAX_MB``, default 2048 MB per
 fingerprint): jax evicts the least recently used programs past it.
 
-Beside jax's entries, ``txf.program_cache`` keeps whole programs (keyed by the code, the config and
+Beside jax's entries, ``txf.runtime.program_cache`` keeps whole programs (keyed by the code, the config and
 the argument shapes, so a warm start skips tracing as well) in the ``programs`` sub-folder, under
 the same bound.
 
@@ -46,7 +46,7 @@ DEFAULT_MAX_MB = 2048
 # eviction's scan of the folder
 MIN_COMPILE_SECS = 0.5  # TXF_COMPILE_CACHE_MIN_SECS overrides (0 keeps every program)
 OFF = ("off", "0", "none", "false", "no")
-# the sub-folder where txf.program_cache keeps whole programs (traced, lowered and compiled)
+# the sub-folder where txf.runtime.program_cache keeps whole programs (traced, lowered and compiled)
 PROGRAMS_SUBDIR = "programs"
 # From this jax version on, a program of a multi-process CPU run (collectives over gloo) that jax
 # reads back from its persistent cache waits forever at its first collective (jax 0.12.1; 0.10.2

@@ -8,7 +8,7 @@ from typing import Dict, FrozenSet
 
 import jax
 
-from txf import runtime
+from txf.runtime import process as runtime
 
 
 def load_average() -> float:

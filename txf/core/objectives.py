@@ -29,5 +29,5 @@ def corrupted_lengths(length: int, noise_density: float, mean_span_length: float
 def span_corruption_lengths(max_input_len: int, pretrain) -> Tuple[int, int]:
   """The span-corruption family's (encoder_len, target_len) for windows of ``max_input_len``
   tokens: ``corrupted_lengths`` at ``pretrain.noise_density`` and ``pretrain.mean_span_length``
-  (``txf.families.Family.lengths``)."""
+  (``txf.core.families.Family.lengths``)."""
   return corrupted_lengths(max_input_len, pretrain.noise_density, pretrain.mean_span_length)

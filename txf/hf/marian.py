@@ -12,11 +12,39 @@ way in and back on the way out, so the two models compute the same function of t
 Torch ``nn.Linear`` weights are [out, in]; txf kernels are [in, out] split per head:
   query/key/value [d, h, d_k] = W^T reshaped;  out [h, d_k, d] = W_o^T reshaped;
   ffn wi [d, d_ff] = fc1^T, wo [d_ff, d] = fc2^T;  LayerNorm weight/bias = scale/bias.
+
+Import and export (``txf import-hf`` / ``txf export-hf``, the ``marian`` entry of txf.hf's table):
+import reads a ``save_pretrained`` directory (config.json, model.safetensors or pytorch_model.bin,
+source.spm, target.spm, vocab.json) and writes a complete txf workdir that ``txf translate``, ``txf
+eval``, ``txf train --config.init_from`` and ``txf.inference.load_run`` use like any trained run;
+export writes the inverse, a directory ``MarianMTModel.from_pretrained`` and
+``MarianTokenizer.from_pretrained`` load.
+
+Decoding conventions of an imported run (its config.json): ``beam_size`` = the model's num_beams,
+``length_penalty="power"`` with ``alpha=1.0`` and ``early_stopping=True``, i.e. Hugging Face's
+``generate(num_beams=K, length_penalty=1.0, early_stopping=True)``: a finished hypothesis scores
+log p(y) / |y| (|y| counts the generated tokens, EOS included, not the decoder start), a row
+stops at K finished hypotheses. txf bounds each output by its source length + ``--max_extra``
+tokens (HF: ``max_new_tokens``); the two agree on every output that ends with EOS before both.
 """
 
-from typing import Any, Dict, List
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
+
+from txf.core import config as config_lib
+from txf.core.errors import TxfError
+from txf.data import tokenizer as tok
+from txf.data.base import BOS_ID, EOS_ID, PAD_ID
+from txf.decode.spec import DecodingSpec
+from txf.hf import common
+from txf.runtime import workdir as workdir_lib
+
+# the experiment whose data fields (Multi30k en-de) an imported Marian run gets by default
+DEFAULT_DATA_CONFIG = "multi30k_en_de"
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 
 # Marian's LayerNorm epsilon (torch.nn.LayerNorm's default, which MarianMTModel keeps).
 MARIAN_LAYER_NORM_EPS = 1e-5
@@ -239,3 +267,158 @@ def _layer_rest(layer, pre: str, norms: Dict[str, str]) -> Dict[str, np.ndarray]
     out[f"{pre}.{hf_name}.weight"] = layer[txf_name]["scale"]
     out[f"{pre}.{hf_name}.bias"] = layer[txf_name]["bias"]
   return out
+
+
+def marian_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.Codec:
+  """The Codec of a Marian tokenizer directory: source.spm for sources, target.spm for targets,
+  one vocab.json, special ids from the model config (pad, eos) and the vocabulary (``<unk>``)."""
+  missing = [f for f in TOKENIZER_FILES if not os.path.isfile(os.path.join(src, f))]
+  if missing:
+    raise TxfError(f"{src} has no {', '.join(missing)}: txf imports Marian models with their "
+                   f"SentencePiece tokenizer (source.spm, target.spm, vocab.json)")
+  tconf_path = os.path.join(src, "tokenizer_config.json")
+  tconf = common.read_json(tconf_path) if os.path.isfile(tconf_path) else {}
+  if tconf.get("separate_vocabs"):
+    raise TxfError(f"{tconf_path}: separate_vocabs=True (two vocabularies) is not supported")
+  clean_up = bool(tconf.get("clean_up_tokenization_spaces", False))
+  vocab = common.read_json(os.path.join(src, "vocab.json"))
+  size = int(hf["vocab_size"])
+  specials = {"pad": int(hf["pad_token_id"]), "eos": int(hf["eos_token_id"]),
+              "unk": int(vocab.get("<unk>", 1))}
+  protos = []
+  for name in ("source.spm", "target.spm"):
+    with open(os.path.join(src, name), "rb") as f:
+      protos.append(f.read())
+  # MarianTokenizer detokenizes targets with the source model when the vocabulary is shared
+  source = tok.MarianTokenizer(protos[0], vocab, specials, size, clean_up=clean_up)
+  target = tok.MarianTokenizer(protos[1], vocab, specials, size, decode_proto=protos[0],
+                               clean_up=clean_up)
+  return tok.Codec(source, target, settings)
+
+
+def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_config: str,
+               max_len: int) -> None:
+  """Write the txf workdir of the Marian ``save_pretrained`` directory ``local`` (``hf``: its
+  config.json) into ``workdir``: an ``encoder_decoder`` run whose data fields are those of the
+  experiment ``data_config`` but for the tokenizer and lengths."""
+  config_path = os.path.join(local, "config.json")
+  hf = {**MARIAN_DEFAULTS, **hf}
+  gen_path = os.path.join(local, "generation_config.json")
+  if os.path.isfile(gen_path):  # generate()'s settings: beams, never-generated ids
+    hf = {**hf, **{k: v for k, v in common.read_json(gen_path).items()
+                   if k in ("num_beams", "bad_words_ids") and v is not None}}
+  try:
+    fields = model_fields(hf)
+  except UnsupportedMarianConfig as e:
+    raise TxfError(f"{config_path}: txf cannot represent {e}") from None
+  config = common.import_config(hf, fields, name, data_config, max_len)
+  config_lib.validate(config)
+  codec = marian_codec(local, hf, {"tokenizer": "marian", "from": name})
+  params = params_from_state_dict(common.read_state_dict(local), fields, codec.target.order)
+  common.write_imported_run(workdir, config, codec, params, common.translation_task(config, codec))
+
+
+def exports(config) -> bool:
+  """Marian is the export of last resort: every run the other architectures do not claim comes
+  here, and ``export_run`` names what keeps it from being a Marian model."""
+  del config
+  return True
+
+
+def export_run(workdir: str, config, output: str, params_name: Optional[str],
+               say: Callable[[str], None]) -> None:
+  """Write ``output`` (config.json, generation_config.json, model.safetensors, source.spm,
+  target.spm, vocab.json, tokenizer_config.json) for ``MarianMTModel.from_pretrained`` and
+  ``MarianTokenizer.from_pretrained``; TxfError naming what keeps the run from being Marian's."""
+  codec = tok.load_codec(workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR))
+  problems = export_problems(config, codec)
+  if problems:
+    raise TxfError(f"{workdir} cannot be exported as a Marian model: {'; '.join(problems)}")
+  vocab, order, ids, protos = _vocab_and_specials(codec)
+  size = codec.target.vocab_size
+  m = config.model
+  fields = m.to_dict()
+  params = workdir_lib.load_params(workdir, params_name)
+  sd = state_dict_from_params(params, fields, order, size)
+  activation = {"swish": "swish", "relu": "relu", "gelu": "gelu"}[m.activation]
+  hf = {"architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": size,
+        "decoder_vocab_size": size, "d_model": m.d_model, "encoder_layers": m.num_encoder_layers,
+        "decoder_layers": m.num_decoder_layers, "encoder_attention_heads": m.num_heads,
+        "decoder_attention_heads": m.num_heads, "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff,
+        "activation_function": activation, "dropout": m.dropout_rate,
+        "attention_dropout": m.attention_dropout_rate, "activation_dropout": 0.0,
+        "max_position_embeddings": m.max_len, "scale_embedding": bool(m.embed_scale),
+        "share_encoder_decoder_embeddings": bool(m.share_embeddings),
+        "tie_word_embeddings": bool(m.tie_output), "pad_token_id": ids["pad"],
+        "eos_token_id": ids["eos"], "decoder_start_token_id": ids["start"],
+        "forced_eos_token_id": ids["eos"], "is_encoder_decoder": True, "init_std": 0.02,
+        "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "use_cache": True}
+  generation = {"decoder_start_token_id": ids["start"], "eos_token_id": ids["eos"],
+                "pad_token_id": ids["pad"], "forced_eos_token_id": ids["eos"],
+                "max_length": m.max_len, **common.generation_settings(DecodingSpec.from_config(config), say)}
+  if m.forbid_pad:
+    generation["bad_words_ids"] = [[ids["pad"]]]
+  with common.staged_directory(output, ".export-hf-") as tmp:
+    workdir_lib.write_json(os.path.join(tmp, "config.json"), hf)
+    workdir_lib.write_json(os.path.join(tmp, "generation_config.json"), generation)
+    common.safetensors_module().save_file(stored_once(sd, fields), os.path.join(tmp, "model.safetensors"),
+                             metadata={"format": "pt"})
+    for name, proto in zip(("source.spm", "target.spm"), protos):
+      with open(os.path.join(tmp, name), "wb") as f:
+        f.write(proto)
+    with open(os.path.join(tmp, "vocab.json"), "w") as f:
+      json.dump(vocab, f, ensure_ascii=False, indent=1)
+    workdir_lib.write_json(os.path.join(tmp, "tokenizer_config.json"), {
+        "tokenizer_class": "MarianTokenizer", "source_lang": config.data.src_lang,
+        "target_lang": config.data.tgt_lang, "separate_vocabs": False,
+        "model_max_length": m.max_len, "eos_token": "</s>", "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "clean_up_tokenization_spaces": bool(getattr(codec.target, "clean_up", False))})
+  return output
+
+
+def export_problems(config, codec: Optional[tok.Codec]) -> list:
+  """What keeps a run from being a Marian model (empty when it can be exported)."""
+  m, problems = config.model, []
+  if m.family != "encoder_decoder":
+    problems.append(f"model.family={m.family!r} (Marian is a translation model; a decoder_lm "
+                    f"exports as GPT-2 only when it starts from an imported GPT-2)")
+  if m.positional != "sinusoidal" or m.positional_layout != "sin_cos" or m.position_offset:
+    problems.append(f"positional encodings {m.positional}/{m.positional_layout}/offset "
+                    f"{m.position_offset} (Marian: sinusoidal, sin_cos, offset 0)")
+  if abs(m.layer_norm_eps - MARIAN_LAYER_NORM_EPS) > 1e-12:
+    problems.append(f"model.layer_norm_eps={m.layer_norm_eps} (Marian: 1e-5)")
+  if m.pre_ln:
+    problems.append("model.pre_ln=True (Marian is post-LN)")
+  if m.norm != "layer_norm" or m.attention != "scaled_dot_product":
+    problems.append(f"model.norm={m.norm!r} / model.attention={m.attention!r} (Marian: "
+                    f"layer_norm, scaled_dot_product)")
+  if m.activation not in ("relu", "gelu", "swish"):
+    problems.append(f"model.activation={m.activation!r} (Marian's FFN is dense: relu, gelu, swish)")
+  if not m.use_bias or m.parallel_block:
+    problems.append(f"model.use_bias={m.use_bias} / model.parallel_block={m.parallel_block} "
+                    f"(Marian: FFN biases, sequential sublayers)")
+  if (m.get("num_kv_heads", 0) or m.num_heads) != m.num_heads or m.get("qk_norm", "none") != "none":
+    problems.append(f"model.num_kv_heads={m.get('num_kv_heads', 0)} / model.qk_norm="
+                    f"{m.get('qk_norm', 'none')!r} (Marian: as many key/value heads as query heads "
+                    f"(0), no QK-norm)")
+  if codec is None or not isinstance(codec.target, (tok.SentencePieceTokenizer, tok.MarianTokenizer)):
+    kind = "none" if codec is None else codec.target.kind
+    problems.append(f"its tokenizer ({kind}; Marian needs SentencePiece)")
+  elif not isinstance(codec.target, tok.MarianTokenizer) and not codec.joint:
+    problems.append("separate source/target vocabularies (export needs one vocab.json)")
+  return problems
+
+
+def _vocab_and_specials(codec: tok.Codec):
+  """(vocab.json dict, order, special ids in the exported model's numbering, spm protos)."""
+  if isinstance(codec.target, tok.MarianTokenizer):
+    t = codec.target
+    s = t.specials
+    return (t.vocab, t.order, {"pad": s["pad"], "eos": s["eos"], "start": s["pad"]},
+            (codec.source.model_proto, t.model_proto))
+  sp = codec.target  # a txf SentencePiece model: Marian ids = txf ids, BOS starts the decoder
+  proc = sp._sp
+  vocab = {proc.id_to_piece(i): i for i in range(proc.get_piece_size())}
+  order = np.arange(sp.vocab_size)
+  return vocab, order, {"pad": PAD_ID, "eos": EOS_ID, "start": BOS_ID}, (sp.model_proto,) * 2

@@ -18,8 +18,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from txf import storage
-from txf import workdir as workdir_lib
+from txf.runtime import storage
+from txf.runtime import workdir as workdir_lib
 from txf.models import ModelBuilder, build_model, model_inputs
 
 Rows = Union[str, os.PathLike, Iterable[Dict]]

@@ -17,7 +17,7 @@ from typing import Iterator, Union
 
 from etils import epath
 
-from txf.errors import TxfError
+from txf.core.errors import TxfError
 
 PathLike = Union[str, os.PathLike]
 

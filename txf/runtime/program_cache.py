@@ -1,6 +1,6 @@
 """Compiled programs kept whole across processes: a warm start skips tracing and lowering too.
 
-XLA's persistent cache (``txf.compile_cache``) keys a program by its lowered module, so every
+XLA's persistent cache (``txf.runtime.compile_cache``) keys a program by its lowered module, so every
 process still traces the Python function and lowers it before it can look the program up: about
 1 s for the default model's train step and 2 s for ``base``'s, on every start. This cache keys a
 program by what determines the module instead, and keeps the executable (``jax.experimental.
@@ -16,7 +16,7 @@ serialize_executable``) under ``<compile cache folder>/programs``:
                the jax configuration, the JAX_*/XLA_*/TXF_* environment, the devices and
                  the CPU)
 
-(``txf.fingerprint`` computes the parts.) Only a program XLA compiled in this process is kept:
+(``txf.runtime.fingerprint`` computes the parts.) Only a program XLA compiled in this process is kept:
 XLA:CPU serialises an executable that jax's persistent cache handed back without some of its
 functions, so such a program is used and not kept. After a code change that leaves the lowered
 module as it was, jax's cache keeps serving it, as it did before this cache existed.
@@ -51,8 +51,8 @@ import jax
 import numpy as np
 from jax.experimental import serialize_executable
 
-from txf import compile_cache
-from txf.fingerprint import (Unfingerprintable, closure_fingerprint, code_fingerprint,
+from txf.runtime import compile_cache
+from txf.runtime.fingerprint import (Unfingerprintable, closure_fingerprint, code_fingerprint,
                              environment_fingerprint)
 
 try:  # True outside any jax transformation (eval_shape, jit, grad): only then is a program run

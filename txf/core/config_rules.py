@@ -1,4 +1,4 @@
-"""The rules ``txf.config.validate`` checks, each a pure function of the config (or its
+"""The rules ``txf.core.config.validate`` checks, each a pure function of the config (or its
 sections) returning the problems it finds as lines naming the field and the fix; an empty list
 when the config passes. ``validate`` joins them into one ConfigError."""
 
@@ -7,8 +7,8 @@ from typing import Dict, Iterable, List, Optional
 
 import ml_collections
 
-from txf import objectives
-from txf.config_mesh import MESH_AXES, rule_axes
+from txf.core import objectives
+from txf.core.config_mesh import MESH_AXES, rule_axes
 
 
 def numeric_errors(cfg: ml_collections.ConfigDict) -> List[str]:

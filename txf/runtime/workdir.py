@@ -5,7 +5,7 @@ final parameters) is never silently overwritten: it is refused with the differin
 with ``fresh=True``, moved aside to ``<workdir>.old-<time>``. A start that failed before training
 leaves nothing to protect: the next command replaces its config. A disk that is full, read-only or
 not ours while txf writes gives a ``DiskError`` naming the path (``disk_errors``). A workdir may be a
-bucket (``gs://bucket/run``): every file here goes through ``txf.storage`` (etils.epath).
+bucket (``gs://bucket/run``): every file here goes through ``txf.runtime.storage`` (etils.epath).
 """
 
 import contextlib
@@ -21,10 +21,10 @@ import ml_collections
 import numpy as np
 from flax import serialization
 
-from txf import families
-from txf.config import _flatten, base_config
-from txf.errors import TxfError, disk_errno_of
-from txf.storage import (absolute, check_filesystem, is_local, join, read_bytes, read_text, staged_dir,
+from txf.core import families
+from txf.core.config import _flatten, base_config
+from txf.core.errors import TxfError, disk_errno_of
+from txf.runtime.storage import (absolute, check_filesystem, is_local, join, read_bytes, read_text, staged_dir,
                          size_of, write_bytes, wpath)
 
 # Fields that may change between a run and its resumption (length of the run, logging, decoding).

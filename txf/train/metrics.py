@@ -27,9 +27,9 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from txf.errors import TxfError
-from txf.storage import is_local, read_text, upload_tree, write_bytes, wpath
-from txf.workdir import METRICS_FILE, TENSORBOARD_DIR, WANDB_RUN_FILE, disk_errors, path_of, write_json
+from txf.core.errors import TxfError
+from txf.runtime.storage import is_local, read_text, upload_tree, write_bytes, wpath
+from txf.runtime.workdir import METRICS_FILE, TENSORBOARD_DIR, WANDB_RUN_FILE, disk_errors, path_of, write_json
 
 TB_UPLOAD_SECONDS = 60.0  # a bucket workdir's event files are copied up at most this often while writing
 

@@ -1,5 +1,24 @@
-"""Hugging Face BERT models in and out of txf (``txf import-hf`` / ``txf export-hf`` of a
-``model_type: bert`` directory; the table ``txf.inference.hf.ARCHITECTURES`` points here).
+"""BERT checkpoints <-> txf parameters: the config a BERT model needs, and its weights renamed and
+reshaped both ways (numpy only; no torch).
+
+A Hugging Face ``BertModel`` is a post-LN encoder with: learned positions from 0 (``model.positional
+= "learned"``, no embedding scale), a token-type table (``model.type_vocab_size``; txf's inputs are
+one segment, type 0), a LayerNorm on the summed embeddings (``model.embed_norm``), biases on every
+attention projection, a GELU FFN (exact erf; ``gelu_new`` is txf's ``gelu_tanh``) and one LayerNorm
+epsilon (1e-12). Its heads: ``BertForSequenceClassification`` = the pooler tanh(W h + b) of the
+``[CLS]`` position's output h (``model.pooler`` with ``pooling="first"``) and a linear classifier
+(family ``encoder_classifier``); ``BertForMaskedLM`` = dense, activation, LayerNorm, the tied output
+and its bias (family ``encoder_mlm``). txf keeps PAD 0 / BOS 1 / EOS 2 / UNK 3 inside: the
+vocabulary is permuted by ``order`` (``order[txf_id] = bert_id``: ``[PAD]``, ``[CLS]``, ``[SEP]``,
+``[UNK]`` first) on the way in and back on the way out, and the imported WordPiece tokenizer gives
+txf ids, so the models compute the same function of the same text.
+
+Torch ``nn.Linear`` weights are [out, in]; txf kernels are [in, out] (attention split per head):
+  query/key/value [d, h, d_k] = W^T reshaped;  out [h, d_k, d] = W_o^T reshaped;
+  ffn wi [d, d_ff] = intermediate^T, wo [d_ff, d] = output^T;  Dense kernels = W^T.
+
+Hugging Face BERT models in and out of txf (``txf import-hf`` / ``txf export-hf`` of a ``model_type:
+bert`` directory; an entry of txf.hf's ``ARCHITECTURES``).
 
 Import reads a ``save_pretrained`` directory (config.json, model.safetensors or pytorch_model.bin,
 tokenizer.json and/or vocab.txt with tokenizer_config.json) and writes a txf workdir:
@@ -17,37 +36,227 @@ tokenizer.json and/or vocab.txt with tokenizer_config.json) and writes a txf wor
 
 The WordPiece tokenizer is the checkpoint's own (``tokenizers``; tokenizer.json, else built from
 vocab.txt and tokenizer_config.json as BertTokenizer does); txf's ids are BERT's permuted so that
-[PAD] [CLS] [SEP] [UNK] are txf's PAD BOS EOS UNK, and a text becomes [CLS] pieces [SEP], exactly
-the ids BertTokenizer gives. Token types are all 0 (one segment). Export writes the inverse:
-``BertForSequenceClassification`` or ``BertForMaskedLM`` with safetensors weights, tokenizer.json,
-vocab.txt and tokenizer_config.json.
+``[PAD]`` ``[CLS]`` ``[SEP]`` ``[UNK]`` are txf's PAD BOS EOS UNK, and a text becomes ``[CLS]``
+pieces ``[SEP]``, exactly the ids BertTokenizer gives. Token types are all 0 (one segment). Export
+writes the inverse: ``BertForSequenceClassification`` or ``BertForMaskedLM`` with safetensors
+weights, tokenizer.json, vocab.txt and tokenizer_config.json.
 """
 
 import json
 import os
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from txf import config as config_lib
-from txf import workdir as workdir_lib
+from txf.core import config as config_lib
+from txf.core.errors import TxfError
 from txf.data import tokenizer as tok
-from txf.errors import TxfError
-from txf.inference import hf
-from txf.models import bert
+from txf.hf import common
+from txf.runtime import workdir as workdir_lib
+
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "relu": "relu", "silu": "swish", "swish": "swish"}
+CLASSIFIER, MLM = "encoder_classifier", "encoder_mlm"
+
+# BertConfig's defaults (transformers 5): save_pretrained leaves fields at these out of config.json.
+BERT_DEFAULTS = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
+                 "num_attention_heads": 12, "intermediate_size": 3072, "hidden_act": "gelu",
+                 "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+                 "max_position_embeddings": 512, "type_vocab_size": 2, "initializer_range": 0.02,
+                 "layer_norm_eps": 1e-12, "pad_token_id": 0, "tie_word_embeddings": True,
+                 "model_type": "bert"}
+
+_ATTENTION = {"query": "attention.self.query", "key": "attention.self.key",
+              "value": "attention.self.value"}
+
+
+class UnsupportedBertConfig(ValueError):
+  """A BERT config option txf cannot represent; the message names it."""
+
+
+def model_fields(hf: Dict[str, Any], family: str) -> Dict[str, Any]:
+  """``config.model`` fields of txf for a BERT ``config.json`` (a dict, over ``BERT_DEFAULTS``)
+  with the head of ``family`` (``CLASSIFIER`` or ``MLM``).
+
+  Raises UnsupportedBertConfig naming every option txf cannot represent."""
+  problems: List[str] = []
+  hf = {**BERT_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+  activation = ACTIVATIONS.get(str(hf["hidden_act"]))
+  if activation is None:
+    problems.append(f"hidden_act={hf['hidden_act']!r} (txf has {', '.join(ACTIVATIONS)})")
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    problems.append(f"position_embedding_type={hf['position_embedding_type']!r} (txf has BERT's "
+                    f"absolute learned positions only)")
+  if hf.get("is_decoder") or hf.get("add_cross_attention"):
+    problems.append("is_decoder / add_cross_attention=True (txf imports BERT as an encoder)")
+  if int(hf["hidden_size"]) % int(hf["num_attention_heads"]):
+    problems.append(f"hidden_size={hf['hidden_size']} is not divisible by num_attention_heads="
+                    f"{hf['num_attention_heads']}")
+  if int(hf["type_vocab_size"]) < 1:
+    problems.append(f"type_vocab_size={hf['type_vocab_size']} (BERT adds row 0 of its token-type "
+                    f"table: at least 1)")
+  if hf.get("model_type") != "bert":
+    problems.append(f"model_type={hf.get('model_type')!r} (this converter reads bert models)")
+  if problems:
+    raise UnsupportedBertConfig("; ".join(problems))
+  fields = {"family": family, "d_model": int(hf["hidden_size"]),
+            "num_heads": int(hf["num_attention_heads"]), "d_ff": int(hf["intermediate_size"]),
+            "num_encoder_layers": int(hf["num_hidden_layers"]), "num_decoder_layers": 0,
+            "dropout_rate": float(hf["hidden_dropout_prob"]),
+            "attention_dropout_rate": float(hf["attention_probs_dropout_prob"]),
+            "pre_ln": False, "positional": "learned", "max_len": int(hf["max_position_embeddings"]),
+            "layer_norm_eps": float(hf["layer_norm_eps"]), "activation": activation,
+            "embed_scale": False, "attention_bias": True, "use_bias": True,
+            "type_vocab_size": int(hf["type_vocab_size"]), "embed_norm": True,
+            "share_embeddings": True, "tie_output": True, "logits_bias": False}
+  if family == CLASSIFIER:
+    fields.update(pooling="first", pooler=True)
+  else:
+    fields.update(tie_output=bool(hf["tie_word_embeddings"]), logits_bias=True)
+  return fields
+
+
+def _get(sd, name: str) -> np.ndarray:
+  """A LayerNorm's weight/bias also under the old names gamma/beta."""
+  if name in sd:
+    return sd[name]
+  old = {".weight": ".gamma", ".bias": ".beta"}
+  for new, was in old.items():
+    if name.endswith(new) and name[:-len(new)] + was in sd:
+      return sd[name[:-len(new)] + was]
+  raise KeyError(f"the state dict has no {name}")
+
+
+def _dense_in(sd, prefix: str) -> Dict[str, np.ndarray]:
+  return {"kernel": _get(sd, f"{prefix}.weight").T, "bias": _get(sd, f"{prefix}.bias")}
+
+
+def _norm_in(sd, prefix: str) -> Dict[str, np.ndarray]:
+  return {"scale": _get(sd, f"{prefix}.weight"), "bias": _get(sd, f"{prefix}.bias")}
+
+
+def bert_prefix(sd: Dict[str, np.ndarray]) -> str:
+  """"bert." when the encoder's tensors are under ``bert.`` (a model with a head), else ""."""
+  return "bert." if any(k.startswith("bert.embeddings.") for k in sd) else ""
+
+
+def _layer_in(sd, p: str, h: int) -> Dict[str, Any]:
+  d = _get(sd, f"{p}.attention.self.query.weight").shape[1]
+  attention = {}
+  for name, hf_name in _ATTENTION.items():
+    attention[name] = _get(sd, f"{p}.{hf_name}.weight").T.reshape(d, h, d // h)
+    attention[f"{name}_bias"] = _get(sd, f"{p}.{hf_name}.bias").reshape(h, d // h)
+  attention["out"] = _get(sd, f"{p}.attention.output.dense.weight").T.reshape(h, d // h, d)
+  attention["out_bias"] = _get(sd, f"{p}.attention.output.dense.bias")
+  ffn = {"wi": _get(sd, f"{p}.intermediate.dense.weight").T,
+         "bi": _get(sd, f"{p}.intermediate.dense.bias"),
+         "wo": _get(sd, f"{p}.output.dense.weight").T, "bo": _get(sd, f"{p}.output.dense.bias")}
+  return {"self_attention": attention, "norm_1": _norm_in(sd, f"{p}.attention.output.LayerNorm"),
+          "ffn": ffn, "norm_2": _norm_in(sd, f"{p}.output.LayerNorm")}
+
+
+def params_from_state_dict(sd: Dict[str, np.ndarray], fields: Dict[str, Any], order: np.ndarray,
+                           head: Dict[str, np.ndarray] = None) -> Dict[str, Any]:
+  """txf parameters (nested dict of float32 numpy arrays) of a BERT state dict (BertModel's names,
+  or a head model's with ``bert.`` before them).
+
+  ``fields``: ``model_fields`` of its config; ``order`` int [V]: the BERT id of each txf id.
+  ``head``: tensors to use where the state dict has none (``pooler.dense.*``, ``classifier.*``
+  under their Hugging Face names: a new classifier for a checkpoint without one). Embedding rows
+  and the MLM bias are permuted (txf row t = BERT row order[t])."""
+  sd = {k: np.asarray(v, np.float32) for k, v in {**(head or {}), **sd}.items()}
+  b, h = bert_prefix(sd), fields["num_heads"]
+  e = f"{b}embeddings"
+  encoder: Dict[str, Any] = {"positions": {
+      "pos_embedding": _get(sd, f"{e}.position_embeddings.weight"),
+      "token_type_embedding": _get(sd, f"{e}.token_type_embeddings.weight"),
+      "embed_norm": _norm_in(sd, f"{e}.LayerNorm")}}
+  for i in range(fields["num_encoder_layers"]):
+    encoder[f"layer_{i}"] = _layer_in(sd, f"{b}encoder.layer.{i}", h)
+  params: Dict[str, Any] = {"embed": {"embedding": _get(sd, f"{e}.word_embeddings.weight")[order]},
+                            "encoder": encoder}
+  if fields["family"] == CLASSIFIER:
+    pooler = f"{b}pooler.dense" if f"{b}pooler.dense.weight" in sd else "pooler.dense"
+    params["pooler"] = _dense_in(sd, pooler)
+    params["classifier"] = _dense_in(sd, "classifier")
+    return params
+  t = "cls.predictions"
+  params["mlm_dense"] = _dense_in(sd, f"{t}.transform.dense")
+  params["mlm_norm"] = _norm_in(sd, f"{t}.transform.LayerNorm")
+  bias = sd.get(f"{t}.bias", sd.get(f"{t}.decoder.bias"))
+  params["logits_bias"] = bias[order]
+  if not fields["tie_output"]:
+    params["logits_kernel"] = _get(sd, f"{t}.decoder.weight")[order].T
+  return params
+
+
+def _attention_out(p, prefix: str) -> Dict[str, np.ndarray]:
+  h, dk, d = p["out"].shape
+  out = {}
+  for name, hf_name in _ATTENTION.items():
+    out[f"{prefix}.{hf_name}.weight"] = np.asarray(p[name]).reshape(d, h * dk).T
+    out[f"{prefix}.{hf_name}.bias"] = np.asarray(p[f"{name}_bias"]).reshape(-1)
+  out[f"{prefix}.attention.output.dense.weight"] = np.asarray(p["out"]).reshape(h * dk, d).T
+  out[f"{prefix}.attention.output.dense.bias"] = p["out_bias"]
+  return out
+
+
+def state_dict_from_params(params: Dict[str, Any], fields: Dict[str, Any], order: np.ndarray,
+                           vocab_size: int) -> Dict[str, np.ndarray]:
+  """The state dict (float32 numpy, Hugging Face names) of txf parameters: the inverse of
+  ``params_from_state_dict``, named as ``BertForSequenceClassification`` (family
+  ``encoder_classifier``) or ``BertForMaskedLM`` (``encoder_mlm``) store them: each tied table once
+  (the MLM's decoder weight and bias are tied to the word embeddings and ``cls.predictions.bias``
+  on load). Embedding rows beyond ``vocab_size`` (padding for tensor parallelism) are dropped."""
+  inverse = np.empty_like(order)
+  inverse[order] = np.arange(len(order))
+
+  def unpermute(rows):  # txf rows [>= V, ...] -> BERT rows [V, ...]
+    return np.asarray(rows[:vocab_size], np.float32)[inverse]
+
+  enc = params["encoder"]
+  pos = enc["positions"]
+  sd: Dict[str, np.ndarray] = {
+      "bert.embeddings.word_embeddings.weight": unpermute(params["embed"]["embedding"]),
+      "bert.embeddings.position_embeddings.weight": pos["pos_embedding"],
+      "bert.embeddings.token_type_embeddings.weight": pos["token_type_embedding"],
+      "bert.embeddings.LayerNorm.weight": pos["embed_norm"]["scale"],
+      "bert.embeddings.LayerNorm.bias": pos["embed_norm"]["bias"]}
+  for i in range(fields["num_encoder_layers"]):
+    layer, pre = enc[f"layer_{i}"], f"bert.encoder.layer.{i}"
+    sd.update(_attention_out(layer["self_attention"], pre))
+    ffn = layer["ffn"]
+    sd.update({f"{pre}.intermediate.dense.weight": np.asarray(ffn["wi"]).T,
+               f"{pre}.intermediate.dense.bias": ffn["bi"],
+               f"{pre}.output.dense.weight": np.asarray(ffn["wo"]).T,
+               f"{pre}.output.dense.bias": ffn["bo"],
+               f"{pre}.attention.output.LayerNorm.weight": layer["norm_1"]["scale"],
+               f"{pre}.attention.output.LayerNorm.bias": layer["norm_1"]["bias"],
+               f"{pre}.output.LayerNorm.weight": layer["norm_2"]["scale"],
+               f"{pre}.output.LayerNorm.bias": layer["norm_2"]["bias"]})
+  if fields["family"] == CLASSIFIER:
+    for name, hf_name in (("pooler", "bert.pooler.dense"), ("classifier", "classifier")):
+      sd[f"{hf_name}.weight"] = np.asarray(params[name]["kernel"]).T
+      sd[f"{hf_name}.bias"] = params[name]["bias"]
+  else:
+    t = "cls.predictions"
+    sd[f"{t}.transform.dense.weight"] = np.asarray(params["mlm_dense"]["kernel"]).T
+    sd[f"{t}.transform.dense.bias"] = params["mlm_dense"]["bias"]
+    sd[f"{t}.transform.LayerNorm.weight"] = params["mlm_norm"]["scale"]
+    sd[f"{t}.transform.LayerNorm.bias"] = params["mlm_norm"]["bias"]
+    sd[f"{t}.bias"] = unpermute(params["logits_bias"])
+    if not fields["tie_output"]:
+      sd[f"{t}.decoder.weight"] = unpermute(np.asarray(params["logits_kernel"]).T)
+  return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items()}
+
 
 DEFAULT_DATA_CONFIG = "sst2"
 SPECIAL_TOKENS = {"pad": "[PAD]", "cls": "[CLS]", "sep": "[SEP]", "unk": "[UNK]", "mask": "[MASK]"}
 # tokenizer_config.json's names of the special tokens
 _CONFIG_TOKEN_KEYS = {"pad": "pad_token", "cls": "cls_token", "sep": "sep_token",
                       "unk": "unk_token", "mask": "mask_token"}
-
-
-def _read_json(path: str) -> Dict[str, Any]:
-  with open(path) as f:
-    return json.load(f)
 
 
 def _token_name(value: Any, default: str) -> str:
@@ -88,7 +297,7 @@ def _pipeline_from_vocab(vocab_path: str, tconf: Dict[str, Any], names: Dict[str
 def wordpiece_codec(src: str, vocab_size: int) -> Tuple[tok.Codec, Dict[str, Any]]:
   """(the Codec of a BERT tokenizer directory, its tokenizer_config.json as a dict or {})."""
   tconf_path = os.path.join(src, "tokenizer_config.json")
-  tconf = _read_json(tconf_path) if os.path.isfile(tconf_path) else {}
+  tconf = common.read_json(tconf_path) if os.path.isfile(tconf_path) else {}
   names = {k: _token_name(tconf.get(_CONFIG_TOKEN_KEYS[k]), v) for k, v in SPECIAL_TOKENS.items()}
   json_path, vocab_path = os.path.join(src, "tokenizer.json"), os.path.join(src, "vocab.txt")
   if os.path.isfile(json_path):
@@ -157,7 +366,7 @@ def _num_labels(hf_config: Dict[str, Any]) -> int:
 def run_config(fields: Dict[str, Any], name: str, data_config: str, vocab_size: int, max_len: int):
   """The txf run config of an imported BERT: ``fields`` as config.model, the data fields of
   ``data_config``'s experiment ("" = base_config's) but for the tokenizer and the length."""
-  c = hf.imported_config(name, data_config, fields,
+  c = common.imported_config(name, data_config, fields,
                          ("tokenizer", "vocab_size", "max_input_len", "max_target_len"))
   if data_config:
     theirs = config_lib.load_experiment(data_config)
@@ -174,13 +383,13 @@ def import_run(local: str, hf_config: Dict[str, Any], workdir: str, name: str, d
   """Write the txf workdir of the BERT ``save_pretrained`` directory ``local`` (``hf_config`` its
   config.json) into ``workdir``; TxfError naming any option txf cannot represent."""
   config_path = os.path.join(local, "config.json")
-  sd = hf.read_state_dict(local)
+  sd = common.read_state_dict(local)
   family = _head_family(sd, data_config)
   try:
-    fields = bert.model_fields(hf_config, family)
-  except bert.UnsupportedBertConfig as e:
+    fields = model_fields(hf_config, family)
+  except UnsupportedBertConfig as e:
     raise TxfError(f"{config_path}: txf cannot represent {e}") from None
-  vocab_size = int(hf_config.get("vocab_size") or bert.BERT_DEFAULTS["vocab_size"])
+  vocab_size = int(hf_config.get("vocab_size") or BERT_DEFAULTS["vocab_size"])
   config = run_config(fields, name, data_config, vocab_size, max_len)
   config_lib.validate(config)
   codec, _ = wordpiece_codec(local, vocab_size)
@@ -188,11 +397,11 @@ def import_run(local: str, hf_config: Dict[str, Any], workdir: str, name: str, d
   if family == bert.CLASSIFIER and "classifier.weight" not in sd:
     head = _new_head(sd, hf_config, fields["d_model"], say)
   try:
-    params = bert.params_from_state_dict(sd, fields, codec.source.order, head)
+    params = params_from_state_dict(sd, fields, codec.source.order, head)
   except KeyError as e:
     raise TxfError(f"{local}: {e.args[0]} (is it a BERT checkpoint of this config.json?)") from None
   classes = params["classifier"]["bias"].shape[0] if family == bert.CLASSIFIER else 0
-  hf.write_imported_run(workdir, config, codec, params, {
+  common.write_imported_run(workdir, config, codec, params, {
       "family": family, "vocab_size": vocab_size, "target_vocab_size": 0,
       "num_classes": int(classes), "max_input_len": config.data.max_input_len,
       "max_target_len": config.data.max_target_len})
@@ -214,7 +423,7 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
       problems.append(f"model.{k}={m.get(k)!r} (BERT: {v!r})")
   if m.type_vocab_size < 1:
     problems.append("model.type_vocab_size=0 (BERT has a token-type table)")
-  if m.activation not in set(bert.ACTIVATIONS.values()):
+  if m.activation not in set(ACTIVATIONS.values()):
     problems.append(f"model.activation={m.activation!r} (BERT's FFN is dense: gelu, gelu_tanh, "
                     f"relu, swish)")
   if m.family == bert.CLASSIFIER and (m.pooling != "first" or not m.pooler):
@@ -244,7 +453,7 @@ def export_run(workdir: str, config, output: str, params_name: Optional[str],
   fields = m.to_dict()
   size = wordpiece.vocab_size
   params = workdir_lib.load_params(workdir, params_name)
-  sd = bert.state_dict_from_params(params, fields, wordpiece.order, size)
+  sd = state_dict_from_params(params, fields, wordpiece.order, size)
   classifier = m.family == bert.CLASSIFIER
   hf_config = {"architectures": ["BertForSequenceClassification" if classifier
                                  else "BertForMaskedLM"],
@@ -272,9 +481,9 @@ def export_run(workdir: str, config, output: str, params_name: Optional[str],
     tconf.update(do_lower_case=bool(normalizer.get("lowercase", True)),
                  strip_accents=normalizer.get("strip_accents"),
                  tokenize_chinese_chars=bool(normalizer.get("handle_chinese_chars", True)))
-  with hf.staged_directory(output, ".export-hf-") as tmp:
+  with common.staged_directory(output, ".export-hf-") as tmp:
     workdir_lib.write_json(os.path.join(tmp, "config.json"), hf_config)
-    hf._safetensors().save_file(sd, os.path.join(tmp, "model.safetensors"),
+    common.safetensors_module().save_file(sd, os.path.join(tmp, "model.safetensors"),
                                 metadata={"format": "pt"})
     with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
       f.write(wordpiece.pipeline_json)

@@ -1,13 +1,13 @@
 """The device mesh's arithmetic that configs are checked with and runs are sized by: filling
 ``mesh_shape``'s -1, the mesh axes a sharding rule names, the vocabulary's padding multiple.
-Plain arithmetic on config values (no jax): ``txf.config`` re-exports every name."""
+Plain arithmetic on config values (no jax): ``txf.core.config`` re-exports every name."""
 
 import math
 from typing import Tuple
 
 import ml_collections
 
-from txf.errors import ConfigError
+from txf.core.errors import ConfigError
 
 
 # Padding multiple of the vocabulary tables on GPU and TPU (and whenever a mesh splits them).

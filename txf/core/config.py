@@ -13,12 +13,12 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import ml_collections
 
-from txf import config_rules, families
+from txf.core import config_rules, families
 # the mesh arithmetic and ConfigError live below this module; they are imported from here too
-from txf.config_mesh import (ACCELERATOR_VOCAB_MULTIPLE, MESH_AXES,  # noqa: F401
+from txf.core.config_mesh import (ACCELERATOR_VOCAB_MULTIPLE, MESH_AXES,  # noqa: F401
                              fill_mesh_shape, mesh_axis_sizes, resolve_vocab_multiple, rule_axes,
                              vocab_splits)
-from txf.errors import ConfigError  # noqa: F401
+from txf.core.errors import ConfigError  # noqa: F401
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -48,7 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.early_stopping = False       # beam: False = stop when no alive beam can beat the K finished; True = at K finished (Hugging Face's early_stopping=True)
   c.decode_dtype = ""            # decoding's weights and compute dtype: "" = the model's; "bfloat16" = cast once per call (faster on a CPU with AVX512-BF16; outputs may differ a little)
   c.bleu_protocol = "sacrebleu"  # BLEU in the loop and txf eval: sacrebleu (cased, detokenized, 13a) | tok-lc (lowercased Moses tokens, multi-bleu.perl)
-  c.plugins = ""                 # Python files or modules (comma-separated) imported first: each may register a model family (txf.families) or a variant
+  c.plugins = ""                 # Python files or modules (comma-separated) imported first: each may register a model family (txf.core.families) or a variant
   c.init_from = ""               # a workdir (a txf run, or one from `txf import-hf`) whose parameters and tokenizer start this run
   c.parallelism = "single"       # "single" (one device), "pmap" (data parallel), "mesh" (jit + shardings)
   c.grad_accum_steps = 1         # micro-batches accumulated per optimizer step
@@ -196,7 +196,7 @@ def field_names() -> List[str]:
 def experiment_dirs() -> List[str]:
   """Where experiments shipped with txf live: experiments/ of a source checkout (or an editable
   install), then the copy packaged inside an installed txf (txf/experiments)."""
-  package = os.path.dirname(os.path.abspath(__file__))
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # txf/
   return [os.path.join(os.path.dirname(package), "experiments"), os.path.join(package, "experiments")]
 
 
@@ -256,7 +256,7 @@ def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
 
 def eval_metrics(cfg: ml_collections.ConfigDict) -> Tuple[str, ...]:
   """The metric names an evaluation of this config's run logs (the keys best_metric may name):
-  the family's (``txf.families.Family.metrics``), plus exact_match and bleu for a family that
+  the family's (``txf.core.families.Family.metrics``), plus exact_match and bleu for a family that
   decodes a source (``decoding="seq2seq"``) when the run decodes examples (decode_examples > 0)."""
   family = families.get(cfg.model.family)
   names = family.metrics
@@ -283,7 +283,7 @@ def fit_cooldown(cfg: ml_collections.ConfigDict, original_steps: int) -> Optiona
           f"of the run")
 
 
-# The fields whose allowed values are the names of a variant table (txf.variants.Table): the
+# The fields whose allowed values are the names of a variant table (txf.core.variants.Table): the
 # table, beside its formulas in ops/kernels/nn/models, declares its names here when its module is
 # imported (this module is below those and imports none of them). ``validate`` refuses to run before
 # they are declared: import txf.models (the model stack) first.
@@ -296,7 +296,7 @@ _declared_choices: Dict[str, Tuple[str, ...]] = {}
 def declare_choices(key: str, names: Iterable[str]) -> None:
   """Make ``names`` the allowed values of the config field ``key`` (a dotted path of
   ``base_config()``, e.g. "model.activation"), replacing any earlier declaration; called by the
-  variant tables (txf.variants.Table) whenever their names change."""
+  variant tables (txf.core.variants.Table) whenever their names change."""
   if key not in _flatten(base_config()):
     raise KeyError(f"declare_choices: {key!r} is not a field of base_config()")
   _declared_choices[key] = tuple(names)
@@ -363,7 +363,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   for key in sorted(set(given) - set(known)):
     close = difflib.get_close_matches(key, known, n=1)
     errors.append(f"unknown field '{key}'" + (f": did you mean '{close[0]}'?" if close else
-                                              ": see txf/config.py for the fields"))
+                                              ": see txf/core/config.py for the fields"))
   m = cfg.get("model", {})
   errors += config_rules.numeric_errors(cfg)
   try:
@@ -372,7 +372,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
     errors.append(str(e))
   if m.get("family") not in families.names():
     errors.append(f"model.family={m.get('family')!r} is not one of {families.names()} (a new "
-                  f"family is registered by a file that config.plugins names: txf.families)")
+                  f"family is registered by a file that config.plugins names: txf.core.families)")
   best = cfg.get("best_metric", "")
   if best and m.get("family") in families.names():
     logged = eval_metrics(cfg)
@@ -385,7 +385,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   errors += config_rules.mlm_errors(cfg.get("pretrain", {}))
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
-    raise RuntimeError(f"txf.config.validate: the allowed values of {', '.join(undeclared)} are "
+    raise RuntimeError(f"txf.core.config.validate: the allowed values of {', '.join(undeclared)} are "
                        f"declared by the model's variant tables: import txf.models before validating")
   choices = {**FIXED_CHOICES, **_declared_choices}
   errors += config_rules.file_pattern_errors(given)

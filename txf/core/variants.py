@@ -20,8 +20,8 @@ A table lives beside its formulas and is the one list of that kind's choices:
   and ``SCHEDULES`` (``optimizer.schedule``).
 
 A table with a config field declares its names as that field's allowed values
-(:func:`txf.config.declare_choices`) when it is built and whenever an entry is registered, so
-``txf.config.validate`` checks the field against exactly the names the table can look up. Adding a
+(:func:`txf.core.config.declare_choices`) when it is built and whenever an entry is registered, so
+``txf.core.config.validate`` checks the field against exactly the names the table can look up. Adding a
 variant is its formula, one ``table.register(name, entry)`` line (or one line of the table's literal)
 and its test.
 """
@@ -29,7 +29,7 @@ and its test.
 import contextlib
 from typing import Any, Iterator, Mapping, Optional, Tuple
 
-from txf import config
+from txf.core import config
 
 
 class UnknownVariant(KeyError, ValueError):

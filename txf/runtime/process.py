@@ -18,15 +18,15 @@ import os
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from txf.errors import disk_errno_of
+from txf.core.errors import disk_errno_of
 
 TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                "/usr/local/lib")
 _GUARD = "_TXF_MALLOC_REEXEC"
 # the directory that holds this txf package (what a re-executed process must import again)
-CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # txf/
+CODE_ROOT = os.path.dirname(PACKAGE_DIR)
 
 
 def split_verbosity(args: List[str]) -> Tuple[bool, List[str]]:

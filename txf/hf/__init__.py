@@ -1,0 +1,98 @@
+"""Hugging Face checkpoints in and out of txf: ``txf import-hf`` and ``txf export-hf``.
+
+One table, ``ARCHITECTURES``, maps a checkpoint's ``model_type`` to the module that reads and
+writes it, one module per architecture (config mapping, parameters both ways, tokenizer, import
+and export), over what they share (txf.hf.common). Each architecture module has
+
+  DEFAULT_DATA_CONFIG: str, the experiment whose data fields an imported run gets by default;
+  import_run(local, hf, workdir, name, data_config, max_len) -> None: write the txf workdir of the
+    ``save_pretrained`` directory ``local`` (``hf``: its config.json as a dict) into ``workdir``,
+    in one step; TxfError naming any option txf cannot represent;
+  exports(config) -> bool: whether a txf run (its config) is of this architecture;
+  export_run(workdir, config, output, params_name, say) -> None: write ``output`` for
+    ``from_pretrained``, in one step; TxfError naming what cannot be exported.
+
+Export asks the architectures in the table's order; Marian, last, takes every run the others do
+not claim and names what keeps it from being a Marian model. A new architecture is a module with
+those four names and a line in ``ARCHITECTURES``.
+"""
+
+import dataclasses
+import importlib
+import os
+from typing import Callable, Dict, Optional
+
+from txf.core.errors import TxfError
+from txf.hf import common
+from txf.runtime import workdir as workdir_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  """One Hugging Face architecture txf reads and writes.
+
+  Attributes:
+    module: the module with DEFAULT_DATA_CONFIG, import_run, exports and export_run.
+    model_class: the transformers class an export loads into.
+    families: the txf model families an import becomes.
+    tokenizer: the tokenizer files an import reads.
+  """
+  module: str
+  model_class: str
+  families: tuple
+  tokenizer: str
+
+
+# model_type -> its architecture, in the order export asks them (Marian last: the fallback)
+ARCHITECTURES: Dict[str, Architecture] = {
+    "bert": Architecture("txf.hf.bert", "BertForSequenceClassification / BertForMaskedLM",
+                         ("encoder_classifier", "encoder_mlm"), "vocab.txt (WordPiece)"),
+    "gpt2": Architecture("txf.hf.gpt2", "GPT2LMHeadModel", ("decoder_lm",),
+                         "tokenizer.json or vocab.json + merges.txt (byte-level BPE)"),
+    "t5": Architecture("txf.hf.t5", "T5ForConditionalGeneration", ("encoder_decoder",),
+                       "spiece.model (SentencePiece)"),
+    "marian": Architecture("txf.hf.marian", "MarianMTModel", ("encoder_decoder",),
+                           "source.spm, target.spm, vocab.json (SentencePiece)"),
+}
+
+
+def architecture(model_type: str):
+  """The module of ``ARCHITECTURES[model_type]``, imported."""
+  return importlib.import_module(ARCHITECTURES[model_type].module)
+
+
+def import_hf(src: str, workdir: str, data_config: Optional[str] = None, max_len: int = 128) -> str:
+  """Write the txf workdir of a Hugging Face checkpoint ``src`` (a ``save_pretrained`` directory
+  or a Hub name) of an architecture of ``ARCHITECTURES``; returns the workdir. Refuses a non-empty
+  workdir. ``data_config`` None: the architecture's default experiment."""
+  local = common.resolve_source(src)
+  config_path = os.path.join(local, "config.json")
+  if not os.path.isfile(config_path):
+    raise TxfError(f"{local} has no config.json: give a directory written by save_pretrained")
+  hf = common.read_json(config_path)
+  # a config.json without model_type is read as Marian's, as transformers' own MarianConfig writes
+  model_type = hf.get("model_type") or "marian"
+  if model_type not in ARCHITECTURES:
+    raise TxfError(f"{config_path}: model_type {model_type!r} is not an architecture txf imports "
+                   f"({', '.join(ARCHITECTURES)})")
+  common.check_new_workdir(workdir)
+  arch = architecture(model_type)
+  arch.import_run(local, hf, workdir, os.path.basename(os.path.normpath(src)),
+                  arch.DEFAULT_DATA_CONFIG if data_config is None else data_config, max_len)
+  return workdir
+
+
+def export_hf(workdir: str, output: str, params_name: Optional[str] = None,
+              say: Callable[[str], None] = lambda line: None) -> str:
+  """Write ``output``: config.json, generation_config.json, model.safetensors and the tokenizer
+  files of the run in ``workdir``, as the first architecture of ``ARCHITECTURES`` whose
+  ``exports`` takes the run. Raises TxfError naming what cannot be exported."""
+  config = workdir_lib.load_config(workdir)
+  for model_type in ARCHITECTURES:
+    arch = architecture(model_type)
+    if arch.exports(config):
+      if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise TxfError(f"--output {output} exists and is not empty: choose a new directory")
+      arch.export_run(workdir, config, output, params_name, say)
+      return output
+  raise AssertionError("the last architecture takes every run")
