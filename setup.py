@@ -2,7 +2,7 @@
 
 experiments/ ships inside the package as txf/experiments, so a non-editable install (a wheel,
 ``pip install .``) runs ``txf train --config default`` and every README command from anywhere
-(txf.config.experiment_path finds them).
+(txf.core.config.experiment_path finds them).
 """
 
 from setuptools import find_namespace_packages, setup

@@ -6,7 +6,7 @@
 1. positional_encoding.png: the sinusoidal PE table of the default model (``txf.ops``), as a heatmap.
 2. loss_curves.png: the default run's train and eval loss (``txf train``'s metrics.jsonl).
 3. cross_attention.png: every cross-attention head of that run for one held-out sentence with an
-   adverb and an adjective (both move in translation), by ``txf.viz.attention_maps``.
+   adverb and an adjective (both move in translation), by ``txf.train.viz.attention_maps``.
 4. benchmark_ratios.png: txf and the peers' tokens/s relative to the best float32 peer, read from
    the first table after "### The figures" in BENCHMARKS.md (train step and beam-4 decoding).
 5. bf16_loss_curves.png: the default run in float32 beside the same run with
@@ -44,8 +44,9 @@ def train_default(workdir, steps=None, overrides=()):
 
 
 def positional_encoding(path):
-  from txf import ops, viz
-  from txf.config import load_experiment
+  from txf import ops
+  from txf.train import viz
+  from txf.core.config import load_experiment
   model = load_experiment("default").model
   pe = np.asarray(ops.sinusoidal_positional_encoding(model.max_len, model.d_model))
   return viz.plot_positional_encoding(
@@ -53,14 +54,15 @@ def positional_encoding(path):
 
 
 def loss_curves(workdir, path):
-  from txf import viz
+  from txf.train import viz
   return viz.plot_loss_curves(os.path.join(workdir, "metrics.jsonl"), path,
                               title="the default run (txf train): loss per token")
 
 
 def cross_attention(workdir, path):
   """Every cross-attention head of the run for one held-out sentence that has an adverb and an adjective."""
-  from txf import inference, viz
+  from txf import inference
+  from txf.train import viz
   from txf.data import synthetic
   from txf.data.base import pad_batch
   run = inference.load_run(workdir)
@@ -80,7 +82,7 @@ def cross_attention(workdir, path):
 def bf16_curves(workdir32, workdir16, path):
   """Train and eval loss of the default run in float32 and in bfloat16 compute, on one axis, with
   each run's final eval exact match in the legend."""
-  from txf import viz
+  from txf.train import viz
   fig = viz.new_figure(7, 4)
   ax = fig.subplots()
   for workdir, dtype, color in ((workdir32, "float32", "C0"), (workdir16, "bfloat16", "C1")):
@@ -120,7 +122,7 @@ def _after_table(text):
 
 def benchmark_ratios(path, benchmarks=os.path.join(ROOT, "BENCHMARKS.md")):
   """Bars of tokens/s / the best float32 peer's, per config, for the train step and beam-4 decoding."""
-  from txf import viz
+  from txf.train import viz
   with open(benchmarks, encoding="utf-8") as f:
     rows = _after_table(f.read())
   peers = ("flax-wmt", "torch-eager", "marian")  # the float32 peers ("best peer" of BENCHMARKS.md)

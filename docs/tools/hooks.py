@@ -8,7 +8,7 @@
    So the README stays the one text: editing it edits the site.
 2. Links of included text, written relative to the repository root, are rewritten for the page: a
    file under docs/ becomes a relative link, a file with its own page links that page, any other
-   file of the repository (txf/config.py, ...) becomes its path as code.
+   file of the repository (txf/core/config.py, ...) becomes its path as code.
 3. MathJax 3 is served from the ``django-static-mathjax`` package (no CDN): its script, fonts and TeX
    extensions are added to the site as files.
 4. The notebooks are executed in small mode into docs/notebooks/ (git-ignored) by
@@ -269,10 +269,10 @@ def _cell(value):
 
 
 def config_reference():
-  """Markdown of every config field (``txf.config.reference``): one table per section with the
+  """Markdown of every config field (``txf.core.config.reference``): one table per section with the
   field, its default, its allowed values and its meaning."""
   import txf.models  # noqa: F401  (the variant tables declare their fields' allowed values)
-  from txf import config as config_lib
+  from txf.core import config as config_lib
   fields = config_lib.reference()
   out = []
   for prefix, title in CONFIG_SECTIONS:
