@@ -262,16 +262,18 @@ def test_the_contents_panel_lists_the_pages_sections(server, browser, path, sect
 DEVELOPMENT_LOG = re.compile(r"issue \d|\bround\b|\bsitting\b|\bsession\b", re.I)
 
 
-@pytest.mark.parametrize("path", ["/", "/benchmarks/", "/known-numbers/", "/layout/"])
+@pytest.mark.parametrize("path", ["/", "/benchmarks/", "/benchmarks-method/", "/known-numbers/", "/layout/"])
 def test_pages_read_for_a_reader_not_as_a_development_log(server, browser, path):
-  """Headings name topics, not issues, rounds or dated sittings (those are in the changelog); the
-  benchmarks page opens with the current figures."""
+  """Headings name topics, not issues, rounds or dated sittings (those are on the benchmark history
+  page); the benchmarks page opens with the current figures, then what each optimisation bought and
+  the limits."""
   page, _, _ = _open(browser, server + path)
   headings = page.eval_on_selector_all("article h1, article h2, article h3, article h4",
                                        "hs => hs.map(h => h.innerText)")
   assert headings and not [h for h in headings if DEVELOPMENT_LOG.search(h)], headings
   if path == "/benchmarks/":
     toc = page.inner_text(".md-sidebar--secondary")
-    assert "Current figures" in toc and toc.index("Current figures") < toc.index("Side by side"), toc
-    history, _, _ = _open(browser, server + "/changelog/")
+    order = [toc.find(s) for s in ("Current figures", "What each optimisation bought", "The limits")]
+    assert -1 not in order and order == sorted(order), toc
+    history, _, _ = _open(browser, server + "/benchmarks-history/")
     assert "Benchmark history" in history.inner_text("article")

@@ -1,13 +1,18 @@
-"""Every shell command the documentation shows is run here, or listed here as not run in CI with why.
+r"""Every shell command the documentation shows is run here, or listed here as not run in CI with why.
 
-The documents are README.md, notebooks/README.md, docs/**/*.md and experiments/*.md; their commands are
-the lines of their ```bash (sh, shell, console) blocks, continuation lines joined and a trailing
-`# comment` dropped. Each command must be a key of exactly one table below:
+The documents are README.md, the site's pages (docs/**/*.md), notebooks/README.md and experiments/*.md;
+their commands are the lines of their ```bash (sh, shell, console) blocks, continuation lines joined and
+a trailing `# comment` dropped, and the `code` in the cells of a Markdown table's ``command`` column
+(README's table of the main jobs; ``\|`` is a pipe there). Each command must be a key of exactly one
+table below:
 
-* ``RUN``: executed, in document order, by ``test_the_readme_runs_in_order_from_a_fresh_clone`` in a
+* ``RUN``: executed, in reading order, by ``test_the_readme_runs_in_order_from_a_fresh_clone`` in a
   folder laid out like a fresh clone (``experiments/`` beside it, ``../shared/data`` a tiny stand-in of
   the shared data), with the value's arguments appended to its ``txf`` call to shorten it (steps,
-  eval_every, small sizes). Later commands use what earlier ones made (``runs/default``, ...).
+  eval_every, small sizes). Later commands use what earlier ones made (``runs/default``, ...). The
+  reading order is the site's: its pages in mkdocs.yml's ``nav`` order, then the other documents.
+  README.md is the front page: every command it shows is also on a page
+  (``test_the_front_page_shows_only_commands_a_page_shows``), where it runs.
 * ``NOT_RUN``: not run in CI; the value says why (a download, hours of compute, an accelerator, a
   cluster, a duplicate of a run command with one flag changed). Their ``txf`` subcommands, flags,
   config files and ``--config.FIELD`` names are still checked against ``txf <cmd> --help`` and
@@ -34,7 +39,8 @@ from tests.conftest import ROOT
 from txf import cli
 from txf.core import config as config_lib
 
-DOCUMENTS = ["README.md", "notebooks/README.md", "docs/**/*.md", "experiments/*.md"]
+DOCUMENTS = ["README.md", "docs/**/*.md", "notebooks/README.md", "experiments/*.md"]
+FRONT_PAGE = "README.md"
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 
 # Arguments that shorten a run of each experiment to seconds (tiny model, a few steps, one evaluation).
@@ -198,8 +204,6 @@ NOT_RUN = {
         "a minute of compiling: tests/test_plan.py plans small configs with these flags",
     "pip install -e '.[test]' jupyterlab && jupyter lab notebooks/": "an interactive notebook server",
     "TXF_NOTEBOOK_SMALL=1 pytest tests/test_notebooks.py": "tests/test_notebooks.py is part of the suite",
-    "pip install -e '.[test]'": "the install: done before the tests run",
-    "jupyter lab notebooks/": "an interactive notebook server",
     "jupytext --sync notebooks/src/*.py": "rewrites the notebooks: tests/test_notebooks.py checks they are in sync",
     "txf bench": "minutes of benchmarking: tests/test_bench.py runs it shrunk",
     "txf bench --configs base --dtypes float32,bfloat16 --attention_impls reference,fused --output bench.json":
@@ -238,7 +242,7 @@ NOT_RUN = {
         "tests/test_sweep.py checks the script (bash -n, and one array task run with a stand-in txf)",
     "sbatch sweep.sbatch": "a SLURM cluster",
     "txf sweep report runs/sweeps/copy_norm": SWEEP,
-    # README, Ablations
+    # docs/sweeps.md, the variants
     "txf train --config experiments/copy.py --workdir runs/copy-rope --config.model.positional=rope "
     "--config.model.num_kv_heads=1": VARIANT,
     "txf train --config experiments/copy.py --workdir runs/copy-glu --config.model.activation=swiglu "
@@ -262,27 +266,66 @@ NOT_RUN = {
 }
 
 
+def nav_pages():
+  """The site's pages (docs/...) in mkdocs.yml's ``nav`` order."""
+  with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  start = lines.index("nav:") + 1
+  pages = []
+  for line in lines[start:]:
+    if line and not line.startswith(" "):
+      break
+    m = re.search(r"(\S+\.md)\s*$", line)
+    if m:
+      pages.append(os.path.join("docs", m.group(1)))
+  return pages
+
+
+def documents():
+  """Repository paths of the documents in reading order: README.md, the site's pages in its nav
+  order, the other pages under docs/, then notebooks/README.md and experiments/*.md."""
+  paths = [FRONT_PAGE] + nav_pages()
+  for pattern in DOCUMENTS:
+    paths += [os.path.relpath(p, ROOT) for p in sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True))]
+  return [p for p in dict.fromkeys(paths) if os.path.isfile(os.path.join(ROOT, p))]
+
+
 @functools.lru_cache(maxsize=None)
 def documented_commands():
-  """[(document, line, command)] of every shell command in DOCUMENTS, in document order."""
-  paths = []
-  for pattern in DOCUMENTS:
-    paths += sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True))
+  """[(document, line, command)] of every shell command in the documents, in reading order."""
   out = []
-  for path in dict.fromkeys(paths):
-    out += [(os.path.relpath(path, ROOT), line, cmd) for line, cmd in shell_commands(path)]
+  for doc in documents():
+    out += [(doc, line, cmd) for line, cmd in shell_commands(os.path.join(ROOT, doc))]
   return out
 
 
+def table_cells(line):
+  """The cells of a Markdown table row (``\\|`` is a pipe inside a cell, not a border)."""
+  cells = re.split(r"(?<!\\)\|", line.strip().strip("|"))
+  return [c.strip().replace("\\|", "|") for c in cells]
+
+
 def shell_commands(path):
-  """(line, command) of each command in the shell code blocks of one Markdown file."""
-  out, language, pending, start = [], None, "", 0
+  """(line, command) of each command in the shell code blocks of one Markdown file, and of each
+  `code` in the cells of a table's ``command`` column."""
+  out, language, pending, start, column = [], None, "", 0, None
   with open(path, encoding="utf-8") as f:
     lines = f.read().splitlines()
   for number, line in enumerate(lines, 1):
     text = line.strip()
     if text.startswith("```"):
       language = (text[3:].strip() or "text") if language is None else None
+      continue
+    if language is None:  # prose: a table's command column
+      if not text.startswith("|"):
+        column = None
+      elif column is None:
+        cells = table_cells(text)
+        column = cells.index("command") if "command" in cells else -1
+      elif column >= 0 and not re.match(r"^\|[\s:|-]+\|$", text):
+        cells = table_cells(text)
+        if column < len(cells):
+          out += [(number, normalise(code)) for code in re.findall(r"`([^`]+)`", cells[column])]
       continue
     if language not in SHELL_LANGUAGES:
       continue
@@ -318,6 +361,33 @@ def test_every_documented_command_is_run_or_listed_as_not_run():
       + "\n  ".join(missing))
   both = sorted(set(RUN) & set(NOT_RUN))
   assert not both, f"listed both as run and as not run: {both}"
+
+
+def test_the_front_page_shows_only_commands_a_page_shows():
+  on_pages = {cmd for doc, _, cmd in documented_commands() if doc != FRONT_PAGE}
+  front = [(line, cmd) for doc, line, cmd in documented_commands() if doc == FRONT_PAGE]
+  assert len(front) >= 10, front  # the quick start and the table of the main jobs
+  missing = [f"{FRONT_PAGE}:{line}: {cmd}" for line, cmd in front if cmd not in on_pages]
+  assert not missing, ("the front page shows commands no page of the site shows (add each to its page, "
+                       "where it runs in reading order):\n  " + "\n  ".join(missing))
+
+
+def test_commands_that_use_a_run_come_after_the_command_that_makes_it():
+  """In reading order (the front page aside), a RUN command naming --workdir runs/X comes after a
+  RUN command that trains runs/X."""
+  made, problems = set(), []
+  for doc, line, cmd in documented_commands():
+    if cmd not in RUN or doc == FRONT_PAGE:
+      continue
+    workdir = re.search(r"--workdir[ =](runs/[\w.-]+)", cmd)
+    if "txf train" in cmd:
+      name = re.search(r"--config\.name=([\w.-]+)", cmd)
+      config = re.search(r"--config[ =](?:experiments/)?([\w.-]+?)(?:\.py)?(?:\s|$)", cmd)
+      made.add(workdir.group(1) if workdir else
+               f"runs/{name.group(1) if name else config.group(1) if config else 'default'}")
+    elif workdir and workdir.group(1) not in made:
+      problems.append(f"{doc}:{line}: {cmd} (nothing before it trains {workdir.group(1)})")
+  assert not problems, "\n".join(problems)
 
 
 def test_every_listed_command_is_still_documented():
@@ -480,10 +550,11 @@ def test_the_readme_runs_in_order_from_a_fresh_clone(tmp_path):
              PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
   # `txf` is the txf of this interpreter, as after `pip install -e .`
   prelude = f"set -eo pipefail; txf() {{ {shlex.quote(sys.executable)} -m txf.cli \"$@\"; }}; "
-  timings = []
+  timings, done = [], set()
   for doc, line, cmd in documented_commands():
-    if cmd not in RUN:
-      continue
+    if cmd not in RUN or doc == FRONT_PAGE or cmd in done:
+      continue  # the front page's commands run where a page shows them
+    done.add(cmd)
     script = shortened(cmd, RUN[cmd])
     t0 = time.perf_counter()
     r = subprocess.run(["bash", "-c", prelude + script], cwd=clone, env=env, capture_output=True,

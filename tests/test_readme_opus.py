@@ -1,22 +1,22 @@
-"""The README's "OPUS-MT / Hugging Face" commands, run as written, in README order, on a local Marian stand-in.
+"""The Hugging Face page's OPUS-MT commands, run as written, in page order, on a local Marian stand-in.
 
-The commands are read from README.md itself (the section's ```bash block, by
+The commands are read from docs/huggingface.md itself (the section's ```bash block, by
 tests/test_readme_commands.py's parser), so an edit that breaks one fails here. They run as `txf`
 subprocesses (this interpreter's txf, as after `pip install -e .`) in a folder laid out like a fresh
 clone: the cwd holds a small random Marian model written by ``save_pretrained`` at
 ``Helsinki-NLP/opus-mt-en-de`` (the Hub name read as a relative path: import-hf takes an existing
 directory before trying the Hub, so no word of a command is changed), and ``../shared/data/multi30k``
 is a tiny Multi30k-shaped folder (train / val / test_2016_flickr, sentences of the stand-in's
-vocabulary). Every other word is the README's: runs/opus-mt-en-de, runs/opus-ft, the relative
+vocabulary). Every other word is the page's: runs/opus-mt-en-de, runs/opus-ft, the relative
 ``--config.init_from=runs/opus-mt-en-de``, ``--config.num_train_steps=300``,
 exported/opus-ft-en-de. One thing is appended, to the fine-tuning only (``EXTRA``):
-``--config.num_train_steps=10 --config.data.tokens_per_batch=1024`` after the README's
+``--config.num_train_steps=10 --config.data.tokens_per_batch=1024`` after the page's
 ``--config.num_train_steps=300`` (the later value wins), since 300 steps of 4,096 tokens take
-minutes on CI's 2 cores; the README's 300 is still passed and parsed.
+minutes on CI's 2 cores; the page's 300 is still passed and parsed.
 
 Checked: each command exits 0 with no traceback; its output holds no library log line, and its
 stderr no absl-format line at all (txf's own included: the "dropped N of M examples" line is INFO,
-not shown) nor a warning; the fine-tuned run's init_from is the README's relative path and its
+not shown) nor a warning; the fine-tuned run's init_from is the page's relative path and its
 exported weights moved from the stand-in's, by less than 0.01 (fine-tuned from them, not from a
 fresh initialisation); the export's model.safetensors is no larger than the stand-in's;
 generation_config.json carries the fine-tuned run's beam settings (its config.json);
@@ -39,14 +39,15 @@ torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[hf]'
 transformers = pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[hf]'")
 
 from tests import test_hf_marian as hfm  # noqa: E402  (the stand-in's builders)
-from tests import test_readme_commands as rc  # noqa: E402  (the README's parser and quiet check)
+from tests import test_readme_commands as rc  # noqa: E402  (the documents' parser and quiet check)
 from tests.conftest import ROOT  # noqa: E402
 
-pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (README, Tests)
+pytestmark = pytest.mark.slow  # the end-to-end tier: `pytest -m slow` (docs/layout.md, Tests)
 
-SECTION = "## OPUS-MT / Hugging Face"
+PAGE = "docs/huggingface.md"
+SECTION = "## OPUS-MT / Hugging Face Marian"
 HUB_NAME = "Helsinki-NLP/opus-mt-en-de"
-# arguments appended to a command's txf call, only where the README's command would take too long here
+# arguments appended to a command's txf call, only where the page's command would take too long here
 EXTRA = {"TXF_DATA=../shared/data txf train --config multi30k_en_de --workdir runs/opus-ft "
          "--config.init_from=runs/opus-mt-en-de --config.num_train_steps=300":
          "--config.num_train_steps=10 --config.data.tokens_per_batch=1024"}
@@ -55,9 +56,9 @@ WARNING = re.compile(r"Warning\b|\bWARNING\b|^\S+\.py:\d+: ")
 
 
 def section_commands():
-  """[(line, command)] of the README's OPUS-MT section (up to its next heading: the BERT and GPT-2
-  subsections are tests/test_hf_bert.py's and tests/test_hf_gpt2.py's), in README order."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+  """[(line, command)] of the page's OPUS-MT section (up to its next heading: the BERT and GPT-2
+  sections are tests/test_hf_bert.py's and tests/test_hf_gpt2.py's), in page order."""
+  with open(os.path.join(ROOT, PAGE), encoding="utf-8") as f:
     lines = f.read().splitlines()
   start = lines.index(SECTION) + 1
   fenced, end = False, len(lines)
@@ -66,7 +67,7 @@ def section_commands():
     if not fenced and re.match(r"#{1,6} ", lines[i]):  # a heading (a "# comment" in a block is not)
       end = i + 1
       break
-  return [(line, cmd) for line, cmd in rc.shell_commands(os.path.join(ROOT, "README.md"))
+  return [(line, cmd) for line, cmd in rc.shell_commands(os.path.join(ROOT, PAGE))
           if start < line < end]
 
 
@@ -119,12 +120,12 @@ def test_the_opus_mt_section_runs_as_written(tmp_path):
   timings = []
   for line, cmd in commands:
     script = rc.shortened(cmd, EXTRA.get(cmd, ""))
-    assert script.startswith(cmd), script  # the README's words, at most with arguments appended
+    assert script.startswith(cmd), script  # the page's words, at most with arguments appended
     t0 = time.perf_counter()
     r = subprocess.run(["bash", "-c", prelude + script], cwd=clone, env=env, capture_output=True,
                        text=True, timeout=600)
     timings.append((round(time.perf_counter() - t0, 1), cmd))
-    where = f"README.md:{line}: `{script}`"
+    where = f"{PAGE}:{line}: `{script}`"
     assert r.returncode == 0, f"{where} failed ({r.returncode}):\n{r.stderr[-3000:]}"
     assert "Traceback" not in r.stderr, f"{where}:\n{r.stderr[-3000:]}"
     rc.check_quiet(cmd, r)
@@ -133,7 +134,7 @@ def test_the_opus_mt_section_runs_as_written(tmp_path):
     if "txf translate" in cmd:
       assert len(r.stdout.splitlines()) == 1, r.stdout  # one line in, one translation out
   print(timings)
-  assert set(EXTRA) <= {cmd for _, cmd in commands}, "EXTRA names a command the README no longer has"
+  assert set(EXTRA) <= {cmd for _, cmd in commands}, "EXTRA names a command the page no longer has"
   with open(clone / "runs" / "opus-ft" / "config.json", encoding="utf-8") as f:
     run = json.load(f)
   assert run["init_from"] == "runs/opus-mt-en-de" and run["num_train_steps"] == 10, run

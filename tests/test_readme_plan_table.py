@@ -1,11 +1,11 @@
-"""The README's ``txf plan`` table against ``txf plan --json``: published figures come from the command.
+"""The planning page's ``txf plan`` table against ``txf plan --json``: published figures come from the command.
 
-Each row of the table under "Size a job before launch" names a model and a device count; ``ROW_ARGS``
+Each row of the table of docs/planning.md (before "The real topology") names a model and a device count; ``ROW_ARGS``
 says which ``txf plan`` command gives it. The test plans the rows that compile in seconds on a CPU
 and compares every column: parameter and Adam bytes to 1%, XLA's temporaries and peak to
 ``TOLERANCE``, TFLOP/step to 1%. The rows whose compile takes minutes are checked by hand with
 
-    python -m tests.test_readme_plan_table            # prints every row as the README should read
+    python -m tests.test_readme_plan_table            # prints every row as the page should read
 
 which runs each row's command and prints the table rows to paste (on a quiet machine: minutes).
 """
@@ -27,11 +27,12 @@ ROW_ARGS = {  # model -> txf plan arguments of its rows (the devices are the row
     "1b": ["--config", "experiments/wmt14_en_de_1b.py"],
 }
 CHEAP_ROWS = [("base", 8)]  # compiled by the test; the others take minutes
+PAGE = "docs/planning.md"
 
 
 def readme_rows():
-  """{(model, devices): {column: text}} of the README's plan table."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+  """{(model, devices): {column: text}} of the planning page's plan table."""
+  with open(os.path.join(ROOT, PAGE), encoding="utf-8") as f:
     text = f.read()
   header = "| model | params | devices | mesh (data, fsdp, tensor) |"
   lines = text[text.index(header):].splitlines()
@@ -71,7 +72,7 @@ def plan(model, devices, tmp_dir):
 
 
 def row_text(model, p):
-  """The README row that plan JSON ``p`` gives."""
+  """The page's row that plan JSON ``p`` gives."""
   b = p["batch"]
   return (f"| {model} | {p['params'] / 1e6:.1f}M | {p['devices']} | ({', '.join(map(str, p['mesh_shape']))}) | "
           f"{b['rows']} x {b['source_len']}/{b['target_len']} | {size_text(p['param_bytes_per_device'])} | "

@@ -1,14 +1,15 @@
 """mkdocs hooks of txf's documentation site (mkdocs.yml `hooks:`).
 
-1. README sections on site pages. A page line ``<!-- readme: Running experiments -->`` is replaced by
-   the README's section whose heading starts with that text (up to the next heading of the same or a
-   higher level), its headings raised one level (``##`` -> ``#``). ``<!-- readme: intro -->`` is the
-   text before the first ``##``; ``<!-- readme: rest -->`` is every ``##`` section no page names;
-   ``<!-- file: BENCHMARKS.md -->`` is a whole file, its title dropped and its headings lowered by one.
-   So the README stays the one text: editing it edits the site.
-2. Links of included text, written relative to the repository root, are rewritten for the page: a
-   file under docs/ becomes a relative link, a file with its own page links that page, any other
-   file of the repository (txf/core/config.py, ...) becomes its path as code.
+Every page under docs/ is its own source: no hook copies text from README.md or elsewhere (the
+changelog page includes CHANGELOG.md whole with a ``pymdownx.snippets`` line). What the hooks do:
+
+1. The configuration reference. The line ``<!-- config: reference -->`` of docs/config.md becomes
+   one table per config section with every field's default, allowed values and meaning, read from
+   ``txf.core.config.reference()``, so the page cannot fall behind txf/core/config.py.
+2. The maths page links into the API reference. On docs/formulas.md, each
+   ``txf/PACKAGE/MODULE.py::NAME`` reference becomes a link to that object's heading in the API
+   reference, and each table row gets the anchor ``formula-ROW``; each API object's heading then
+   links back to its rows (and, with ``repo_url``, to its source lines in the repository).
 3. MathJax 3 is served from the ``django-static-mathjax`` package (no CDN): its script, fonts and TeX
    extensions are added to the site as files.
 4. The notebooks are executed in small mode into docs/notebooks/ (git-ignored) by
@@ -31,102 +32,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import execute_notebooks  # noqa: E402  (docs/tools/execute_notebooks.py)
 
-DIRECTIVE = re.compile(r"^<!-- (readme|file|config): (.+?) -->[ \t]*$", re.M)
-FENCE = re.compile(r"^(```|~~~)")
-HEADING = re.compile(r"^(#{1,6}) (.*)$")
-LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
-# Files of the repository that are pages of the site (a link to one goes to its page).
-PAGES = {"README.md": "index.md", "BENCHMARKS.md": "benchmarks.md", "notebooks/README.md": "notebooks.md",
-         "docs/formulas.md": "formulas.md", "CHANGELOG.md": "changelog.md"}
-SPECIAL = ("intro", "rest")
+DIRECTIVE = re.compile(r"^<!-- config: (.+?) -->[ \t]*$", re.M)
 
 
 def _read(path):
   with open(os.path.join(ROOT, path), encoding="utf-8") as f:
     return f.read()
-
-
-def _headings(lines):
-  """(index, level, text) of every Markdown heading outside fenced code."""
-  found, fenced = [], False
-  for i, line in enumerate(lines):
-    if FENCE.match(line):
-      fenced = not fenced
-    elif not fenced:
-      m = HEADING.match(line)
-      if m:
-        found.append((i, len(m.group(1)), m.group(2).strip()))
-  return found
-
-
-def _shift(lines, by):
-  """Headings (outside code) moved ``by`` levels (-1: ## -> #), kept within 1..6."""
-  out, fenced = [], False
-  for line in lines:
-    if FENCE.match(line):
-      fenced = not fenced
-    m = None if fenced else HEADING.match(line)
-    out.append(line if not m else "#" * min(6, max(1, len(m.group(1)) + by)) + " " + m.group(2))
-  return out
-
-
-def readme_sections():
-  """{heading text: lines} of README.md's ``##`` sections (subsections inside), and "intro"."""
-  lines = _read("README.md").splitlines()
-  heads = [(i, t) for i, level, t in _headings(lines) if level == 2]
-  sections = {"intro": lines[1:heads[0][0]] if heads else lines[1:]}
-  for n, (i, title) in enumerate(heads):
-    end = heads[n + 1][0] if n + 1 < len(heads) else len(lines)
-    sections[title] = lines[i:end]
-  return sections
-
-
-def _find(sections, wanted, page):
-  matches = [t for t in sections if t not in SPECIAL and t.startswith(wanted)]
-  if len(matches) != 1:
-    raise PluginError(f"{page}: README has {len(matches)} sections whose heading starts with "
-                      f"{wanted!r} (has: {[t for t in sections if t not in SPECIAL]})")
-  return matches[0]
-
-
-def _claimed(docs_dir, sections):
-  """README sections that some page names with ``<!-- readme: ... -->``."""
-  claimed = set()
-  for folder, _, names in os.walk(docs_dir):
-    for name in names:
-      if name.endswith(".md"):
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-          for kind, wanted in DIRECTIVE.findall(f.read()):
-            if kind == "readme" and wanted not in SPECIAL:
-              claimed.add(_find(sections, wanted, name))
-  return claimed
-
-
-def _rewrite_links(text, page_src, source):
-  """Links in text from ``source`` (a repository path) made right for the page at ``page_src``."""
-  page_dir = posixpath.dirname(page_src)
-  source_dir = posixpath.dirname(source)
-
-  def fix(m):
-    bang, label, target = m.groups()
-    if re.match(r"^[a-z]+:|^#|^/", target):
-      return m.group(0)
-    path, _, anchor = target.partition("#")
-    repo_path = posixpath.normpath(posixpath.join(source_dir, path))
-    if repo_path in PAGES:
-      new = posixpath.relpath(PAGES[repo_path], page_dir or ".")
-    elif repo_path.startswith("docs/"):
-      new = posixpath.relpath(repo_path[len("docs/"):], page_dir or ".")
-    else:  # a file of the repository that is not on the site: its path, as code
-      return label if label.startswith("`") else f"`{repo_path}`" if label == repo_path else label
-    return f"{bang}[{label}]({new}{'#' + anchor if anchor else ''})"
-
-  out, fenced = [], False
-  for line in text.split("\n"):
-    if FENCE.match(line):
-      fenced = not fenced
-    out.append(line if fenced else LINK.sub(fix, line))
-  return "\n".join(out)
 
 
 API_PACKAGES = ("ops", "kernels", "nn", "models", "decode", "data", "parallel", "train", "inference")
@@ -226,36 +137,21 @@ def _api_links(html, page_dir, repo_url):
 
 
 def on_page_markdown(markdown, page, config, files):
-  """Expand the ``<!-- readme: ... -->`` and ``<!-- file: ... -->`` lines of a page; link the
+  """Expand the ``<!-- config: reference -->`` line of a page; link the
   ``txf/PACKAGE/MODULE.py::NAME`` references of the maths page into the API reference."""
   if page.file.src_uri == "formulas.md":
     markdown = _link_sources(markdown, page.file.src_uri)
-  if not DIRECTIVE.search(markdown):
-    return markdown
-  sections = readme_sections()
-  # a page with a title of its own keeps the README's ## sections as its h2 (its contents panel
-  # lists them); a page made of one README section takes that section's heading as its title
-  own_title = re.search(r"^# ", DIRECTIVE.sub("", markdown), re.M) is not None
+  return expand_directives(markdown, page.file.src_uri)
 
+
+def expand_directives(markdown, src_uri):
+  """``<!-- config: reference -->`` replaced by the configuration reference's tables; any other
+  ``<!-- config: ... -->`` is an error naming the page."""
   def expand(m):
-    kind, wanted = m.groups()
-    if kind == "config":
-      return config_reference()
-    if kind == "file":
-      lines = _read(wanted).splitlines()
-      if lines and lines[0].startswith("# "):
-        lines = lines[1:]
-      return _rewrite_links("\n".join(_shift(lines, +1)), page.file.src_uri, wanted)
-    if wanted == "rest":
-      claimed = _claimed(config["docs_dir"], sections)
-      rest = [t for t in sections if t not in SPECIAL and t not in claimed]
-      body = [line for t in rest for line in _shift(sections[t], 0)]
-    elif wanted == "intro":
-      body = sections["intro"]
-    else:
-      body = _shift(sections[_find(sections, wanted, page.file.src_uri)], 0 if own_title else -1)
-    return _rewrite_links("\n".join(body), page.file.src_uri, "README.md")
-
+    if m.group(1) != "reference":
+      raise PluginError(f"{src_uri}: unknown directive <!-- config: {m.group(1)} --> "
+                        "(known: <!-- config: reference -->)")
+    return config_reference()
   return DIRECTIVE.sub(expand, markdown)
 
 
