@@ -326,11 +326,11 @@ def _head_family(sd: Dict[str, np.ndarray], data_config: str) -> str:
   """encoder_classifier for a checkpoint with a classifier, or when ``data_config``'s experiment
   is a classifier; else encoder_mlm (TxfError without an MLM head)."""
   if "classifier.weight" in sd:
-    return bert.CLASSIFIER
-  if data_config and config_lib.load_experiment(data_config).model.family == bert.CLASSIFIER:
-    return bert.CLASSIFIER
+    return CLASSIFIER
+  if data_config and config_lib.load_experiment(data_config).model.family == CLASSIFIER:
+    return CLASSIFIER
   if "cls.predictions.transform.dense.weight" in sd:
-    return bert.MLM
+    return MLM
   raise TxfError(f"the checkpoint has neither a classifier nor an MLM head, and --data_config="
                  f"{data_config!r} is no classifier experiment: import it with --data_config sst2 "
                  f"(a new classifier) or give a BertForMaskedLM checkpoint")
@@ -370,7 +370,7 @@ def run_config(fields: Dict[str, Any], name: str, data_config: str, vocab_size: 
                          ("tokenizer", "vocab_size", "max_input_len", "max_target_len"))
   if data_config:
     theirs = config_lib.load_experiment(data_config)
-    c.best_metric = theirs.best_metric if fields["family"] == bert.CLASSIFIER else ""
+    c.best_metric = theirs.best_metric if fields["family"] == CLASSIFIER else ""
   # the run's tokenizer is its tokenizer/ directory (WordPiece); "sentencepiece" marks real text
   c.data.tokenizer, c.data.vocab_size = "sentencepiece", vocab_size
   c.data.max_input_len = c.data.max_target_len = min(max_len, fields["max_len"])
@@ -394,13 +394,13 @@ def import_run(local: str, hf_config: Dict[str, Any], workdir: str, name: str, d
   config_lib.validate(config)
   codec, _ = wordpiece_codec(local, vocab_size)
   head = None
-  if family == bert.CLASSIFIER and "classifier.weight" not in sd:
+  if family == CLASSIFIER and "classifier.weight" not in sd:
     head = _new_head(sd, hf_config, fields["d_model"], say)
   try:
     params = params_from_state_dict(sd, fields, codec.source.order, head)
   except KeyError as e:
     raise TxfError(f"{local}: {e.args[0]} (is it a BERT checkpoint of this config.json?)") from None
-  classes = params["classifier"]["bias"].shape[0] if family == bert.CLASSIFIER else 0
+  classes = params["classifier"]["bias"].shape[0] if family == CLASSIFIER else 0
   common.write_imported_run(workdir, config, codec, params, {
       "family": family, "vocab_size": vocab_size, "target_vocab_size": 0,
       "num_classes": int(classes), "max_input_len": config.data.max_input_len,
@@ -409,7 +409,7 @@ def import_run(local: str, hf_config: Dict[str, Any], workdir: str, name: str, d
 
 def exports(config) -> bool:
   """Whether ``txf export-hf`` writes this run as BERT: an encoder classifier or MLM."""
-  return config.model.family in (bert.CLASSIFIER, bert.MLM)
+  return config.model.family in (CLASSIFIER, MLM)
 
 
 def export_problems(config, codec: Optional[tok.Codec]) -> list:
@@ -426,9 +426,9 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
   if m.activation not in set(ACTIVATIONS.values()):
     problems.append(f"model.activation={m.activation!r} (BERT's FFN is dense: gelu, gelu_tanh, "
                     f"relu, swish)")
-  if m.family == bert.CLASSIFIER and (m.pooling != "first" or not m.pooler):
+  if m.family == CLASSIFIER and (m.pooling != "first" or not m.pooler):
     problems.append(f"model.pooling={m.pooling!r} / model.pooler={m.pooler} (BERT: first, True)")
-  if m.family == bert.MLM and not m.logits_bias:
+  if m.family == MLM and not m.logits_bias:
     problems.append("model.logits_bias=False (BERT's MLM head has an output bias)")
   if codec is None or not isinstance(codec.source, tok.WordPieceTokenizer):
     kind = "none" if codec is None else codec.source.kind
@@ -454,7 +454,7 @@ def export_run(workdir: str, config, output: str, params_name: Optional[str],
   size = wordpiece.vocab_size
   params = workdir_lib.load_params(workdir, params_name)
   sd = state_dict_from_params(params, fields, wordpiece.order, size)
-  classifier = m.family == bert.CLASSIFIER
+  classifier = m.family == CLASSIFIER
   hf_config = {"architectures": ["BertForSequenceClassification" if classifier
                                  else "BertForMaskedLM"],
                "model_type": "bert", "vocab_size": size, "hidden_size": m.d_model,

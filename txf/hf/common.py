@@ -10,7 +10,7 @@ import re
 import shutil
 import socket
 import tempfile
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict
 
 import numpy as np
 
@@ -38,7 +38,7 @@ def read_state_dict(src: str) -> Dict[str, np.ndarray]:
   pytorch_model.bin only with torch installed)."""
   path = os.path.join(src, "model.safetensors")
   if os.path.isfile(path):
-    return _safetensors().load_file(path)
+    return safetensors_module().load_file(path)
   path = os.path.join(src, "pytorch_model.bin")
   if os.path.isfile(path):
     try:

@@ -37,7 +37,6 @@ Decoding settings of an imported run are those of Hugging Face's ``generate(num_
 length_penalty=1.0, early_stopping=True)`` as for Marian (txf.hf's docstring).
 """
 
-import json
 import os
 from typing import Any, Callable, Dict, List, Optional
 
