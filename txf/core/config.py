@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import ml_collections
 
-from txf.core import config_rules, families
+from txf.core import config_rules, families, formats
 # the mesh arithmetic and ConfigError live below this module; they are imported from here too
 from txf.core.config_mesh import (ACCELERATOR_VOCAB_MULTIPLE, MESH_AXES,  # noqa: F401
                              fill_mesh_shape, mesh_axis_sizes, resolve_vocab_multiple, rule_axes,
@@ -154,7 +154,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.source = "synthetic:translate"  # synthetic:{translate,copy,reverse,sort} | text:DIR_OR_NAME | tfds:NAME
   d.path = ""                    # root for text:NAME sources; "" = the TXF_DATA environment variable
   d.data_dir = ""                # where prepared tfds/array_record data lives ("" = ~/.cache/txf/tfds)
-  d.format = "parallel"          # text sources: parallel ({split}.{src}/{split}.{tgt}) | tsv (text<TAB>label) | plain (LM)
+  d.format = "parallel"          # text sources, a name of txf.core.formats: parallel ({split}.{src}/{split}.{tgt}) | tsv (text<TAB>label) | plain (LM)
   d.file_pattern = ""            # text sources: file names in the folder, with {split} and (parallel) {lang}; "" = {split}.{lang} / {split}.tsv
   d.src_lang = "en"              # source language suffix / tfds feature
   d.tgt_lang = "de"              # target language suffix / tfds feature
@@ -304,11 +304,14 @@ def declare_choices(key: str, names: Iterable[str]) -> None:
 
 def allowed_values(key: str) -> Optional[Tuple[str, ...]]:
   """The allowed values of config field ``key``: those its variant table declared
-  (:func:`declare_choices`), the registered families for ``model.family``, those of
-  ``FIXED_CHOICES``, or None for a field of free values."""
-  if key == "model.family":
-    return families.names()
-  return _declared_choices.get(key, FIXED_CHOICES.get(key))
+  (:func:`declare_choices`), the registered families for ``model.family``, the registered
+  formats for ``data.format``, those of ``FIXED_CHOICES``, or None for a field of free values."""
+  return _registries().get(key) or _declared_choices.get(key, FIXED_CHOICES.get(key))
+
+
+def _registries() -> Dict[str, Tuple[str, ...]]:
+  """The fields whose values are the names of a registry of this layer (plugins add to them)."""
+  return {"model.family": families.names(), "data.format": formats.names()}
 
 
 # The allowed values of the fields that no variant table owns.
@@ -319,7 +322,6 @@ FIXED_CHOICES = {"model.dtype": ("auto", "prefer_bfloat16", "float32", "bfloat16
                  "bleu_protocol": ("sacrebleu", "tok-lc"),
                  "data.tokenizer": ("word", "sentencepiece", "char"),
                  "data.spm_model_type": ("unigram", "bpe"),
-                 "data.format": ("parallel", "tsv", "plain"),
                  "optimizer.schedule": ("inverse_sqrt", "constant", "rsqrt", "cosine"),
                  "optimizer.name": ("adam", "adafactor", "lion", "muon"),
                  "length_penalty": ("gnmt", "power"),
@@ -387,7 +389,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.core.config.validate: the allowed values of {', '.join(undeclared)} are "
                        f"declared by the model's variant tables: import txf.models before validating")
-  choices = {**FIXED_CHOICES, **_declared_choices}
+  choices = {**FIXED_CHOICES, **_declared_choices, "data.format": formats.names()}
   errors += config_rules.file_pattern_errors(given)
   for key, allowed in choices.items():
     if key in given and given[key] not in allowed:
