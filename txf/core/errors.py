@@ -23,9 +23,9 @@ EXIT_RESUMABLE = 75
 ERROR_PREFIX = "txf: error: "
 
 
-def error_line(message: str) -> str:
-  """The one-line form of an error: ``txf: error: MESSAGE``."""
-  return ERROR_PREFIX + message
+def error_line(message) -> str:
+  """The one-line form of an error: ``txf: error: MESSAGE`` (``message``: text, or an exception)."""
+  return f"{ERROR_PREFIX}{message}"
 
 
 def is_error_line(line) -> bool:
