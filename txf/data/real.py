@@ -27,7 +27,7 @@ from absl import logging
 from txf.core import families
 from txf.data import builders, tokenizer
 from txf.data.base import DataError, DataSpec, Task, data_spec
-from txf.data.pretraining import whole_word
+from txf.data.pretraining import SpanCorruptionTask, StreamMLMTask, whole_word  # noqa: F401  (re-exported)
 from txf.data.sources import build_codec, open_source
 from txf.data.tasks import (ClassificationTask, ExampleTask, SentenceLMTask,  # noqa: F401
                             StreamLMTask, TranslationTask)
