@@ -8,15 +8,10 @@ import traceback
 
 from absl import flags
 
-from txf.core.errors import EXIT_USER, TxfError
+from txf.core.errors import EXIT_USER, TxfError, error_line  # noqa: F401  (error_line: re-exported)
 from txf.core.config import experiment_path
 
 flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user errors")
-
-
-def error_line(message: str) -> str:
-  """The one-line form of a user error: ``txf: error: MESSAGE``."""
-  return f"txf: error: {message}"
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -13,6 +13,7 @@ import sys
 from absl import flags
 
 from txf.runtime import workdir as workdir_lib
+from txf.core import families
 from txf.core.errors import TxfError
 from txf import hf
 
@@ -29,8 +30,5 @@ def main(argv):
   out = hf.export_hf(f.workdir, f.output, f.params,
                      say=lambda line: print(f"txf: note: {line}", file=sys.stderr))
   family = workdir_lib.load_config(f.workdir).model.family
-  kind, tokenizer = {"encoder_decoder": ("MarianMTModel", "MarianTokenizer"),
-                     "encoder_classifier": ("BertForSequenceClassification", "AutoTokenizer"),
-                     "encoder_mlm": ("BertForMaskedLM", "AutoTokenizer"),
-                     "decoder_lm": ("GPT2LMHeadModel", "GPT2TokenizerFast")}.get(family, ("AutoModel", "AutoTokenizer"))
+  kind, tokenizer = families.get(family).hf_classes
   print(f"exported {f.workdir} -> {out} ({kind}.from_pretrained / {tokenizer}.from_pretrained)")

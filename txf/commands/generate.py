@@ -22,6 +22,7 @@ from absl import flags
 from txf import inference
 from txf.commands import terminal
 from txf.decode import DecodingSpec
+from txf.core import families
 from txf.core.errors import TxfError
 from txf.inference.spans import fill_sentinels
 
@@ -69,14 +70,15 @@ def main(argv):
     raise TxfError("--prompt and --input both give prompts: use one of them")
   run = terminal.load_run(f.workdir, f.params)
   inference.require_family(run, "decoder_lm", "generate")
-  if run.family == "span_corruption":  # fill each <extra_id_N> of the prompts (greedy)
+  serves = families.get(run.family).serves
+  if serves == "fill_spans":  # fill each <extra_id_N> of the prompts (greedy)
     prompts = list(f.prompt) if f.prompt else terminal.read_lines(f.input)
     if not prompts:
-      raise TxfError("a span_corruption run fills sentinels: give a prompt such as --prompt "
+      raise TxfError(f"a {run.family} run fills sentinels: give a prompt such as --prompt "
                      "\"a man <extra_id_0> a bike\"")
     _print([[text] for text in fill_sentinels(run, prompts, f.max_new_tokens)])
     return
-  if run.family == "encoder_mlm":
+  if serves == "fill_masks":
     _fill(run, f)
     return
   spec = DecodingSpec(temperature=f.temperature, top_k=f.top_k, top_p=f.top_p)

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import ml_collections
 
-from txf.core import config_rules, families
+from txf.core import config_rules, families, formats
 # the mesh arithmetic and ConfigError live below this module; they are imported from here too
 from txf.core.config_mesh import (ACCELERATOR_VOCAB_MULTIPLE, MESH_AXES,  # noqa: F401
                              fill_mesh_shape, mesh_axis_sizes, resolve_vocab_multiple, rule_axes,
@@ -44,7 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode_length_bucket = 8     # translation batches: sources longest first, each batch padded to its longest source rounded up to a multiple of this, buffer = that + decode_max_extra (a compile per bucket); 0 = data order, full data.max_input_len (one compile)
   c.beam_size = 1                # beam for in-loop decoding (1 = greedy)
   c.alpha = 0.6                  # length penalty exponent: GNMT ((5 + L) / 6) ** alpha, or L ** alpha (length_penalty="power")
-  c.length_penalty = "gnmt"      # beam scores log p(y) / lp(|y|), |y| counting EOS: gnmt | power (Hugging Face's L ** alpha)
+  c.length_penalty = "gnmt"      # beam scores log p(y) / lp(|y|), |y| counting EOS: gnmt | power (Hugging Face's L ** alpha) | average (L) | none (1)
   c.early_stopping = False       # beam: False = stop when no alive beam can beat the K finished; True = at K finished (Hugging Face's early_stopping=True)
   c.decode_dtype = ""            # decoding's weights and compute dtype: "" = the model's; "bfloat16" = cast once per call (faster on a CPU with AVX512-BF16; outputs may differ a little)
   c.bleu_protocol = "sacrebleu"  # BLEU in the loop and txf eval: sacrebleu (cased, detokenized, 13a) | tok-lc (lowercased Moses tokens, multi-bleu.perl)
@@ -154,7 +154,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.source = "synthetic:translate"  # synthetic:{translate,copy,reverse,sort} | text:DIR_OR_NAME | tfds:NAME
   d.path = ""                    # root for text:NAME sources; "" = the TXF_DATA environment variable
   d.data_dir = ""                # where prepared tfds/array_record data lives ("" = ~/.cache/txf/tfds)
-  d.format = "parallel"          # text sources: parallel ({split}.{src}/{split}.{tgt}) | tsv (text<TAB>label) | plain (LM)
+  d.format = "parallel"          # text sources, a name of txf.core.formats: parallel ({split}.{src}/{split}.{tgt}) | tsv (text<TAB>label) | plain (LM)
   d.file_pattern = ""            # text sources: file names in the folder, with {split} and (parallel) {lang}; "" = {split}.{lang} / {split}.tsv
   d.src_lang = "en"              # source language suffix / tfds feature
   d.tgt_lang = "de"              # target language suffix / tfds feature
@@ -286,10 +286,13 @@ def fit_cooldown(cfg: ml_collections.ConfigDict, original_steps: int) -> Optiona
 # The fields whose allowed values are the names of a variant table (txf.core.variants.Table): the
 # table, beside its formulas in ops/kernels/nn/models, declares its names here when its module is
 # imported (this module is below those and imports none of them). ``validate`` refuses to run before
-# they are declared: import txf.models (the model stack) first.
+# they are declared: call txf.train.tables.validate, which imports every table by name (or build
+# the model first). The optimizer's tables (OPTIONAL_VARIANT_FIELDS, txf.train.optimizer) are
+# checked when declared: a Hugging Face import validates its config below the training layer.
 VARIANT_FIELDS = ("model.positional", "model.positional_layout", "model.activation",
                   "model.attention", "model.norm", "model.attention_impl", "model.remat",
                   "model.pooling", "model.qk_norm")
+OPTIONAL_VARIANT_FIELDS = ("optimizer.name", "optimizer.schedule")
 _declared_choices: Dict[str, Tuple[str, ...]] = {}
 
 
@@ -304,14 +307,20 @@ def declare_choices(key: str, names: Iterable[str]) -> None:
 
 def allowed_values(key: str) -> Optional[Tuple[str, ...]]:
   """The allowed values of config field ``key``: those its variant table declared
-  (:func:`declare_choices`), the registered families for ``model.family``, those of
-  ``FIXED_CHOICES``, or None for a field of free values."""
-  if key == "model.family":
-    return families.names()
-  return _declared_choices.get(key, FIXED_CHOICES.get(key))
+  (:func:`declare_choices`), the registered families for ``model.family``, the registered
+  formats for ``data.format``, those of ``FIXED_CHOICES``, or None for a field of free values."""
+  return _registries().get(key) or _declared_choices.get(key, FIXED_CHOICES.get(key))
 
 
-# The allowed values of the fields that no variant table owns.
+def _registries() -> Dict[str, Tuple[str, ...]]:
+  """The fields whose values are the names of a registry of this layer (plugins add to them)."""
+  return {"model.family": families.names(), "data.format": formats.names()}
+
+
+# The beam's length penalties lp(L) (txf.decode.beam.length_penalty): the one list of their names.
+LENGTH_PENALTIES = ("gnmt", "power", "average", "none")
+
+# The allowed values of the fields that no table or registry owns.
 FIXED_CHOICES = {"model.dtype": ("auto", "prefer_bfloat16", "float32", "bfloat16"),
                  "model.residual_dtype": ("float32", "compute"),
                  "parallelism": ("single", "pmap", "mesh"),
@@ -319,10 +328,7 @@ FIXED_CHOICES = {"model.dtype": ("auto", "prefer_bfloat16", "float32", "bfloat16
                  "bleu_protocol": ("sacrebleu", "tok-lc"),
                  "data.tokenizer": ("word", "sentencepiece", "char"),
                  "data.spm_model_type": ("unigram", "bpe"),
-                 "data.format": ("parallel", "tsv", "plain"),
-                 "optimizer.schedule": ("inverse_sqrt", "constant", "rsqrt", "cosine"),
-                 "optimizer.name": ("adam", "adafactor", "lion", "muon"),
-                 "length_penalty": ("gnmt", "power"),
+                 "length_penalty": LENGTH_PENALTIES,
                  "decode_dtype": ("", "float32", "bfloat16"),
                  "tracker": ("none", "wandb")}
 
@@ -386,8 +392,9 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.core.config.validate: the allowed values of {', '.join(undeclared)} are "
-                       f"declared by the model's variant tables: import txf.models before validating")
-  choices = {**FIXED_CHOICES, **_declared_choices}
+                       f"declared by the model's variant tables: call txf.train.tables.validate "
+                       f"(or import txf.models) before validating")
+  choices = {**FIXED_CHOICES, **_declared_choices, "data.format": formats.names()}
   errors += config_rules.file_pattern_errors(given)
   for key, allowed in choices.items():
     if key in given and given[key] not in allowed:

@@ -7,7 +7,7 @@ from typing import Dict, Iterable, List, Optional
 
 import ml_collections
 
-from txf.core import objectives
+from txf.core import formats, objectives
 from txf.core.config_mesh import MESH_AXES, rule_axes
 
 
@@ -194,7 +194,8 @@ def file_pattern_errors(given: Dict[str, object]) -> List[str]:
   pattern = given.get("data.file_pattern", "")
   if pattern:
     fmt = given.get("data.format", "parallel")
-    needs = ["{split}"] + (["{lang}"] if fmt == "parallel" else [])
+    per_language = fmt in formats.names() and formats.get(fmt).per_language
+    needs = ["{split}"] + (["{lang}"] if per_language else [])
     missing = [n for n in needs if n not in pattern]
     try:
       pattern.format(split="train", lang="en")

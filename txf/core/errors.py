@@ -17,6 +17,22 @@ Exit statuses of ``txf`` (a scheduler may act on them):
 EXIT_USER = 2
 EXIT_RESUMABLE = 75
 
+# The start of the one line that reports an error on stderr; every process of txf writes it with
+# error_line (the commands, the workers of a multi-process job, the jax-free supervising parent) and
+# reads it back with is_error_line (the supervisor, the sweep runner).
+ERROR_PREFIX = "txf: error: "
+
+
+def error_line(message) -> str:
+  """The one-line form of an error: ``txf: error: MESSAGE`` (``message``: text, or an exception)."""
+  return f"{ERROR_PREFIX}{message}"
+
+
+def is_error_line(line) -> bool:
+  """Whether ``line`` (str or bytes, as read from a child's stderr) is such a line."""
+  prefix = ERROR_PREFIX.rstrip()
+  return line.startswith(prefix.encode() if isinstance(line, bytes) else prefix)
+
 
 class TxfError(Exception):
   """Bad input, found on purpose by txf: the message names the problem and the fix."""

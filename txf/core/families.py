@@ -33,6 +33,8 @@ DECODED_METRICS = ("exact_match", "bleu")
 DATA_KINDS = ("parallel", "tsv", "plain")   # txf.data's real tasks: translation, labelled, text
 DECODINGS = ("seq2seq", "lm")               # encode the source then decode | continue a prompt
 PREDICTS = ("targets", "label")
+PIECES = ("", "sentinels", "mask")          # a tokenizer's extra pieces: none | <extra_id_N> | mask
+SERVES = ("translate", "classify", "sample", "fill_masks", "fill_spans")  # what serving does
 
 
 class FamilyError(TxfError, ValueError):
@@ -67,6 +69,23 @@ class Family:
              ``max_input_len`` tokens and the run's ``config.pretrain``, or
              ``"package.module:attribute"`` naming it; None: the data's own lengths
              (``data.max_input_len``, ``data.max_target_len``). ``txf plan`` sizes by it.
+  reads:     the other data kinds it trains on (``DATA_KINDS``): a family of plain text that
+             reads "tsv" takes a labelled TSV's text column as plain text; one that reads
+             "parallel" takes both sides of each pair as text (its task must handle both).
+  task:      the real-data task class (``txf.data.base.Task``), or ``"package.module:Class"``
+             naming it, built by ``Class.for_run(data, sources, adapt, codec, fingerprint,
+             family=, pretrain=, whole_word=)``; None: the task of its data kind
+             (``txf.data.real.new_task``).
+  pieces:    the tokenizer's extra pieces its objective needs (``PIECES``): "" none,
+             "sentinels" (``pretrain.num_sentinels`` ``<extra_id_N>``), "mask" (a mask token).
+  serves:    what its serving ``command`` does with an input line (``SERVES``): "translate",
+             "classify", "sample" (continue a prompt), "fill_masks" (each mask token's most
+             likely tokens), "fill_spans" (each ``<extra_id_N>``'s span); None: not served.
+  token_head: whether the module's ``__call__(..., project=False)`` returns (final hidden states,
+             output table), so the default loss may fuse the output projection with the
+             cross-entropy (``txf.models.cross_entropy_loss``; only for a model of exactly the
+             family's module class).
+  hf_classes: the Hugging Face (model, tokenizer) classes ``txf export-hf`` says load the export.
   """
   name: str
   module: Any
@@ -78,6 +97,12 @@ class Family:
   encoder: bool = False
   loss: Any = None
   lengths: Any = None
+  reads: Tuple[str, ...] = ()
+  task: Any = None
+  pieces: str = ""
+  serves: Optional[str] = None
+  token_head: bool = False
+  hf_classes: Tuple[str, str] = ("AutoModel", "AutoTokenizer")
 
   @property
   def metrics(self) -> Tuple[str, ...]:
@@ -101,6 +126,14 @@ class Family:
     if self.decoding is not None and self.decoding not in DECODINGS:
       raise FamilyError(f"family {self.name!r}: decoding={self.decoding!r} is not one of "
                         f"{DECODINGS} (or None)")
+    if any(kind not in DATA_KINDS for kind in self.reads):
+      raise FamilyError(f"family {self.name!r}: reads={self.reads!r} names a kind that is not one "
+                        f"of {DATA_KINDS}")
+    if self.pieces not in PIECES:
+      raise FamilyError(f"family {self.name!r}: pieces={self.pieces!r} is not one of {PIECES}")
+    if self.serves is not None and self.serves not in SERVES:
+      raise FamilyError(f"family {self.name!r}: serves={self.serves!r} is not one of {SERVES} "
+                        f"(or None)")
     if self.predicts == "targets" and "targets" not in self.inputs:
       raise FamilyError(f"family {self.name!r} predicts targets, so its inputs must include "
                         f"'targets' (the model reads them shifted right)")
@@ -219,15 +252,18 @@ register(Family(
     inputs=("inputs", "targets", "inputs_segmentation", "targets_segmentation",
             "inputs_position", "targets_position"),
     predicts="targets", data_kind="parallel", decoding="seq2seq", command="txf translate",
-    encoder=True))
+    encoder=True, serves="translate", token_head=True,
+    hf_classes=("MarianMTModel", "MarianTokenizer")))
 register(Family(
     name="encoder_classifier", module="txf.models.encoder_classifier:EncoderClassifier",
     inputs=("inputs", "inputs_segmentation", "inputs_position"),
-    predicts="label", data_kind="tsv", decoding=None, command="txf classify", encoder=True))
+    predicts="label", data_kind="tsv", decoding=None, command="txf classify", encoder=True,
+    serves="classify", hf_classes=("BertForSequenceClassification", "AutoTokenizer")))
 register(Family(
     name="decoder_lm", module="txf.models.decoder_lm:DecoderLM",
     inputs=("targets", "targets_segmentation", "targets_position"),
-    predicts="targets", data_kind="plain", decoding="lm", command="txf generate", encoder=False))
+    predicts="targets", data_kind="plain", decoding="lm", command="txf generate", encoder=False,
+    serves="sample", token_head=True, hf_classes=("GPT2LMHeadModel", "GPT2TokenizerFast")))
 register(Family(
     name="encoder_mlm", module="txf.models.encoder_mlm:EncoderMLM",
     # targets: the original token at each masked position (0 elsewhere), read by the loss only
@@ -235,11 +271,15 @@ register(Family(
     # predict_positions: the masked positions whose logits the loss needs
     inputs=("inputs", "targets", "inputs_segmentation", "inputs_position", "predict_positions"),
     predicts="targets", data_kind="plain", decoding=None, command="txf generate", encoder=True,
-    loss="txf.models.encoder_mlm:mlm_loss"))
+    loss="txf.models.encoder_mlm:mlm_loss", reads=("tsv",),
+    task="txf.data.pretraining:StreamMLMTask", pieces="mask", serves="fill_masks",
+    hf_classes=("BertForMaskedLM", "AutoTokenizer")))
 register(Family(
     # T5's span corruption: the EncoderDecoder (a pretrained run's parameters are an
     # encoder_decoder's) trained on unlabelled text; the loss corrupts each batch's raw "inputs"
     name="span_corruption", module="txf.models.encoder_decoder:EncoderDecoder",
     inputs=("inputs", "targets"), predicts="targets", data_kind="plain", decoding=None,
     command="txf generate", encoder=True, loss="txf.models.span_loss:span_corruption_loss",
-    lengths="txf.core.objectives:span_corruption_lengths"))
+    lengths="txf.core.objectives:span_corruption_lengths", reads=("parallel",),
+    task="txf.data.pretraining:SpanCorruptionTask", pieces="sentinels", serves="fill_spans",
+    token_head=True))

@@ -19,8 +19,7 @@ import numpy as np
 
 from txf.core.config import base_config
 from txf.core.errors import TxfError
-
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+from txf.core.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401  (re-exported)
 
 # DataSpec: ``config.data`` read once, frozen. Its fields, types and defaults are those of
 # ``txf.core.config.base_config().data`` (declared there only, with their comments); tasks hold one.

@@ -1,9 +1,11 @@
 """tfds builders for local text, prepared once as ``array_record`` and read with ``tfds.data_source``.
 
-Three ``GeneratorBasedBuilder`` classes, one per ``data.format``:
-  txf_parallel_text   {"source": Text, "target": Text}   {split}.{src_lang} / {split}.{tgt_lang}
-  txf_labelled_text   {"text": Text, "label": int64}      {split}.tsv  (sentence<TAB>label)
-  txf_plain_text      {"text": Text}                       {split}.txt, or one .txt split by fraction
+Three ``GeneratorBasedBuilder`` classes, one per data kind (``BUILDERS``); each reads a split's files
+with the reader of the run's ``data.format`` (``txf.core.formats``: txf's formats below, or one a
+plugin registers):
+  txf_parallel_text   {"source": Text, "target": Text}   parallel: {split}.{src_lang} / {split}.{tgt_lang}
+  txf_labelled_text   {"text": Text, "label": int64}      tsv: {split}.tsv  (sentence<TAB>label)
+  txf_plain_text      {"text": Text}                       plain: {split}.txt, or one .txt split by fraction
 Records keep the file order (``disable_shuffling``); plain text is stored as consecutive chunks cut
 at line ends, so ``"".join(records)`` is the split's exact text.
 
@@ -27,6 +29,7 @@ from absl import logging
 import numpy as np
 import tensorflow_datasets as tfds
 
+from txf.core import formats
 from txf.data import text
 from txf.data.base import DataError
 
@@ -72,8 +75,8 @@ class _LocalTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True)
     raise NotImplementedError
 
   def _read_split(self, split: str, spec: Dict[str, Any]) -> Tuple[List[Any], Dict[str, int]]:
-    """(records, skip counts) of one split."""
-    raise NotImplementedError
+    """(records, skip counts) of one split: the reader of the format ``spec["kind"]`` names."""
+    return formats.reader(spec["kind"])(spec["splits"][split], spec)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return _LocalInfo(
@@ -118,11 +121,6 @@ class TxfParallelText(_LocalTextBuilder):
     return tfds.features.FeaturesDict({"source": tfds.features.Text(),
                                        "target": tfds.features.Text()})
 
-  def _read_split(self, split, spec):
-    src, tgt = spec["splits"][split]
-    pairs, stats = text.read_parallel(src, tgt, spec["max_line_chars"])
-    return [{"source": s, "target": t} for s, t in pairs], stats.as_dict()
-
 
 class TxfLabelledText(_LocalTextBuilder):
   """``sentence<TAB>label`` rows: ``{split}.tsv``."""
@@ -130,10 +128,6 @@ class TxfLabelledText(_LocalTextBuilder):
   def _features(self):
     return tfds.features.FeaturesDict({"text": tfds.features.Text(),
                                        "label": tfds.features.Scalar(np.int64)})
-
-  def _read_split(self, split, spec):
-    rows, stats = text.read_tsv(spec["splits"][split][0], spec["max_line_chars"])
-    return [{"text": s, "label": y} for s, y in rows], stats.as_dict()
 
   def _check(self, records, spec):
     """Class ids are 0..K-1 from the training split: a dev/test label the training data lacks
@@ -168,21 +162,43 @@ class TxfPlainText(_LocalTextBuilder):
   def _features(self):
     return tfds.features.FeaturesDict({"text": tfds.features.Text()})
 
-  def _read_split(self, split, spec):
-    path, part = spec["splits"][split]
-    content = text.read_plain(path)
-    if part is not None:                      # [train, eval] halves of one file
-      content = text.split_plain(content, spec["fraction"])[part]
-    chunks = text.chunk_text(content, _CHUNK_CHARS)
-    return [{"text": c} for c in chunks], {"total": len(content)}
-
 
 def _few(labels) -> str:
   shown = sorted(labels)
   return ", ".join(map(str, shown[:8])) + (", ..." if len(shown) > 8 else "")
 
 
+# The builder of each data kind (txf.core.formats.KIND_FIELDS: the records a format's reader yields).
 BUILDERS = {"parallel": TxfParallelText, "tsv": TxfLabelledText, "plain": TxfPlainText}
+
+
+def read_parallel_split(files: Sequence[str], spec: Dict[str, Any]
+                        ) -> Tuple[List[Dict[str, str]], Dict[str, Any]]:
+  """The ``parallel`` format's reader: line-aligned files [source, target] -> records
+  {"source", "target"} and the skip counts (txf.data.text.read_parallel)."""
+  src, tgt = files
+  pairs, stats = text.read_parallel(src, tgt, spec["max_line_chars"])
+  return [{"source": s, "target": t} for s, t in pairs], stats.as_dict()
+
+
+def read_tsv_split(files: Sequence[str], spec: Dict[str, Any]
+                   ) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+  """The ``tsv`` format's reader: ``sentence<TAB>label`` rows -> records {"text", "label"}."""
+  rows, stats = text.read_tsv(files[0], spec["max_line_chars"])
+  return [{"text": s, "label": y} for s, y in rows], stats.as_dict()
+
+
+def read_plain_split(files: Sequence[Any], spec: Dict[str, Any]
+                     ) -> Tuple[List[Dict[str, str]], Dict[str, Any]]:
+  """The ``plain`` format's reader: [path, part] (part 0 / 1: the train / eval share of one file
+  cut by ``spec["fraction"]``, None: the whole file) -> records {"text"}, consecutive chunks cut
+  at line ends."""
+  path, part = files
+  content = text.read_plain(path)
+  if part is not None:                      # [train, eval] halves of one file
+    content = text.split_plain(content, spec["fraction"])[part]
+  chunks = text.chunk_text(content, _CHUNK_CHARS)
+  return [{"text": c} for c in chunks], {"total": len(content)}
 
 
 def local_spec(directory: str, fmt: str, splits: Sequence[str], src_lang: str, tgt_lang: str,
@@ -191,29 +207,26 @@ def local_spec(directory: str, fmt: str, splits: Sequence[str], src_lang: str, t
   """The reader spec of a text folder: files per split (train and eval required, test optional).
 
   ``file_pattern`` (config ``data.file_pattern``) names the files relative to ``directory`` with
-  ``{split}`` and ``{lang}`` placeholders, e.g. ``tok/{split}.lc.norm.tok.{lang}``; "" means
-  ``{split}.{lang}`` (parallel) or ``{split}.tsv`` (tsv).
+  ``{split}`` and ``{lang}`` placeholders, e.g. ``tok/{split}.lc.norm.tok.{lang}``; "" means the
+  format's own (``txf.core.formats``: ``{split}.{lang}`` parallel, ``{split}.tsv`` tsv). A format
+  whose splits may be one file (plain) ignores it.
   """
-  if fmt not in BUILDERS:
-    raise DataError(f"data.format={fmt!r} is not one of {sorted(BUILDERS)}")
+  data_format = formats.get(fmt)
   train, evals, test = splits
   spec: Dict[str, Any] = {"kind": fmt, "max_line_chars": int(max_line_chars), "splits": {},
                           "train_split": train}
-  if fmt == "plain":
-    named, single = text.plain_split_files(directory, train, evals)
+  if data_format.whole:
+    named, single = text.plain_split_files(directory, train, evals, data_format.files)
     if named:
       spec["splits"] = {s: [p, None] for s, p in named.items()}
     else:
       spec["splits"] = {train: [single, 0], evals: [single, 1]}
       spec["fraction"] = float(lm_split_fraction)
     return spec
+  pattern = file_pattern or data_format.files
+  langs = (src_lang, tgt_lang) if data_format.per_language else (src_lang,)
   for i, split in enumerate((train, evals, test)):
-    if fmt == "parallel":
-      pattern = file_pattern or "{split}.{lang}"
-      files = [os.path.join(directory, pattern.format(split=split, lang=lang))
-               for lang in (src_lang, tgt_lang)]
-    else:
-      files = [os.path.join(directory, (file_pattern or "{split}.tsv").format(split=split))]
+    files = [os.path.join(directory, pattern.format(split=split, lang=lang)) for lang in langs]
     if all(os.path.isfile(f) for f in files):
       spec["splits"][split] = files
     elif i < 2:                               # train and eval must exist
@@ -267,7 +280,7 @@ def say_prepared(name: str, sources: Mapping[str, Sequence[Any]], path: str) -> 
 
 def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepared:
   """Prepare (once) and open the local text in ``directory`` as tfds array_record data sources."""
-  cls = BUILDERS[spec["kind"]]
+  cls = BUILDERS[formats.get(spec["kind"]).kind]
   fingerprint = _fingerprint(spec, cls)
   slug = re.sub(r"[^a-z0-9]+", "_", os.path.basename(os.path.normpath(directory)).lower()).strip("_")
   config = LocalTextConfig(name=f"{slug or 'data'}_{fingerprint}", spec_json=json.dumps(spec),

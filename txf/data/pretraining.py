@@ -49,6 +49,14 @@ class SpanCorruptionTask(StreamLMTask):
     self.max_target_len = corrupted_lengths(self.max_input_len, noise_density, mean_span_length)[1]
     self.first_sentinel = first_sentinel(self.codec.source, num_sentinels)
 
+  @classmethod
+  def for_run(cls, *args, family: str, pretrain, whole_word: bool = False) -> "SpanCorruptionTask":
+    """The task of a run (``txf.core.families.Family.task``): ``pretrain`` is config.pretrain."""
+    del whole_word
+    return cls(*args, family=family, num_sentinels=int(pretrain.num_sentinels),
+               noise_density=float(pretrain.noise_density),
+               mean_span_length=float(pretrain.mean_span_length))
+
   def stream(self, split: str) -> np.ndarray:
     """The split's text as one int32 token stream [N] (a parallel record: source, then target)."""
     name = self.split_name(split)
@@ -113,6 +121,13 @@ class StreamMLMTask(StreamLMTask):
     self.mask_id = vocab.mask_token_id(self.codec.source)
     self.max_input_len, self.max_target_len = self.data.max_input_len, self.data.max_input_len
     self._starts = vocab.word_start_table(self.codec.source) if whole_word else None
+
+  @classmethod
+  def for_run(cls, *args, family: str, pretrain=None, whole_word: bool = False
+              ) -> "StreamMLMTask":
+    """The task of a run (``txf.core.families.Family.task``): ``whole_word`` from config.pretrain."""
+    del pretrain
+    return cls(*args, family=family, whole_word=whole_word)
 
   def train_iterator(self, batch_size: int, seed: int, process_index: int = 0,
                      process_count: int = 1, layout: Optional[RowLayout] = None

@@ -27,7 +27,7 @@ from absl import logging
 from txf.core import families
 from txf.data import builders, tokenizer
 from txf.data.base import DataError, DataSpec, Task, data_spec
-from txf.data.pretraining import SpanCorruptionTask, StreamMLMTask, whole_word
+from txf.data.pretraining import SpanCorruptionTask, StreamMLMTask, whole_word  # noqa: F401  (re-exported)
 from txf.data.sources import build_codec, open_source
 from txf.data.tasks import (ClassificationTask, ExampleTask, SentenceLMTask,  # noqa: F401
                             StreamLMTask, TranslationTask)
@@ -39,20 +39,18 @@ from txf.data.tasks import (ClassificationTask, ExampleTask, SentenceLMTask,  # 
 def new_task(family: str, data: DataSpec, sources: Dict[str, Sequence[Any]], adapt: Callable,
              codec: tokenizer.Codec, fingerprint: str, sentences: bool, num_classes: int = 0,
              pretrain=None, whole_word: bool = False) -> Task:
-  """The real Task class of ``family``'s data kind (its ``txf.core.families`` record), chosen here and
-  nowhere else: parallel -> TranslationTask, tsv -> ClassificationTask (``num_classes``), plain ->
-  SentenceLMTask when a record is one sentence (``sentences``, catalog data), else StreamLMTask;
-  span_corruption -> SpanCorruptionTask (``pretrain``: config.pretrain); encoder_mlm ->
-  StreamMLMTask (``whole_word``: its batches carry word starts).
-  The task's lengths are ``data.max_input_len`` / ``data.max_target_len``."""
+  """The real Task of ``family`` (its ``txf.core.families`` record), chosen here and nowhere else:
+  the record's ``task`` (``Class.for_run(..., family=, pretrain=, whole_word=)``: span corruption,
+  masked LM), else by its data kind: parallel -> TranslationTask, tsv -> ClassificationTask
+  (``num_classes``), plain -> SentenceLMTask when a record is one sentence (``sentences``,
+  catalog data), else StreamLMTask. The task's lengths are ``data.max_input_len`` /
+  ``data.max_target_len``."""
   args = (data, sources, adapt, codec, fingerprint)
-  if family == "span_corruption":
-    return SpanCorruptionTask(*args, family=family, num_sentinels=int(pretrain.num_sentinels),
-                              noise_density=float(pretrain.noise_density),
-                              mean_span_length=float(pretrain.mean_span_length))
-  if family == StreamMLMTask.family:
-    return StreamMLMTask(*args, family=family, whole_word=whole_word)
-  kind = families.get(family).data_kind
+  record = families.get(family)
+  if record.task is not None:
+    return families.resolve(record.task).for_run(*args, family=family, pretrain=pretrain,
+                                                  whole_word=whole_word)
+  kind = record.data_kind
   if kind == "parallel":
     return TranslationTask(*args, family=family)
   if kind == "tsv":
@@ -62,6 +60,20 @@ def new_task(family: str, data: DataSpec, sources: Dict[str, Sequence[Any]], ada
   able = [f for f in families.names() if families.get(f).data_kind]
   raise DataError(f"model.family={family!r} has no real-data task (it trains on synthetic data "
                   f"only): use one of {able}")
+
+
+def data_kind_for(family: str, kind: str, source: str) -> str:
+  """The data kind ``family`` reads ``kind`` records as: its own, or one of its record's
+  ``reads`` (a labelled TSV read by a plain-text family is plain text); DataError naming a family
+  that uses ``kind`` otherwise."""
+  record = families.get(family)
+  if kind == record.data_kind:
+    return kind
+  if kind in record.reads:
+    return "plain" if (kind == "tsv" and record.data_kind == "plain") else kind
+  users = [f for f in families.names() if families.get(f).data_kind == kind]
+  raise DataError(f"data.source={source!r} gives {kind} data, which model.family={family!r} "
+                  f"cannot use: set model.family={users[0]!r} (or another data.format / source)")
 
 
 def make_real_task(config, workdir: str = "") -> Task:
@@ -78,25 +90,19 @@ def make_real_task(config, workdir: str = "") -> Task:
   data_dir = builders.resolve_data_dir(d.data_dir)
   kind, sources, adapt, num_classes, fingerprint = open_source(d, data_dir)
   from_catalog = kind.startswith("tfds-")
-  kind = kind.replace("tfds-", "")
-  mlm = family == StreamMLMTask.family
-  if mlm and kind == "tsv":
-    kind = "plain"  # a labelled TSV's text column is unlabelled text for masked-LM pretraining
-  if families.get(family).data_kind != kind and not (family == "span_corruption"
-                                                     and kind == "parallel"):  # both sides as text
-    users = [f for f in families.names() if families.get(f).data_kind == kind]
-    raise DataError(f"data.source={d.source!r} gives {kind} data, which model.family={family!r} "
-                    f"cannot use: set model.family={users[0]!r} (or another data.format / source)")
-  if d.packing and families.get(family).predicts == "label":
-    raise DataError("data.packing=True with model.family='encoder_classifier': the classifier "
-                    "pools a whole row into one label; set data.packing=False")
+  kind = data_kind_for(family, kind.replace("tfds-", ""), d.source)
+  record = families.get(family)
+  if d.packing and record.predicts == "label":
+    raise DataError(f"data.packing=True with model.family={family!r}: the classifier "
+                    f"pools a whole row into one label; set data.packing=False")
   fingerprint = f"{fingerprint}|{d.tokenizer}|{d.max_input_len}|{d.max_target_len}"
-  spans = family == "span_corruption"
+  spans = record.pieces == "sentinels"
   codec = build_codec(d, workdir, kind, sources[d.train_split], adapt, fingerprint, data_dir,
-                      sentinels=config.pretrain.num_sentinels if spans else 0, mask_token=mlm)
+                      sentinels=config.pretrain.num_sentinels if spans else 0,
+                      mask_token=record.pieces == "mask")
   task = new_task(family, d, sources, adapt, codec,
                   fingerprint + "|" + json.dumps(codec.settings, sort_keys=True),
                   sentences=from_catalog, num_classes=num_classes,
-                  pretrain=config.pretrain if spans else None, whole_word=whole_word(config))
+                  pretrain=config.pretrain, whole_word=whole_word(config))
   logging.info("real task %s: %s", type(task).__name__, task.describe())
   return task

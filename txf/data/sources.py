@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Sequence
 from absl import logging
 import numpy as np
 
+from txf.core import formats
 from txf.runtime import workdir as workdir_lib
 from txf.data import builders, catalog, tokenizer, vocab
 from txf.data import sentinels as sentinel_lib
@@ -162,8 +163,9 @@ def _report_vocab_size(d, codec: tokenizer.Codec) -> None:
 
 
 def open_source(d: DataSpec, data_dir: str):
-  """(kind, sources, adapt, num_classes, fingerprint) of ``d.source``: kind parallel | tsv | plain,
-  prefixed 'tfds-' for a catalog dataset; sources: split name -> random-access records."""
+  """(kind, sources, adapt, num_classes, fingerprint) of ``d.source``: kind parallel | tsv | plain
+  (a local format's data kind, ``txf.core.formats``), prefixed 'tfds-' for a catalog dataset;
+  sources: split name -> random-access records."""
   scheme, _, rest = d.source.partition(":")
   splits = [d.train_split, d.eval_split, d.test_split]
   if scheme == "text":
@@ -171,7 +173,7 @@ def open_source(d: DataSpec, data_dir: str):
     spec = builders.local_spec(directory, d.format, splits, d.src_lang, d.tgt_lang,
                                d.max_line_chars, d.lm_split_fraction, d.file_pattern)
     prepared = builders.prepare_local(directory, spec, data_dir)
-    return (d.format, prepared.sources, _adapt_local, int(prepared.metadata.get("num_classes", 0)),
+    return (formats.get(d.format).kind, prepared.sources, _adapt_local, int(prepared.metadata.get("num_classes", 0)),
             prepared.fingerprint)
   if scheme == "tfds":
     try:

@@ -238,16 +238,20 @@ def chunk_text(text: str, max_chars: int = 4096) -> List[str]:
   return chunks
 
 
-def plain_split_files(directory: str, train_split: str, eval_split: str
+def plain_split_files(directory: str, train_split: str, eval_split: str,
+                      pattern: str = "{split}.txt"
                       ) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
-  """Plain-text layout of ``directory``: ({split: file}, None) if ``{split}.txt`` files exist for
-  the train and eval splits, else (None, the single .txt file to split by fraction)."""
-  named = {s: os.path.join(directory, f"{s}.txt") for s in (train_split, eval_split)}
+  """Plain-text layout of ``directory``: ({split: file}, None) if ``pattern``'s files (default
+  ``{split}.txt``) exist for the train and eval splits, else (None, the single file with the
+  pattern's extension, to split by fraction)."""
+  named = {s: os.path.join(directory, pattern.format(split=s)) for s in (train_split, eval_split)}
   if all(os.path.isfile(p) for p in named.values()):
     return named, None
-  txt = sorted(f for f in os.listdir(directory) if f.endswith(".txt"))
+  ext = os.path.splitext(pattern)[1]
+  txt = sorted(f for f in os.listdir(directory) if f.endswith(ext))
   if len(txt) != 1:
+    first, second = (os.path.basename(named[s]) for s in (train_split, eval_split))
     raise DataError(
-        f"plain-text source {directory!r} needs either {train_split}.txt and {eval_split}.txt, or "
-        f"exactly one .txt file to split by data.lm_split_fraction; it holds {txt or 'no .txt file'}")
+        f"plain-text source {directory!r} needs either {first} and {second}, or exactly one "
+        f"{ext} file to split by data.lm_split_fraction; it holds {txt or f'no {ext} file'}")
   return None, os.path.join(directory, txt[0])

@@ -24,10 +24,11 @@ import jax
 import jax.numpy as jnp
 
 from txf.decode.greedy import BOS_ID, EOS_ID, PAD_ID, LogitsFn, check_length, forbid
+from txf.core.config import LENGTH_PENALTIES
 from txf.kernels.topk import top_k
 
 NEG_INF = -1.0e7  # finite "impossible" score: no inf - inf NaNs
-PENALTIES = ("gnmt", "power", "average", "none")
+PENALTIES = LENGTH_PENALTIES  # txf.core.config's list, the one list of the names
 
 
 def length_penalty(length: jnp.ndarray, alpha: float, kind: str = "gnmt") -> jnp.ndarray:

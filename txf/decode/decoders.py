@@ -7,7 +7,7 @@ so repeated calls (every in-loop evaluation, every ``txf translate`` batch) neve
 """
 
 import functools
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -50,22 +50,41 @@ def _compiled_search(model_cfg: TransformerConfig, batch_size: int, max_len: int
   ``spec`` says (txf.decode.beam); ``spec.banned_ids`` (and PAD when ``model_cfg.forbid_pad``)
   are never generated; ``spec.weights_dtype`` sets the weights' dtype (:func:`decoding_model`)."""
   never = tuple(sorted(set(spec.banned_ids) | ({PAD_ID} if model_cfg.forbid_pad else set())))
+  search = SEARCHES[spec.strategy]
 
   def run(params, inputs):
     rows = inputs.shape[0]
     cfg, params = decoding_model(model_cfg, params, spec)
     cache = init_cache(cfg, params, rows, max_len, inputs)
-    logits_fn = make_logits_fn(cfg, params)
-    if spec.greedy:
-      return greedy_decode(logits_fn, cache, rows, max_len,
-                           bos_id=model_cfg.decoder_start_id, never_ids=never)
-    ids, _ = beam_search(logits_fn, cache, rows, spec.beam_size, max_len, alpha=spec.alpha,
-                         bos_id=model_cfg.decoder_start_id, length_penalty=spec.length_penalty,
-                         early_stopping=spec.early_stopping, never_ids=never,
-                         expand_cache=expand_cache, reorder_cache=reorder_cache)
-    return ids[:, 0]
+    return search(make_logits_fn(cfg, params), cache, rows, max_len, spec,
+                  bos_id=model_cfg.decoder_start_id, never_ids=never)
 
   return wrap(run)
+
+
+def greedy_search(logits_fn: Callable, cache, rows: int, max_len: int, spec: DecodingSpec, *,
+                  bos_id: int, never_ids: Tuple[int, ...]):
+  """SEARCHES["greedy"]: ids [rows, max_len], the most likely token at each step."""
+  del spec
+  return greedy_decode(logits_fn, cache, rows, max_len, bos_id=bos_id, never_ids=never_ids)
+
+
+def best_beam(logits_fn: Callable, cache, rows: int, max_len: int, spec: DecodingSpec, *,
+              bos_id: int, never_ids: Tuple[int, ...]):
+  """SEARCHES["beam"]: ids [rows, max_len], the best of ``spec.beam_size`` beams (scored and
+  stopped as ``spec`` says, txf.decode.beam)."""
+  ids, _ = beam_search(logits_fn, cache, rows, spec.beam_size, max_len, alpha=spec.alpha,
+                       bos_id=bos_id, length_penalty=spec.length_penalty,
+                       early_stopping=spec.early_stopping, never_ids=never_ids,
+                       expand_cache=expand_cache, reorder_cache=reorder_cache)
+  return ids[:, 0]
+
+
+# The translation searches, by ``DecodingSpec.strategy``: each is
+# ``search(logits_fn, cache, rows, max_len, spec, *, bos_id, never_ids) -> ids [rows, max_len]``
+# (``logits_fn`` and ``cache`` as txf.decode.greedy's), traced inside the compiled decoder. A new
+# search is one entry (``SEARCHES[name] = fn``) and a spec whose ``strategy`` is ``name``.
+SEARCHES: Dict[str, Callable] = {"greedy": greedy_search, "beam": best_beam}
 
 
 def decode_buffer_len(model_cfg: TransformerConfig, task: Task, max_extra: int) -> int:

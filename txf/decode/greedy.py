@@ -13,7 +13,7 @@ from typing import Any, Callable, Tuple
 import jax
 import jax.numpy as jnp
 
-from txf.data.base import BOS_ID, EOS_ID, PAD_ID
+from txf.core.specials import BOS_ID, EOS_ID, PAD_ID
 from txf.kernels.topk import argmax
 
 LogitsFn = Callable[[jnp.ndarray, Any], Tuple[jnp.ndarray, Any]]

@@ -19,6 +19,12 @@ from txf.decode.beam import PENALTIES
 from txf.core.errors import TxfError
 
 
+# Where a field of DecodingSpec acts (its metadata's SEARCH key; none: inside every search):
+SEARCH = "search"
+OUTSIDE = "outside"   # outside the compiled search (batch shapes, sampling): not in its cache key
+BEAM = "beam"         # beam search only: greedy's cache key leaves it out
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodingSpec:
   """How to search.
@@ -41,16 +47,16 @@ class DecodingSpec:
     softmax and the matmuls' accumulation stay float32): on a CPU with AVX512-BF16 the matmuls run
     on its bf16 units (txf.decode.adapter.cast_for_decoding).
   """
-  beam_size: int = 1
-  alpha: float = 0.6
-  length_penalty: str = "gnmt"
-  early_stopping: bool = False
-  max_extra: int = 50
-  length_bucket: int = 8
+  beam_size: int = dataclasses.field(default=1, metadata={SEARCH: BEAM})
+  alpha: float = dataclasses.field(default=0.6, metadata={SEARCH: BEAM})
+  length_penalty: str = dataclasses.field(default="gnmt", metadata={SEARCH: BEAM})
+  early_stopping: bool = dataclasses.field(default=False, metadata={SEARCH: BEAM})
+  max_extra: int = dataclasses.field(default=50, metadata={SEARCH: OUTSIDE})
+  length_bucket: int = dataclasses.field(default=8, metadata={SEARCH: OUTSIDE})
   banned_ids: Tuple[int, ...] = ()
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
+  temperature: float = dataclasses.field(default=1.0, metadata={SEARCH: OUTSIDE})
+  top_k: int = dataclasses.field(default=0, metadata={SEARCH: OUTSIDE})
+  top_p: float = dataclasses.field(default=1.0, metadata={SEARCH: OUTSIDE})
   weights_dtype: str = ""
 
   def __post_init__(self):
@@ -68,7 +74,14 @@ class DecodingSpec:
 
   @property
   def greedy(self) -> bool:
+    """Whether the search keeps one hypothesis (``beam_size`` 1)."""
     return self.beam_size == 1
+
+  @property
+  def strategy(self) -> str:
+    """The name of the search that runs this spec in ``txf.decode.decoders.SEARCHES``: "greedy"
+    or "beam" (a subclass with a search of its own names it here)."""
+    return "greedy" if self.greedy else "beam"
 
   def check(self) -> "DecodingSpec":
     """TxfError naming the setting that cannot work (and the flag that sets it); returns self."""
@@ -92,17 +105,19 @@ class DecodingSpec:
   def search_settings(self) -> "DecodingSpec":
     """The settings a compiled translation search depends on, the others at their defaults.
 
-    Greedy keeps only ``banned_ids`` and ``weights_dtype``; beam search also keeps the beam size,
-    the length penalty and ``early_stopping``. ``max_extra`` and ``length_bucket`` shape the
-    batches outside the program, and the sampling settings are not a search's. Specs that differ
-    only in those share one compiled program (txf.decode.decoders keys its cache on this).
+    Each field says in its metadata (``SEARCH``) where it acts: ``OUTSIDE`` the program
+    (``max_extra`` and ``length_bucket`` shape the batches; the sampling settings are not a
+    search's), dropped here; ``BEAM`` (the beam size, the length penalty, ``early_stopping``),
+    kept by beam search only; any other field, a new one included, is kept. Specs that differ
+    only in what is dropped share one compiled program (txf.decode.decoders keys its cache on
+    this).
     """
-    default = DecodingSpec()
-    kept = dict(banned_ids=self.banned_ids, weights_dtype=self.weights_dtype)
-    if not self.greedy:
-      kept.update(beam_size=self.beam_size, alpha=self.alpha, length_penalty=self.length_penalty,
-                  early_stopping=self.early_stopping)
-    return dataclasses.replace(default, **kept)
+    kept = {}
+    for field in dataclasses.fields(self):
+      where = field.metadata.get(SEARCH)
+      if where is None or (where == BEAM and not self.greedy):
+        kept[field.name] = getattr(self, field.name)
+    return dataclasses.replace(type(self)(), **kept)
 
   def replace(self, **changes: Any) -> "DecodingSpec":
     """A copy with ``changes``; a None value keeps the field (a flag that was not given)."""

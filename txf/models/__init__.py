@@ -4,7 +4,7 @@ vocabulary padding) and the default training objective (``loss``).
 Which module a ``model.family`` names, and what the rest of txf knows of it, is its record in
 ``txf.core.families``."""
 
-from txf.models.build import (TOKEN_HEAD_FAMILIES, ModelBuilder, abstract_params, build_model,
+from txf.models.build import (ModelBuilder, abstract_params, build_model, has_token_head,
                               count_params, forward, forward_hidden, init_boxed_params, init_params,
                               model_config_for, model_config_from, model_inputs, pad_vocab,
                               param_axes, unpad_vocab)

@@ -12,8 +12,6 @@ from txf import kernels
 from txf.core import families
 from txf.runtime import program_cache
 from txf.core.config import resolve_vocab_multiple
-from txf.models.decoder_lm import DecoderLM
-from txf.models.encoder_decoder import EncoderDecoder
 from txf.nn import TransformerConfig
 
 
@@ -104,15 +102,19 @@ def forward(model: nn.Module, params, batch: Dict[str, jnp.ndarray], dropout_rng
   return logits, batch["targets"], (batch["targets"] != 0).astype(jnp.float32)
 
 
-# The families whose ``__call__(..., project=False)`` hands back (h, output table) instead of logits.
-TOKEN_HEAD_FAMILIES = (EncoderDecoder, DecoderLM)
+def has_token_head(model: nn.Module) -> bool:
+  """Whether ``model``'s ``__call__(..., project=False)`` hands back (h, output table) instead of
+  logits: its family's record says so (``txf.core.families.Family.token_head``) and the model is
+  exactly the family's module class (a subclass may compute something else)."""
+  record = families.get(model.config.family)
+  return record.token_head and type(model) is families.resolve_module(record)
 
 
 def forward_hidden(model: nn.Module, params, batch: Dict[str, jnp.ndarray], dropout_rng=None
                    ) -> Tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """Like ``forward`` for the token families, stopping before the output projection: returns
   (final hidden states h [B, T, d], output table W [V, d], targets [B, T], weights [B, T]), where
-  ``forward``'s logits = h W^T. ``model`` must be an ``EncoderDecoder`` or a ``DecoderLM``."""
+  ``forward``'s logits = h W^T, for a model with a token head (:func:`has_token_head`)."""
   rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
   h, table = model.apply({"params": params}, **model_inputs(model.config.family, batch),
                          project=False, rngs=rngs)

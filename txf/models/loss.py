@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from txf import kernels, ops
 from txf.core import families
-from txf.models.build import TOKEN_HEAD_FAMILIES, forward, forward_hidden
+from txf.models.build import forward, forward_hidden, has_token_head
 
 
 # A loss: (model, params, batch, dropout rng or None) -> (loss_sum, terms), where loss_sum is a
@@ -28,8 +28,9 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
   """The default loss: sum_t w_t * LS-CE_t (label smoothing epsilon_ls), with the unsmoothed NLL
   and the argmax-correct count as terms; w_t = 0 on padding (see ``forward``).
 
-  ``fused``: for the built-in translation and LM models (exactly ``EncoderDecoder`` /
-  ``DecoderLM``, not subclasses), the output projection, the loss terms and their gradients run
+  ``fused``: for a model of a family with a token head (``txf.core.families.Family.token_head``:
+  txf's translation, LM and span-corruption models; exactly the family's module class, not a
+  subclass), the output projection, the loss terms and their gradients run
   as one op (``txf.kernels.head_cross_entropy``, rows in blocks of ``chunk_rows``: 512 measured best
   at the small and base bench configs); the same maths as the reference path (``forward`` +
   ``txf.ops.label_smoothed_cross_entropy``), taken by every other model and by ``fused=False``,
@@ -39,7 +40,7 @@ def cross_entropy_loss(label_smoothing: float = 0.0, fused: Optional[bool] = Non
   """
 
   def use_fused(model) -> bool:
-    if (fused is False or type(model) not in TOKEN_HEAD_FAMILIES or model.config.logits_bias
+    if (fused is False or not has_token_head(model) or model.config.logits_bias
         or model.config.mask_special_logits):
       return False  # (the fused head has no logits bias and masks no ids)
     return bool(fused) or model.config.tgt_vocab_size >= FUSED_HEAD_MIN_VOCAB

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from txf import kernels, ops
 from txf.core.config import base_config
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+from txf.core.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401  (re-exported)
 
 
 def padded_size(size: int, multiple: int) -> int:

@@ -52,7 +52,7 @@ from txf.runtime import agree, compile_cache
 from txf.runtime import supervise
 from txf.runtime.supervise import distributed_args  # noqa: F401  (re-exported: txf.parallel.distributed_args)
 from txf.runtime import workdir as workdir_lib
-from txf.core.errors import EXIT_RESUMABLE, TxfError
+from txf.core.errors import EXIT_RESUMABLE, TxfError, error_line
 
 HEARTBEAT_TIMEOUT = supervise.HEARTBEAT_TIMEOUT  # default TXF_HEARTBEAT_TIMEOUT, seconds
 ACK_TIMEOUT = 10.0                   # seconds a failing process waits for the others to see it
@@ -115,9 +115,9 @@ def _peer_lost(status=None, *_) -> None:
   lost = sorted({int(t) for t in found} - {me})
   who = (f"process {', '.join(map(str, lost))}" if lost else
          "process 0 (the coordinator)" if me != 0 else "a process")
-  _say_and_exit(f"txf: error: lost {who} of {jax.process_count()} (no heartbeat for "
+  _say_and_exit(error_line(f"lost {who} of {jax.process_count()} (no heartbeat for "
                 f"{_state['heartbeat']} s, TXF_HEARTBEAT_TIMEOUT){_checkpoint_words()}: run the "
-                f"same command again to resume", EXIT_RESUMABLE)
+                f"same command again to resume"), EXIT_RESUMABLE)
 
 
 def _checkpoint_words() -> str:
@@ -159,10 +159,10 @@ def start_failure_watch() -> None:
     while not _state["done"]:
       now = time.monotonic()
       if now - last > bound and not _state["done"]:  # this process itself was stopped (kill -STOP)
-        _say_and_exit(f"txf: error: process {me} of {count} was stopped for {now - last:.0f} s, "
-                      f"longer than TXF_HEARTBEAT_TIMEOUT={bound:.0f} s: the others have ended the "
-                      f"run{_checkpoint_words()}: run the same command again to resume",
-                      EXIT_RESUMABLE)
+        _say_and_exit(error_line(
+            f"process {me} of {count} was stopped for {now - last:.0f} s, longer than "
+            f"TXF_HEARTBEAT_TIMEOUT={bound:.0f} s: the others have ended the "
+            f"run{_checkpoint_words()}: run the same command again to resume"), EXIT_RESUMABLE)
       last = now
       n += 1
       try:
@@ -313,8 +313,9 @@ def fail(error: BaseException) -> None:
       time.sleep(0.5)
   traceback.print_exc()
   first = (str(error).strip().splitlines() or [""])[0][:300]
-  stop_all(f"txf: error: process {jax.process_index()} failed with {type(error).__name__}: "
-           f"{first} (a bug: its traceback is in process {jax.process_index()}'s output)", 1)
+  stop_all(error_line(f"process {jax.process_index()} failed with {type(error).__name__}: "
+                      f"{first} (a bug: its traceback is in process {jax.process_index()}'s "
+                      f"output)"), 1)
 
 
 def describe() -> str:

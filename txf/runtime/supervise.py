@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from txf.runtime import process as runtime
 from txf.core.config import ConfigError
-from txf.core.errors import EXIT_RESUMABLE
+from txf.core.errors import EXIT_RESUMABLE, error_line, is_error_line
 
 HEARTBEAT_TIMEOUT = 30               # default TXF_HEARTBEAT_TIMEOUT, seconds
 SUPERVISED_ENV = "TXF_SUPERVISED"    # set in the child: it runs the command itself
@@ -109,8 +109,8 @@ def _lost_coordinator_line(notes: Dict[str, str], env: Mapping[str, str]) -> str
   if notes.get("workdir"):
     from txf.runtime import workdir as workdir_lib  # pylint: disable=import-outside-toplevel  # jax: only now
     checkpoint = f"; the run's last checkpoint: {workdir_lib.last_checkpoint(notes['workdir'])}"
-  return (f"txf: error: lost process 0 (the coordinator) of {processes}: its coordination service "
-          f"is gone{checkpoint}: run the same command again to resume")
+  return error_line(f"lost process 0 (the coordinator) of {processes}: its coordination service "
+                    f"is gone{checkpoint}: run the same command again to resume")
 
 
 def supervise(argv: List[str], env: Mapping[str, str] = os.environ) -> None:
@@ -142,12 +142,12 @@ def supervise(argv: List[str], env: Mapping[str, str] = os.environ) -> None:
       held.append(line)
       continue
     os.write(2, line)
-    said = said or line.startswith(b"txf: error:")
+    said = said or is_error_line(line)
   status = child.wait()
   notes_read = _read_notes(notes)
   os.unlink(notes)
   if held and status != 0:
-    own = [l for l in held if l.startswith(b"txf: error:")]
+    own = [l for l in held if is_error_line(l)]
     if not said:  # one line in all: the child's own, else the parent's
       os.write(2, own[0] if own else (_lost_coordinator_line(notes_read, env) + "\n").encode())
     sys.exit(status if (said or own) and status > 0 else EXIT_RESUMABLE)

@@ -32,8 +32,8 @@ from typing import Any, Dict, List, Optional
 
 import ml_collections
 
-import txf.models  # noqa: F401  # declares the variant fields' allowed values that validate checks
 from txf.core import config as config_lib
+from txf.train import tables
 from txf.core.errors import TxfError
 
 SPEC_FIELDS = ("config", "overrides", "arms", "grid", "seeds", "baseline", "metric", "mode", "steps",
@@ -306,7 +306,7 @@ def load_sweep(path: str, root: Optional[str] = None, sets: Optional[Dict[str, A
   for arm in arms:
     try:
       config = build_config(sweep, arm, seeds[0])
-      config_lib.validate(config)
+      tables.validate(config)
     except config_lib.ConfigError as e:
       raise SweepError(f"arm {arm!r}: {e}") from e
     check_metric(sweep.metric, config)

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from txf.core.errors import is_error_line
 from txf.runtime import process as runtime, workdir as workdir_lib
 from txf.sweep.grid import Run, Sweep
 
@@ -77,7 +78,7 @@ def last_error(log: str) -> str:
       lines = [line.rstrip() for line in f if line.strip()]
   except OSError:
     return ""
-  errors = [line for line in lines if line.startswith("txf: error:")]
+  errors = [line for line in lines if is_error_line(line)]
   return (errors or lines or [""])[-1]
 
 
