@@ -1,6 +1,7 @@
 """The txf command line: help, version, one-line errors for what a user typed, quiet logging.
 
-Every test runs the real CLI in a subprocess and checks its exit status and what it printed.
+Most tests run the real CLI in a subprocess and check its exit status and what it printed; the
+commands' declared flags (txf.commands.declared) are checked in this process.
 """
 
 import json
@@ -232,6 +233,7 @@ print(json.dumps({"codes": codes, "heavy": heavy}))
 """
 
 
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
 @pytest.mark.parametrize("name", list(cli.COMMANDS))
 def test_help_and_a_refused_flag_answer_without_importing_the_command_or_jax(name):
   r = subprocess.run([sys.executable, "-c", NO_MACHINERY.replace("NAME", repr(name))], cwd=ROOT,
