@@ -21,6 +21,7 @@ from typing import List, Optional
 
 from absl import app
 from absl import flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 import txf
@@ -274,7 +275,10 @@ def main(argv=None) -> None:
     print(command_help(name))
     sys.exit(0)
   define_flags(name, args, verbose_errors)
-  app.define_help_flags()  # absl's own (--helpxml, -?), as app.run defines them before parsing
+  # what app.run sets up before it parses: absl's log handler (a config file's log lines while it
+  # loads keep absl's format) and absl's own help flags (--helpxml, -?)
+  absl_logging.use_absl_handler()
+  app.define_help_flags()
   rest = parse_flags(sys.argv, name, verbose_errors)
   module = command_module(name)
   app.run(_prepare(common.guarded(module.main)), argv=sys.argv, flags_parser=lambda _: rest)
