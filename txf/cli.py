@@ -156,12 +156,11 @@ def _config_load_error(e: BaseException, path: str = "") -> Optional[str]:
   return None
 
 
-def define_flags(name: str, args: List[str], verbose_errors: bool,
-                 fv: flags.FlagValues = flags.FLAGS) -> List[str]:
-  """Define command ``name``'s flags on ``fv`` (txf.commands.declared.define) and return their
-  names; a ``--config`` flag loads its default experiment here, whose errors are one line."""
+def define_flags(name: str, args: List[str], verbose_errors: bool) -> List[str]:
+  """Define command ``name``'s flags on absl's FLAGS (txf.commands.declared.define) and return
+  their names; a ``--config`` flag loads its default experiment here, whose errors are one line."""
   try:
-    return declared.define(name, fv)
+    return declared.define(name)
   except (SyntaxError, AttributeError) as e:
     found = _config_arg(args)
     message = _config_load_error(e, found[1] if found else "")
