@@ -1,14 +1,21 @@
 """The txf command line: help, version, one-line errors for what a user typed, quiet logging.
 
-Every test runs the real CLI in a subprocess and checks its exit status and what it printed.
+Most tests run the real CLI in a subprocess and check its exit status and what it printed; the
+commands' declared flags (txf.commands.declared) are checked in this process.
 """
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
+from absl import flags
 
 from tests.conftest import ROOT, run_txf
 from txf import cli
+from txf.commands import declared
+from txf.commands.common import default_config_path
 from txf.runtime import process as runtime
 
 
@@ -148,3 +155,91 @@ def test_average_checkpoints_has_no_orbax_read_only_warning(tmp_path):
   loud = run_txf("average-checkpoints", "--workdir", str(tmp_path), "--last", "2",
                  "--output", "avg.msgpack", "-v")
   assert loud.returncode == 0 and "read only" in loud.stderr  # orbax says it when asked to
+
+
+# What each command's module defined at import before the flags moved to txf.commands.declared
+# (main at 903772c): name -> (absl flag_type, default[, REQUIRED]). A flag may be added; none may be
+# lost or change its type, default or requiredness.
+REQUIRED, DEFAULT_CONFIG = "required", "experiments/default.py"
+FLAGS_BEFORE = {
+    "train": {"config": ("config object", DEFAULT_CONFIG), "workdir": ("string", None),
+              "fresh": ("bool", False), "progress": ("bool", None)},
+    "translate": {"workdir": ("string", None, REQUIRED), "input": ("string", None),
+                  "output": ("string", None), "params": ("string", None), "beam": ("int", None),
+                  "alpha": ("float", None), "decode_dtype": ("string enum", None),
+                  "max_extra": ("int", None), "length_bucket": ("int", None), "batch_size": ("int", 32)},
+    "classify": {"workdir": ("string", None, REQUIRED), "input": ("string", None),
+                 "output": ("string", None), "params": ("string", None), "batch_size": ("int", 64)},
+    "eval": {"workdir": ("string", None, REQUIRED), "split": ("string", None),
+             "data_path": ("string", None), "params": ("string", None), "output": ("string", None),
+             "bleu": ("string enum", None), "beam": ("int", None), "alpha": ("float", None),
+             "decode_dtype": ("string enum", None), "max_extra": ("int", None),
+             "max_examples": ("int", 0), "length_bucket": ("int", None), "batch_size": ("int", 32),
+             "progress_every": ("float", 10.0)},
+    "generate": {"workdir": ("string", None, REQUIRED), "prompt": ("multi string", None),
+                 "input": ("string", None), "params": ("string", None), "max_new_tokens": ("int", 200),
+                 "temperature": ("float", 0.8), "top_k": ("int", 0), "top_p": ("float", 0.95),
+                 "seed": ("int", 0), "num_samples": ("int", 1)},
+    "average-checkpoints": {"workdir": ("string", None, REQUIRED), "last": ("int", 5),
+                            "output": ("string", None), "sharded": ("string enum", "auto"),
+                            "step": ("string", None)},
+    "bench": {"configs": ("comma separated list of strings", ["small", "base"]),
+              "output": ("string", "runs/bench.json"), "steps": ("int", 5),
+              "dtypes": ("comma separated list of strings", ["float32"]),
+              "attention_impls": ("comma separated list of strings", ["auto"]),
+              "decode": ("bool", True), "decode_batch": ("int", 8), "decode_length": ("int", 32),
+              "beam": ("int", 4), "bf16_dots": ("comma separated list of strings", ["auto"])},
+    "info": {},
+    "sweep": {"root": ("string", None), "parallel": ("int", 1), "set": ("multi string", []),
+              "emit": ("string enum", None), "sbatch": ("multi string", []), "report": ("bool", True)},
+    "plan": {"config": ("config object", DEFAULT_CONFIG), "devices": ("int", 0),
+             "vocab_size": ("int", 0), "device_peak_tflops": ("float", 0.0), "mfu": ("float", 0.4),
+             "hosts": ("int", 0), "json": ("string", ""), "topology": ("string", "")},
+    "import-hf": {"workdir": ("string", None, REQUIRED), "data_config": ("string", None),
+                  "max_len": ("int", 128)},
+    "export-hf": {"workdir": ("string", None, REQUIRED), "output": ("string", None, REQUIRED),
+                  "params": ("string", None)},
+    "prepare-data": {"data_dir": ("string", "")},
+}
+
+
+def test_every_command_declares_the_flags_its_module_defined():
+  assert set(FLAGS_BEFORE) == set(cli.COMMANDS)
+  for name, before in FLAGS_BEFORE.items():
+    fv = flags.FlagValues()
+    names = declared.define(name, fv)
+    assert len(names) == len(set(names)) and set(before) <= set(names), (name, names)
+    for flag, (kind, default, *required) in before.items():
+      f = fv[flag]
+      now = f.default_as_str if default == DEFAULT_CONFIG else f.default
+      want = repr(default_config_path()) if default == DEFAULT_CONFIG else default
+      assert (f.flag_type(), now, cli._required(f)) == (kind, want, bool(required)), (name, flag)
+      assert f.help.strip(), (name, flag)
+
+
+# cli.main as the console script runs it, then what the process imported
+NO_MACHINERY = """
+import json, sys
+from txf import cli
+codes = []
+for args in ([NAME, "--help"], [NAME, "--nosuchflag"]):
+  try:
+    cli.main(["txf", *args])
+  except SystemExit as e:
+    codes.append(e.code)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "flax", "orbax", "optax")
+               or m == cli.COMMANDS[NAME].module)
+print(json.dumps({"codes": codes, "heavy": heavy}))
+"""
+
+
+@pytest.mark.slow  # end to end (a txf process or more): the slow tier
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_help_and_a_refused_flag_answer_without_importing_the_command_or_jax(name):
+  r = subprocess.run([sys.executable, "-c", NO_MACHINERY.replace("NAME", repr(name))], cwd=ROOT,
+                     capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert r.returncode == 0, r.stderr
+  out = json.loads(r.stdout.splitlines()[-1])
+  assert out == {"codes": [0, 2], "heavy": []}, out
+  assert r.stdout.startswith(f"txf {name}: {cli.COMMANDS[name].purpose}")
+  assert error_line(r) == f"txf: error: unknown flag --nosuchflag for txf {name}: see txf {name} --help"

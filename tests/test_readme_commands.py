@@ -33,10 +33,12 @@ import sys
 import time
 
 import pytest
+from absl import flags
 
 from tests import test_data_fixtures as fx
 from tests.conftest import ROOT
 from txf import cli
+from txf.commands import declared
 from txf.core import config as config_lib
 
 DOCUMENTS = ["README.md", "docs/**/*.md", "notebooks/README.md", "experiments/*.md"]
@@ -438,16 +440,17 @@ FLAG_DEFINITIONS = re.compile(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']|add_argument\(\s*
 
 def module_flags(module):
   """The flag names a module defines (absl ``DEFINE_*`` or argparse ``add_argument``), read from its
-  source: what ``txf CMD --help`` lists for a command's module, without starting JAX once per command."""
+  source: a ``python -m txf.X`` module's flags, without starting JAX once per module."""
   path = os.path.join(ROOT, *module.split(".")) + ".py"
   assert os.path.isfile(path), f"no module {module} ({path})"
   with open(path, encoding="utf-8") as f:
     return {a or b for a, b in FLAG_DEFINITIONS.findall(f.read())}
 
 
+@functools.lru_cache(maxsize=None)
 def command_flags(sub):
-  """The flags of ``txf SUB``: its module's own."""
-  return module_flags(cli.COMMANDS[sub][0])
+  """The flags of ``txf SUB``: what txf.commands.declared declares for it (``txf SUB --help``)."""
+  return frozenset(declared.define(sub, flags.FlagValues()))
 
 
 def known_flag(name, known):

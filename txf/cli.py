@@ -1,19 +1,28 @@
-"""The ``txf`` command: ``txf <command> [flags]``. Each command lives in txf/commands/<name>.py.
+"""The ``txf`` command: ``txf <command> [flags]``. Each command runs in txf/commands/<module>.py.
 
-Commands define their own absl flags at import, so only the chosen command's module is imported.
-Before that, this module settles what absl would otherwise turn into tracebacks or library noise:
-``--help``/``--version``, ``-v`` (library logging back on), the experiment named by ``--config``
-(a path, or the name of an experiment shipped with txf), unknown ``--config.FIELD`` overrides and
-flags that do not parse. Errors a user can fix print one ``txf: error: ...`` line and exit with
-status 2; ``--verbose_errors`` shows their traceback too.
+What a command takes (its purpose, usage text and absl flags) is declared in txf/commands/declared.py,
+which imports no jax: this module answers ``txf CMD --help`` from there, defines the chosen command's
+flags and parses the command line, and only then imports the command's module to run it
+(``command_module``, the one place that does), so help and a refused flag answer at once. Before
+that, it settles what absl would otherwise turn into tracebacks or library noise: ``--help``/
+``--version``, ``-v`` (library logging back on), the experiment named by ``--config`` (a path, or the
+name of an experiment shipped with txf), unknown ``--config.FIELD`` overrides and flags that do not
+parse. Errors a user can fix print one ``txf: error: ...`` line and exit with status 2;
+``--verbose_errors`` shows their traceback too.
 """
 
 import difflib
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from typing import List, Optional
+
+from absl import app
+from absl import flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
 
 import txf
 from txf.runtime import compile_cache
@@ -21,22 +30,10 @@ from txf.core import config as config_lib
 from txf.runtime import process as runtime
 from txf.runtime import supervise
 from txf.commands import common
+from txf.commands import declared
 
-COMMANDS = {
-    "train": ("txf.commands.train", "train a model from an experiment config"),
-    "translate": ("txf.commands.translate", "translate lines with a trained run (stdin or --input)"),
-    "classify": ("txf.commands.classify", "label lines with a trained classifier (stdin or --input)"),
-    "eval": ("txf.commands.evaluate", "evaluate a trained run on a split: BLEU/chrF, accuracy, perplexity"),
-    "generate": ("txf.commands.generate", "sample text from a trained language model"),
-    "average-checkpoints": ("txf.commands.average", "average the parameters of the last N checkpoints"),
-    "bench": ("txf.commands.bench", "benchmark train-step and decode speed"),
-    "info": ("txf.commands.info", "print jax, devices, CPU features and the malloc in use"),
-    "sweep": ("txf.commands.sweep", "train arms x seeds of a sweep file (or emit them) and compare the arms (t-tests)"),
-    "plan": ("txf.commands.plan", "size a job before launch: per-device memory and step time on N devices"),
-    "import-hf": ("txf.commands.import_hf", "import a Hugging Face Marian (OPUS-MT) or T5 model as a txf workdir"),
-    "export-hf": ("txf.commands.export_hf", "export a translation run as a Hugging Face Marian or T5 model"),
-    "prepare-data": ("txf.commands.prepare_data", "download and prepare a tfds catalog dataset for offline use"),
-}
+# name -> (module, purpose, declaration): txf.commands.declared.COMMANDS
+COMMANDS = declared.COMMANDS
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull")
 
 
@@ -54,9 +51,10 @@ def version() -> str:
 
 
 def usage() -> str:
+  """``txf --help``: how to call txf, and each command with its one-line purpose."""
   lines = ["usage: txf <command> [flags]   (txf <command> --help for its flags)",
            "       txf --version", "", "commands:"]
-  lines += [f"  {name:<20} {help_}" for name, (_, help_) in COMMANDS.items()]
+  lines += [f"  {name:<20} {command.purpose}" for name, command in COMMANDS.items()]
   lines += ["", "every command: -v shows library logging; --verbose_errors shows "
             "the traceback of a txf: error"]
   return "\n".join(lines)
@@ -98,14 +96,16 @@ def resolve_config_args(args: List[str]) -> List[str]:
   return args
 
 
-def command_help(name: str, module) -> str:
-  """The command's purpose, its usage line (the module docstring) and its own flags."""
-  from absl import flags
-  doc = (module.__doc__ or "").strip()
-  lines = [f"txf {name}: {COMMANDS[name][1]}", ""]
+def command_help(name: str) -> str:
+  """The command's purpose, its usage text (its declaration's docstring) and its own flags, read
+  from txf.commands.declared (the flags defined on a FlagValues of their own): no jax."""
+  fv = flags.FlagValues()
+  names = declared.define(name, fv)
+  doc = inspect.cleandoc(COMMANDS[name].declare.__doc__ or "")
+  lines = [f"txf {name}: {COMMANDS[name].purpose}", ""]
   if doc:
     lines += [doc, ""]
-  own = [f for f in flags.FLAGS.get_flags_for_module(module.__name__) if "." not in f.name]
+  own = [fv[n] for n in names if "." not in n]
   if own:
     lines.append("flags:")
     for f in sorted(own, key=lambda f: f.name):
@@ -134,7 +134,6 @@ def _required(flag) -> bool:
 
 def _flag_error(e: Exception, name: str) -> str:
   """One line for a flag-parsing error, naming the flag and what to do."""
-  from absl import flags
   text = str(e).splitlines()[0] if str(e) else type(e).__name__
   if isinstance(e, flags.UnrecognizedFlagError):
     return f"unknown flag --{e.flagname} for txf {name}: see txf {name} --help"
@@ -157,14 +156,32 @@ def _config_load_error(e: BaseException, path: str = "") -> Optional[str]:
   return None
 
 
+def define_flags(name: str, args: List[str], verbose_errors: bool) -> List[str]:
+  """Define command ``name``'s flags on absl's FLAGS (txf.commands.declared.define) and return
+  their names; a ``--config`` flag loads its default experiment here, whose errors are one line."""
+  try:
+    return declared.define(name)
+  except (SyntaxError, AttributeError) as e:
+    found = _config_arg(args)
+    message = _config_load_error(e, found[1] if found else "")
+    if message is None:
+      raise
+    common.fail(message, verbose_errors)
+
+
+def _config_flag():
+  """The command's ``--config`` flag (ml_collections' config_flags), or None if it has none."""
+  return flags.FLAGS["config"] if "config" in flags.FLAGS else None
+
+
 def parse_flags(argv: List[str], name: str, verbose_errors: bool) -> List[str]:
-  """absl flag parsing with one-line errors; also loads ``--config`` so its errors show here."""
-  from absl import flags
+  """absl flag parsing with one-line errors; also loads ``--config`` so its errors show here.
+  Returns the arguments that are not flags (argv[0] first), as absl's parser does."""
   try:
     rest = flags.FLAGS(argv)
-    for f in flags.FLAGS.get_flags_for_module(COMMANDS[name][0]):
-      if f.name == "config":
-        f.value  # pylint: disable=pointless-statement  # ml_collections loads the file lazily
+    config = _config_flag()
+    if config is not None:
+      config.value  # pylint: disable=pointless-statement  # ml_collections loads the file lazily
   except flags.Error as e:
     common.fail(_flag_error(e, name), verbose_errors)
   except (SyntaxError, AttributeError, OSError) as e:
@@ -179,13 +196,10 @@ def parse_flags(argv: List[str], name: str, verbose_errors: bool) -> List[str]:
   return rest
 
 
-def fit_config(name: str) -> None:
+def fit_config() -> None:
   """A run shortened below its experiment's cooldown gets the cooldown scaled down, with a note
   (txf.core.config.fit_cooldown); an explicit ``--config.optimizer.cooldown_steps`` is left alone."""
-  from absl import flags
-  from ml_collections import config_flags
-  flag = next((f for f in flags.FLAGS.get_flags_for_module(COMMANDS[name][0]) if f.name == "config"),
-              None)
+  flag = _config_flag()
   if flag is None or "optimizer.cooldown_steps" in config_flags.get_override_values(flag):
     return
   path = flag.config_filename
@@ -208,20 +222,22 @@ def _launched_as_process_0(environ=os.environ) -> bool:
   return True
 
 
-def _prepare(fn, name: str):
+def _prepare(fn):
   """Wrap a command's main: library logging below ERROR is off unless -v (after flags parse);
   the config's cooldown fits a shortened run."""
 
   def run(argv):
     runtime.quiet_logging()
     common.show_preparations()
-    fit_config(name)
+    fit_config()
     return fn(argv)
 
   return run
 
 
 def main(argv=None) -> None:
+  """``txf CMD [flags]`` (``argv``: sys.argv's form; None = this process's own command line): help,
+  version and usage errors answered from the declarations, else CMD's module run under absl."""
   if argv is None:  # the console script / python -m txf.cli (not an in-process call)
     try:
       runtime.maybe_reexec_with_tcmalloc(list(sys.argv))
@@ -252,26 +268,31 @@ def main(argv=None) -> None:
     args = resolve_config_args(args)
   except UsageError as e:
     common.fail(str(e), verbose_errors)
-  # ml_collections reads --config.* overrides from sys.argv while the command module is imported
+  # ml_collections reads --config.* overrides from sys.argv when the --config flag is defined and parsed
   sys.argv = [f"txf {name}"] + args
+  if any(a in HELP_FLAGS for a in args):
+    print(command_help(name))
+    sys.exit(0)
+  define_flags(name, args, verbose_errors)
+  # what app.run sets up before it parses: absl's log handler (a config file's log lines while it
+  # loads keep absl's format) and absl's own help flags (--helpxml, -?)
+  absl_logging.use_absl_handler()
+  app.define_help_flags()
+  rest = parse_flags(sys.argv, name, verbose_errors)
+  module = command_module(name)
+  app.run(_prepare(common.guarded(module.main)), argv=sys.argv, flags_parser=lambda _: rest)
+
+
+def command_module(name: str):
+  """The module that runs command ``name`` (its ``main(argv)``), imported only once its flags have
+  parsed: it imports the machinery (jax and the layers below), seconds of start-up. The one place
+  the command line imports a command's module."""
   try:
-    module = importlib.import_module(COMMANDS[name][0])
+    return importlib.import_module(COMMANDS[name].module)
   except ModuleNotFoundError as e:
     if e.name and e.name.startswith("txf.commands"):
       common.fail(f"the {name!r} command is not available in this build")
     raise
-  except (SyntaxError, AttributeError) as e:
-    found = _config_arg(args)
-    message = _config_load_error(e, found[1] if found else "")
-    if message is None:
-      raise
-    common.fail(message, verbose_errors)
-  if any(a in HELP_FLAGS for a in args):
-    print(command_help(name, module))
-    sys.exit(0)
-  from absl import app
-  app.run(_prepare(common.guarded(module.main), name), argv=sys.argv,
-          flags_parser=lambda a: parse_flags(a, name, verbose_errors))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,5 @@
-"""``txf classify --workdir runs/sst2 [--input FILE] [--output FILE] [--params params_best.msgpack]
-[--batch_size 64]``.
-
-Reads lines (stdin or --input) and writes, per line, ``label<TAB>probability`` (the most probable
-class and its softmax probability; stdout or --output), in order: empty lines stay empty, so line
-counts always match. Lines longer than the model's data.max_input_len tokens are truncated with a
-warning on stderr naming the line. Only the workdir is read (tokenizer, task.json, config,
-parameters), not the training data. On a terminal each typed line is answered at once; from a file
-or a pipe lines are batched.
-"""
+"""Runs ``txf classify``; its usage text and flags are declared in txf.commands.declared.classify
+(``txf classify --help``), which txf/cli.py parses before importing this module."""
 
 import sys
 import time
@@ -17,13 +9,6 @@ from absl import flags
 from txf import inference
 from txf.commands import terminal
 from txf.core.errors import TxfError
-
-flags.DEFINE_string("workdir", None, "run directory of a trained encoder_classifier run", required=True)
-flags.DEFINE_string("input", None, "file to classify, one text per line (default: stdin)")
-flags.DEFINE_string("output", None, "where to write label<TAB>probability lines (default: stdout)")
-flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
-                    "params_best.msgpack from `txf average-checkpoints --step best`, or a path")
-flags.DEFINE_integer("batch_size", 64, "lines classified together (a fixed batch shape: one compile)")
 
 
 def _format(probs):

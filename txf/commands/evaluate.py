@@ -1,15 +1,5 @@
-"""``txf eval --workdir runs/x [--split test] [--data_path DIR] [--beam 4] [--alpha 0.6] [--params params_avg5.msgpack]
-[--output report.json] [--max_examples N] [--max_extra 50] [--length_bucket 8] [--batch_size 32] [--bleu sacrebleu|tok-lc]``.
-
-Writes a JSON report to --output (default workdir/eval_<split>.json; checked writable before the
-evaluation runs) and prints it:
-translation: BLEU under --bleu (sacrebleu: cased detokenized, or tok-lc: lowercased Moses tokens, as
-multi-bleu.perl), chrF on detokenized text (with their signatures) and exact match;
-classification: accuracy; language models: perplexity and loss in nats per token. Every family also
-reports the teacher-forced loss and accuracy (see txf.inference.evaluate_split). The data is read
-only for the split scored: from the run's config, or --data_path when it has moved. Evaluations
-longer than a few seconds print progress to stderr.
-"""
+"""Runs ``txf eval``; its usage text and flags are declared in txf.commands.declared.evaluate
+(``txf eval --help``), which txf/cli.py parses before importing this module."""
 
 import json
 import os
@@ -25,37 +15,6 @@ from txf.runtime import workdir as workdir_lib
 from txf.data.base import DataError
 from txf.decode import DecodingSpec
 from txf.core.errors import TxfError
-
-flags.DEFINE_string("workdir", None, "run directory of a trained run", required=True)
-flags.DEFINE_string("split", None, "split to evaluate (default: the run's config.data.test_split, "
-                    "or its eval_split when the data has no test split)")
-flags.DEFINE_string("data_path", None, "where the run's data is now, if it moved: the dataset's "
-                    "folder, or the folder holding it by name (like data.path); tfds sources: the "
-                    "prepared-data directory (default: the run's config)")
-flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
-                    "params_avg5.msgpack from `txf average-checkpoints`, or a path")
-flags.DEFINE_string("output", None, "report path (default: <workdir>/eval_<split>.json)")
-flags.DEFINE_enum("bleu", None, ["sacrebleu", "tok-lc"], "BLEU protocol (default: the run's "
-                  "config.bleu_protocol): sacrebleu = cased detokenized text, sacreBLEU's 13a "
-                  "tokenizer, WMT practice; tok-lc = lowercased, punctuation-normalised, Moses-"
-                  "tokenized text scored on its tokens, multi-bleu.perl, the Multi30k papers")
-flags.DEFINE_integer("beam", None, "beam size (1 = greedy; default: the run's config.beam_size)")
-flags.DEFINE_float("alpha", None, "the length penalty's exponent, of the run's length_penalty kind "
-                  "(gnmt: ((5 + L) / 6) ** alpha; power: L ** alpha; default: the run's config.alpha)")
-flags.DEFINE_enum("decode_dtype", None, ["float32", "bfloat16"], "decode with the weights cast to "
-                  "this dtype (default: the run's config.decode_dtype, else its own); bfloat16 is "
-                  "faster on a CPU with AVX512-BF16 (txf info), its outputs may differ a little")
-flags.DEFINE_integer("max_extra", None, "each output has at most source length + this many tokens "
-                     "(default: the run's config.decode_max_extra)")
-flags.DEFINE_integer("max_examples", 0, "evaluate only the first N examples (0 = the whole split; "
-                     "synthetic tasks: 1000)")
-flags.DEFINE_integer("length_bucket", None, "sentences are decoded longest first, each batch padded "
-                     "to its longest source rounded up to a multiple of this (a compile per shape); "
-                     "0 = one fixed shape in the data's order (default: the run's "
-                     "config.decode_length_bucket, 8)")
-flags.DEFINE_integer("batch_size", 32, "examples per batch")
-flags.DEFINE_float("progress_every", 10.0, "an evaluation that runs over 5 s prints progress to "
-                   "stderr at most every this many seconds (0: after every batch, from the start)")
 
 
 def _one_line(e: Exception) -> str:

@@ -1,12 +1,5 @@
-"""``txf export-hf --workdir W --output DIR [--params params_avg5.msgpack]``.
-
-Writes DIR for Hugging Face's ``from_pretrained``: config.json, generation_config.json,
-model.safetensors and the tokenizer's files, as the first architecture of txf.hf's
-``ARCHITECTURES`` that claims the run (an imported BERT, GPT-2 or T5, fine-tuned or not), else as
-Marian (``MarianMTModel``): an imported Marian, or a txf translation run with a SentencePiece
-tokenizer and Marian's options (sin_cos positions, layer_norm_eps=1e-5, post-LN). Anything else is
-refused with what stands in the way (docs/huggingface.md).
-"""
+"""Runs ``txf export-hf``; its usage text and flags are declared in txf.commands.declared.export_hf
+(``txf export-hf --help``), which txf/cli.py parses before importing this module."""
 
 import sys
 
@@ -16,11 +9,6 @@ from txf.runtime import workdir as workdir_lib
 from txf.core import families
 from txf.core.errors import TxfError
 from txf import hf
-
-flags.DEFINE_string("workdir", None, "run directory of a translation run (or of an imported BERT or GPT-2)", required=True)
-flags.DEFINE_string("output", None, "the new Hugging Face model directory (must not exist, or be empty)",
-                    required=True)
-flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack)")
 
 
 def main(argv):

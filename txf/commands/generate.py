@@ -1,18 +1,5 @@
-"""``txf generate --workdir runs/lm [--prompt "..." [--prompt "..."]] [--input FILE]
-[--max_new_tokens 200] [--temperature 0.8] [--top_k 0] [--top_p 0.95] [--seed 0] [--num_samples 1]
-[--params ...]``.
-
-Samples continuations from a decoder_lm run and prints prompt + continuation. On an encoder_mlm
-run it fills masks instead: each text's ``<mask>`` (or an imported BERT's [MASK]) tokens become the
-model's most likely tokens, one output line per input; ``--top_k K`` appends, per mask, the K
-most likely tokens with their probabilities after a tab. Prompts come from
-``--prompt`` (repeatable), or one per line from --input or stdin; prompts of different lengths are
-sampled together in one batch, and each gets what it would get alone with the same seed. On a
-terminal each typed line is answered at once. Without any prompt (empty input), one sample starts
-from nothing. Each output is under a ``--- prompt p, sample s`` header when there are several.
-A span_corruption run instead prints each prompt with its ``<extra_id_N>`` filled by the spans
-the model decodes greedily (``--prompt "a man <extra_id_0> a bike"``). Refuses other model families.
-"""
+"""Runs ``txf generate``; its usage text and flags are declared in txf.commands.declared.generate
+(``txf generate --help``), which txf/cli.py parses before importing this module."""
 
 import sys
 from typing import List
@@ -25,21 +12,6 @@ from txf.decode import DecodingSpec
 from txf.core import families
 from txf.core.errors import TxfError
 from txf.inference.spans import fill_sentinels
-
-flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run", required=True)
-flags.DEFINE_multi_string("prompt", None, "text to continue; repeat for several prompts (default: "
-                          "one prompt per line of --input or stdin)")
-flags.DEFINE_string("input", None, "file of prompts, one per line (default: stdin unless --prompt)")
-flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
-                    "params_avg5.msgpack from `txf average-checkpoints`, or a path")
-flags.DEFINE_integer("max_new_tokens", 200, "most tokens to generate (lowered to fit the context "
-                     "the model was trained on, data.max_target_len)")
-flags.DEFINE_float("temperature", 0.8, "softmax temperature (0 = greedy)")
-flags.DEFINE_integer("top_k", 0, "sample among the k most likely tokens (0 = off); an encoder_mlm "
-                     "run: show the k most likely tokens of each mask (0 = none)")
-flags.DEFINE_float("top_p", 0.95, "nucleus sampling: the smallest set with this much mass (1 = off)")
-flags.DEFINE_integer("seed", 0, "random seed")
-flags.DEFINE_integer("num_samples", 1, "how many continuations to sample per prompt")
 
 
 def _print(samples: List[List[str]]) -> None:

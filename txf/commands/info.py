@@ -1,8 +1,5 @@
-"""``txf info``: what this process runs on (jax, devices, CPU, SIMD features, malloc, XLA_FLAGS)
-and the kernels txf chooses there (txf.kernels.select: bf16 products, attention, dropout, top-k).
-
-One ``key: value`` line each; useful in bug reports and to check that tcmalloc is in use.
-"""
+"""Runs ``txf info``; its usage text and flags are declared in txf.commands.declared.info
+(``txf info --help``), which txf/cli.py parses before importing this module."""
 
 import jax
 

@@ -1,36 +1,15 @@
-"""``txf plan [--config experiments/X.py] [--devices N] [--device_peak_tflops T] [--json PATH]``.
-
-Sizes a job before launch: compiles (never runs) the config's init and train step on its mesh over
-N devices and prints per-device parameter, optimizer-state, temporary and peak bytes, the model
-FLOPs per step and, given a device's peak, the estimated step time. On a CPU, ``--devices N``
-beyond the real count re-runs itself with N fake devices
-(``XLA_FLAGS=--xla_force_host_platform_device_count=N``). The work is in txf/plan/ (sizing.py;
-topology.py for ``--topology``).
-"""
+"""Runs ``txf plan``; its usage text and flags are declared in txf.commands.declared.plan
+(``txf plan --help``), which txf/cli.py parses before importing this module."""
 
 import json
 import os
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 
 from txf.runtime import process as runtime
-from txf.commands.common import default_config_path
 from txf.core.errors import TxfError
 
-config_flags.DEFINE_config_file("config", default_config_path(),
-                                "experiment config file (a get_config() file in experiments/)",
-                                lock_config=True)
-flags.DEFINE_integer("devices", 0, "devices of the mesh (0 = all there are); on a CPU, fake ones")
-flags.DEFINE_integer("vocab_size", 0, "vocabulary size (0 = config.data.vocab_size)")
-flags.DEFINE_float("device_peak_tflops", 0.0, "peak TFLOP/s of one device, for the time estimate")
-flags.DEFINE_float("mfu", 0.4, "model FLOPs utilisation assumed for the time estimate")
-flags.DEFINE_integer("hosts", 0, "hosts the devices stand for (per-host bytes; 0 = the devices' own "
-                     "processes, one host for local devices)")
-flags.DEFINE_string("json", "", "also write the plan as JSON to this file")
-flags.DEFINE_string("topology", "", "compile for this TPU slice instead of local devices (needs libtpu: "
-                    "pip install -e '.[tpu]'), e.g. v5e-8, v4-32, v5p-128, v6e-256, 2xv5e-256")
 
 FAKE_FLAG = "--xla_force_host_platform_device_count"
 

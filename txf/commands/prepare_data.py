@@ -1,19 +1,11 @@
-"""``txf prepare-data NAME [--data_dir DIR]``: download and prepare a tfds catalog dataset.
-
-Run it once on a machine with network (e.g. ``txf prepare-data wmt14_translate/de-en --data_dir
-/data/tfds``); training on ``data.source=tfds:NAME`` with the same ``data.data_dir`` (or
-``TXF_DATA_DIR``) then reads the prepared files offline. An unknown name or no network is one
-``txf: error:`` line, exit status 2.
-"""
+"""Runs ``txf prepare-data``; its usage text and flags are declared in txf.commands.declared.prepare_data
+(``txf prepare-data --help``), which txf/cli.py parses before importing this module."""
 
 from absl import flags
 
 from txf.data.builders import resolve_data_dir
 from txf.data.catalog import prepare
 from txf.core.errors import TxfError
-
-flags.DEFINE_string("data_dir", "", "where the prepared dataset goes; default $TXF_DATA_DIR or "
-                    "~/.cache/txf/tfds")
 
 
 def main(argv):

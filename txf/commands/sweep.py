@@ -1,10 +1,5 @@
-"""``txf sweep SWEEP_FILE [--root DIR] [--parallel N] [--set FIELD=VALUE ...] [--emit commands|slurm]``
-runs every arm x seed of a sweep file as its own ``txf train`` workdir (root/<arm>/seed-<k>/), N at
-a time, skipping complete runs and resuming interrupted ones, then reports;
-``txf sweep report ROOT`` writes the report of a sweep's runs: per-arm mean, std, 95% CI and
-Welch's t-test against the baseline (report.md, report.csv, report.png under ROOT). See
-docs/sweeps.md.
-"""
+"""Runs ``txf sweep``; its usage text and flags are declared in txf.commands.declared.sweep
+(``txf sweep --help``), which txf/cli.py parses before importing this module."""
 
 import sys
 
@@ -14,16 +9,6 @@ from txf.core.errors import TxfError
 from txf.sweep import (emit_commands, emit_slurm, load_sweep, read_sweep, run_local, write_report,
                        write_sweep)
 from txf.sweep.grid import parse_sets
-
-flags.DEFINE_string("root", None, "the sweep's folder (default: runs/sweeps/<sweep name>)")
-flags.DEFINE_integer("parallel", 1, "runs trained at once (each a `txf train` process)")
-flags.DEFINE_multi_string("set", [], "FIELD=VALUE: override a config field in every arm "
-                          "(repeatable), e.g. --set model.d_ff=512")
-flags.DEFINE_enum("emit", None, ["commands", "slurm"], "print the runs for a scheduler instead of "
-                  "running them: one shell command per line, or a SLURM job-array script")
-flags.DEFINE_multi_string("sbatch", [], "with --emit slurm: an #SBATCH option (repeatable), e.g. "
-                          "--sbatch=--gres=gpu:1")
-flags.DEFINE_bool("report", True, "write the report once the runs have finished")
 
 
 def main(argv):

@@ -1,12 +1,11 @@
-"""``txf train [--config experiments/X.py] [--workdir runs/x] [--config.FIELD=VALUE ...] [--fresh]``."""
+"""Runs ``txf train``; its usage text and flags are declared in txf.commands.declared.train
+(``txf train --help``), which txf/cli.py parses before importing this module."""
 
 import os
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 
-from txf.commands.common import default_config_path
 from txf.commands.reporting import (TerminalReporter, drop_closed_loop_noise,
                                     drop_output_on_broken_pipe)
 from txf.core.errors import EXIT_RESUMABLE, TxfError
@@ -17,14 +16,6 @@ from txf.train.stopping import Preemption
 # Set to 1 by a launcher that requeues (launch/slurm.sbatch): a run stopped by a signal before its
 # end (checkpoint written) exits with EXIT_RESUMABLE (75) instead of 0, so the script requeues it.
 REQUEUE_ENV = "TXF_EXIT_RESUMABLE_ON_SIGNAL"
-
-config_flags.DEFINE_config_file("config", default_config_path(),
-                                "experiment config file (a get_config() file in experiments/)",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "run directory (default: runs/<config.name>)")
-flags.DEFINE_bool("fresh", False, "move an existing run in --workdir aside and start over")
-flags.DEFINE_bool("progress", None, "show a progress bar (default: only when stdout is a terminal); "
-                  "without one, each log step prints one line")
 
 
 def main(argv):

@@ -1,12 +1,5 @@
-"""``txf translate --workdir runs/x [--input FILE] [--output FILE] [--beam 4] [--alpha 0.6]
-[--params params_avg5.msgpack] [--max_extra 50] [--length_bucket 8] [--batch_size 32]``.
-
-Reads lines (stdin or --input), writes one detokenized translation per line (stdout or --output),
-in order: empty lines stay empty, so line counts always match. Lines longer than the model's
-data.max_input_len tokens are truncated with a warning on stderr naming the line and its length.
-Only the workdir is read (tokenizer, task.json, config, parameters), not the training data. On a
-terminal each typed line is translated at once; from a file or a pipe lines are batched.
-"""
+"""Runs ``txf translate``; its usage text and flags are declared in txf.commands.declared.translate
+(``txf translate --help``), which txf/cli.py parses before importing this module."""
 
 import sys
 import time
@@ -17,25 +10,6 @@ from txf import inference
 from txf.commands import terminal
 from txf.decode import DecodingSpec
 from txf.core.errors import TxfError
-
-flags.DEFINE_string("workdir", None, "run directory of a trained encoder_decoder run", required=True)
-flags.DEFINE_string("input", None, "file to translate, one sentence per line (default: stdin)")
-flags.DEFINE_string("output", None, "where to write the translations (default: stdout)")
-flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack), e.g. "
-                    "params_avg5.msgpack from `txf average-checkpoints`, or a path")
-flags.DEFINE_integer("beam", None, "beam size (1 = greedy; default: the run's config.beam_size)")
-flags.DEFINE_float("alpha", None, "the length penalty's exponent, of the run's length_penalty kind "
-                  "(gnmt: ((5 + L) / 6) ** alpha; power: L ** alpha; default: the run's config.alpha)")
-flags.DEFINE_enum("decode_dtype", None, ["float32", "bfloat16"], "decode with the weights cast to "
-                  "this dtype (default: the run's config.decode_dtype, else its own); bfloat16 is "
-                  "faster on a CPU with AVX512-BF16 (txf info), its outputs may differ a little")
-flags.DEFINE_integer("max_extra", None, "each output has at most source length + this many tokens "
-                     "(default: the run's config.decode_max_extra, 50)")
-flags.DEFINE_integer("length_bucket", None, "sentences are decoded longest first, each batch padded "
-                     "to its longest source rounded up to a multiple of this (a compile per shape); "
-                     "0 = one fixed shape in the data's order (default: the run's "
-                     "config.decode_length_bucket, 8)")
-flags.DEFINE_integer("batch_size", 32, "sentences decoded together")
 
 
 def main(argv):
