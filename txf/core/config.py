@@ -4,12 +4,13 @@ Every experiment file in experiments/ starts from ``base_config()`` and override
 that is not defined here is an error (catches typos such as ``model.num_head``).
 """
 
+import copy
 import difflib
 import importlib.util
 import inspect
 import os
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import ml_collections
 
@@ -188,6 +189,31 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def complete(cfg: Optional[Mapping[str, Any]] = None, section: str = "") -> ml_collections.ConfigDict:
+  """``cfg`` with every field it lacks set to ``base_config()``'s default (to that of its
+  ``section``, e.g. "optimizer", when ``cfg`` is one section): the one place defaults reach a config.
+
+  Called where a config enters: ``txf.runtime.workdir.load_config`` (an older run's config.json,
+  written before a field existed), ``txf.train.train`` and ``validate`` (a config built by hand),
+  ``txf.train.optimizer`` (an optimizer section built by hand). Code below reads fields as plain
+  attributes. A ConfigDict is filled in place (the caller's config becomes the run's) and
+  returned; a dict (or None) gives a new ConfigDict. Fields base_config lacks stay (``validate``
+  names them)."""
+  defaults = base_config()[section] if section else base_config()
+  if not isinstance(cfg, ml_collections.ConfigDict):
+    defaults.update(cfg or {})
+    return defaults
+  pending = [(cfg, defaults)]
+  while pending:
+    have, want = pending.pop()
+    for key, value in want.items():
+      if key not in have:
+        have[key] = value
+      elif isinstance(value, ml_collections.ConfigDict) and isinstance(have[key], ml_collections.ConfigDict):
+        pending.append((have[key], value))
+  return cfg
+
+
 def field_names() -> List[str]:
   """Every field of ``base_config()`` as a dotted path ('batch_size', 'model.num_heads', ...)."""
   return sorted(_flatten(base_config()))
@@ -260,7 +286,7 @@ def eval_metrics(cfg: ml_collections.ConfigDict) -> Tuple[str, ...]:
   decodes a source (``decoding="seq2seq"``) when the run decodes examples (decode_examples > 0)."""
   family = families.get(cfg.model.family)
   names = family.metrics
-  if family.decoding == "seq2seq" and cfg.get("decode_examples", 0) > 0:
+  if family.decoding == "seq2seq" and cfg.decode_examples > 0:
     names = names + families.DECODED_METRICS
   return names
 
@@ -359,22 +385,24 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   model's ``max_len`` must cover them.
   """
   errors: List[str] = []
+  # checked as the run would read it: a copy, every field it lacks at base_config's default
+  cfg = complete(copy.deepcopy(cfg))
   known, given = _flatten(base_config()), _flatten(cfg)
   for key in sorted(set(given) - set(known)):
     close = difflib.get_close_matches(key, known, n=1)
     errors.append(f"unknown field '{key}'" + (f": did you mean '{close[0]}'?" if close else
                                               ": see txf/core/config.py for the fields"))
-  m = cfg.get("model", {})
+  m = cfg.model
   errors += config_rules.numeric_errors(cfg)
   try:
-    families.import_plugins(cfg.get("plugins", ""))
+    families.import_plugins(cfg.plugins)
   except families.FamilyError as e:
     errors.append(str(e))
-  if m.get("family") not in families.names():
-    errors.append(f"model.family={m.get('family')!r} is not one of {families.names()} (a new "
+  if m.family not in families.names():
+    errors.append(f"model.family={m.family!r} is not one of {families.names()} (a new "
                   f"family is registered by a file that config.plugins names: txf.core.families)")
-  best = cfg.get("best_metric", "")
-  if best and m.get("family") in families.names():
+  best = cfg.best_metric
+  if best and m.family in families.names():
     logged = eval_metrics(cfg)
     if best not in logged:
       errors.append(f"best_metric={best!r} is never logged by a {m['family']} run with this config "
@@ -382,7 +410,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   errors += config_rules.run_errors(cfg)
   errors += config_rules.kv_heads_errors(cfg)
   errors += config_rules.positional_errors(m)
-  errors += config_rules.mlm_errors(cfg.get("pretrain", {}))
+  errors += config_rules.mlm_errors(cfg.pretrain)
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.core.config.validate: the allowed values of {', '.join(undeclared)} are "
@@ -396,6 +424,6 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   errors += config_rules.length_errors(cfg, data_lengths)
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
-  if cfg.get("tracker", "none") == "wandb" and importlib.util.find_spec("wandb") is None:
+  if cfg.tracker == "wandb" and importlib.util.find_spec("wandb") is None:
     raise ConfigError("tracker='wandb' needs the wandb package, which is not installed: "
                       "pip install 'txf[wandb]' (or set tracker=none)")
