@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import ml_collections
 
 from txf.core import config_rules, families
+from txf.core.config_rules import eval_metrics  # noqa: F401  (its home was here)
 # the mesh arithmetic and ConfigError live below this module; they are imported from here too
 from txf.core.config_mesh import (ACCELERATOR_VOCAB_MULTIPLE, MESH_AXES,  # noqa: F401
                              fill_mesh_shape, mesh_axis_sizes, resolve_vocab_multiple, rule_axes,
@@ -190,15 +191,12 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def complete(cfg: Optional[Mapping[str, Any]] = None, section: str = "") -> ml_collections.ConfigDict:
-  """``cfg`` with every field it lacks set to ``base_config()``'s default (to that of its
-  ``section``, e.g. "optimizer", when ``cfg`` is one section): the one place defaults reach a config.
-
-  Called where a config enters: ``txf.runtime.workdir.load_config`` (an older run's config.json,
-  written before a field existed), ``txf.train.train`` and ``validate`` (a config built by hand),
-  ``txf.train.optimizer`` (an optimizer section built by hand). Code below reads fields as plain
-  attributes. A ConfigDict is filled in place (the caller's config becomes the run's) and
-  returned; a dict (or None) gives a new ConfigDict. Fields base_config lacks stay (``validate``
-  names them)."""
+  """``cfg`` with each field it lacks at ``base_config()``'s default (its ``section``'s, e.g.
+  "optimizer", when ``cfg`` is one section): the one place defaults reach a config, where it enters
+  (``txf.runtime.workdir.load_config``: an older run's config.json; ``txf.train.train``,
+  ``validate``: a config built by hand; the optimizer: a section built by hand), so code reads
+  fields as attributes. A ConfigDict is filled in place and returned; a dict (or None) gives a new
+  one. Fields base_config lacks stay, for ``validate`` to name."""
   defaults = base_config()[section] if section else base_config()
   if not isinstance(cfg, ml_collections.ConfigDict):
     defaults.update(cfg or {})
@@ -278,17 +276,6 @@ def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
     else:
       out[key] = v
   return out
-
-
-def eval_metrics(cfg: ml_collections.ConfigDict) -> Tuple[str, ...]:
-  """The metric names an evaluation of this config's run logs (the keys best_metric may name):
-  the family's (``txf.core.families.Family.metrics``), plus exact_match and bleu for a family that
-  decodes a source (``decoding="seq2seq"``) when the run decodes examples (decode_examples > 0)."""
-  family = families.get(cfg.model.family)
-  names = family.metrics
-  if family.decoding == "seq2seq" and cfg.decode_examples > 0:
-    names = names + families.DECODED_METRICS
-  return names
 
 
 def fit_cooldown(cfg: ml_collections.ConfigDict, original_steps: int) -> Optional[str]:
@@ -401,12 +388,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   if m.family not in families.names():
     errors.append(f"model.family={m.family!r} is not one of {families.names()} (a new "
                   f"family is registered by a file that config.plugins names: txf.core.families)")
-  best = cfg.best_metric
-  if best and m.family in families.names():
-    logged = eval_metrics(cfg)
-    if best not in logged:
-      errors.append(f"best_metric={best!r} is never logged by a {m['family']} run with this config "
-                    f"(its evaluations log {', '.join(logged)}): pick one of those, or '' for none")
+  errors += config_rules.best_metric_errors(cfg)
   errors += config_rules.run_errors(cfg)
   errors += config_rules.kv_heads_errors(cfg)
   errors += config_rules.positional_errors(m)

@@ -6,11 +6,11 @@ Each reads a complete config (``txf.core.config.complete``: every field present,
 base_config's default when the config did not set it), so no rule restates a default."""
 
 import math
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import ml_collections
 
-from txf.core import objectives
+from txf.core import families, objectives
 from txf.core.config_mesh import MESH_AXES, rule_axes
 
 
@@ -59,6 +59,26 @@ def numeric_errors(cfg: ml_collections.ConfigDict) -> List[str]:
     errors.append(f"batch_size={batch} is not divisible by grad_accum_steps={accum}: each "
                   f"micro-batch must have the same rows; make batch_size a multiple of {accum}")
   return errors
+
+
+def eval_metrics(cfg: ml_collections.ConfigDict) -> Tuple[str, ...]:
+  """The metric names an evaluation of this config's run logs (the keys best_metric may name):
+  the family's (``txf.core.families.Family.metrics``), plus exact_match and bleu for a family that
+  decodes a source (``decoding="seq2seq"``) when the run decodes examples (decode_examples > 0)."""
+  family = families.get(cfg.model.family)
+  names = family.metrics
+  if family.decoding == "seq2seq" and cfg.decode_examples > 0:
+    names = names + families.DECODED_METRICS
+  return names
+
+
+def best_metric_errors(cfg: ml_collections.ConfigDict) -> List[str]:
+  """``best_metric`` ("" = off) must be a metric this run's evaluations log (``eval_metrics``)."""
+  best, family = cfg.best_metric, cfg.model.family
+  if not best or family not in families.names() or best in eval_metrics(cfg):
+    return []
+  return [f"best_metric={best!r} is never logged by a {family} run with this config (its "
+          f"evaluations log {', '.join(eval_metrics(cfg))}): pick one of those, or '' for none"]
 
 
 def run_errors(cfg: ml_collections.ConfigDict) -> List[str]:
