@@ -67,6 +67,18 @@ def test_a_config_built_by_hand_is_validated_and_trained_as_base_config_fills_it
   assert isinstance(new, ml_collections.ConfigDict) and new.data.vocab_size == 100
   assert new.data.tokenizer == "word"
   assert complete(None).to_dict() == base_config().to_dict()
+  locked = ml_collections.ConfigDict({"seed": 3})
+  locked.lock()  # as the command line's --config is
+  assert complete(locked).num_train_steps == 1000 and locked.is_locked
+
+
+def test_an_experiment_file_that_leaves_fields_out_loads_complete(tmp_path):
+  path = tmp_path / "partial.py"
+  path.write_text("import ml_collections\n\ndef get_config():\n"
+                  "  return ml_collections.ConfigDict({'name': 'partial', 'model': {'d_model': 64}})\n")
+  loaded = config_lib.load_experiment(str(path))
+  assert (loaded.name, loaded.model.d_model, loaded.model.d_ff, loaded.mesh_shape) == (
+      "partial", 64, 2048, (-1, 1, 1))
 
 
 def test_a_section_built_by_hand_gets_that_sections_defaults():

@@ -196,19 +196,20 @@ def complete(cfg: Optional[Mapping[str, Any]] = None, section: str = "") -> ml_c
   (``txf.runtime.workdir.load_config``: an older run's config.json; ``txf.train.train``,
   ``validate``: a config built by hand; the optimizer: a section built by hand), so code reads
   fields as attributes. A ConfigDict is filled in place and returned; a dict (or None) gives a new
-  one. Fields base_config lacks stay, for ``validate`` to name."""
+  one (a locked one stays locked). Fields base_config lacks stay, for ``validate`` to name."""
   defaults = base_config()[section] if section else base_config()
   if not isinstance(cfg, ml_collections.ConfigDict):
     defaults.update(cfg or {})
     return defaults
   pending = [(cfg, defaults)]
-  while pending:
-    have, want = pending.pop()
-    for key, value in want.items():
-      if key not in have:
-        have[key] = value
-      elif isinstance(value, ml_collections.ConfigDict) and isinstance(have[key], ml_collections.ConfigDict):
-        pending.append((have[key], value))
+  with cfg.unlocked():  # the command line's config is locked (a typo'd flag is an error)
+    while pending:
+      have, want = pending.pop()
+      for key, value in want.items():
+        if key not in have:
+          have[key] = value
+        elif isinstance(value, ml_collections.ConfigDict) and isinstance(have[key], ml_collections.ConfigDict):
+          pending.append((have[key], value))
   return cfg
 
 
@@ -258,13 +259,13 @@ def experiment_path(spec: str) -> str:
 
 
 def load_experiment(spec: str) -> ml_collections.ConfigDict:
-  """``get_config()`` of the experiment ``spec`` names (see ``experiment_path``): how one experiment
-  file derives from another (``wmt14_en_de_big`` from ``wmt14_en_de_base``)."""
+  """``get_config()`` of the experiment ``spec`` names (see ``experiment_path``), ``complete``: how
+  one experiment file derives from another (``wmt14_en_de_big`` from ``wmt14_en_de_base``)."""
   path = experiment_path(spec)
   module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
-  return module.get_config()
+  return complete(module.get_config())
 
 
 def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
