@@ -78,7 +78,7 @@ def main(argv):
                                weights_dtype=f.decode_dtype),
       max_examples=f.max_examples, batch_size=f.batch_size, warn=terminal.warn_stderr,
       progress=terminal.Progress(after_s=min(5.0, f.progress_every), every_s=f.progress_every),
-      bleu_protocol=f.bleu or run.config.get("bleu_protocol", "sacrebleu"))
+      bleu_protocol=f.bleu or run.config.bleu_protocol)
   workdir_lib.write_json(path, report, elsewhere="--output")
   print(json.dumps(report, indent=2, sort_keys=True))
   print(f"report written to {path}", file=sys.stderr)

@@ -28,9 +28,9 @@ def main(argv):
   if len(argv) > 1:
     raise TxfError(f"unexpected arguments {argv[1:]}: flags look like --config.mesh_shape=(1,8,1)")
   f = flags.FLAGS
-  from txf.core.config import ConfigError
+  from txf.core.config import ConfigError, complete
   from txf.train.tables import validate
-  config = f.config
+  config = complete(f.config)  # an experiment file may leave fields at their defaults
   from txf.train.init_from import apply_init_from
   apply_init_from(config)  # config.init_from (an imported GPT-2, ...): plan the model it starts
   validate(config)

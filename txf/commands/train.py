@@ -8,6 +8,7 @@ from absl import flags
 
 from txf.commands.reporting import (TerminalReporter, drop_closed_loop_noise,
                                     drop_output_on_broken_pipe)
+from txf.core.config import complete
 from txf.core.errors import EXIT_RESUMABLE, TxfError
 from txf.parallel import distributed
 from txf.train import train
@@ -22,7 +23,7 @@ def main(argv):
   if len(argv) > 1:
     raise TxfError(f"unexpected arguments {argv[1:]}: flags look like --config.model.num_heads=2")
   distributed.maybe_initialize()
-  config = flags.FLAGS.config
+  config = complete(flags.FLAGS.config)  # an experiment file may leave fields at their defaults
   workdir = flags.FLAGS.workdir or os.path.join("runs", config.name)
   distributed.note_workdir(workdir)
   progress = flags.FLAGS.progress

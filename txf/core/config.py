@@ -4,16 +4,18 @@ Every experiment file in experiments/ starts from ``base_config()`` and override
 that is not defined here is an error (catches typos such as ``model.num_head``).
 """
 
+import copy
 import difflib
 import importlib.util
 import inspect
 import os
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import ml_collections
 
 from txf.core import config_rules, families, formats
+from txf.core.config_rules import eval_metrics  # noqa: F401  (its home was here)
 # the mesh arithmetic and ConfigError live below this module; they are imported from here too
 from txf.core.config_mesh import (ACCELERATOR_VOCAB_MULTIPLE, MESH_AXES,  # noqa: F401
                              fill_mesh_shape, mesh_axis_sizes, resolve_vocab_multiple, rule_axes,
@@ -188,6 +190,29 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def complete(cfg: Optional[Mapping[str, Any]] = None, section: str = "") -> ml_collections.ConfigDict:
+  """``cfg`` with each field it lacks at ``base_config()``'s default (its ``section``'s, e.g.
+  "optimizer", when ``cfg`` is one section): the one place defaults reach a config, where it enters
+  (``txf.runtime.workdir.load_config``: an older run's config.json; ``txf.train.train``,
+  ``validate``: a config built by hand; the optimizer: a section built by hand), so code reads
+  fields as attributes. A ConfigDict is filled in place and returned; a dict (or None) gives a new
+  one (a locked one stays locked). Fields base_config lacks stay, for ``validate`` to name."""
+  defaults = base_config()[section] if section else base_config()
+  if not isinstance(cfg, ml_collections.ConfigDict):
+    defaults.update(cfg or {})
+    return defaults
+  pending = [(cfg, defaults)]
+  with cfg.unlocked():  # the command line's config is locked (a typo'd flag is an error)
+    while pending:
+      have, want = pending.pop()
+      for key, value in want.items():
+        if key not in have:
+          have[key] = value
+        elif isinstance(value, ml_collections.ConfigDict) and isinstance(have[key], ml_collections.ConfigDict):
+          pending.append((have[key], value))
+  return cfg
+
+
 def field_names() -> List[str]:
   """Every field of ``base_config()`` as a dotted path ('batch_size', 'model.num_heads', ...)."""
   return sorted(_flatten(base_config()))
@@ -234,13 +259,13 @@ def experiment_path(spec: str) -> str:
 
 
 def load_experiment(spec: str) -> ml_collections.ConfigDict:
-  """``get_config()`` of the experiment ``spec`` names (see ``experiment_path``): how one experiment
-  file derives from another (``wmt14_en_de_big`` from ``wmt14_en_de_base``)."""
+  """``get_config()`` of the experiment ``spec`` names (see ``experiment_path``), ``complete``: how
+  one experiment file derives from another (``wmt14_en_de_big`` from ``wmt14_en_de_base``)."""
   path = experiment_path(spec)
   module_spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
-  return module.get_config()
+  return complete(module.get_config())
 
 
 def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
@@ -252,17 +277,6 @@ def _flatten(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict:
     else:
       out[key] = v
   return out
-
-
-def eval_metrics(cfg: ml_collections.ConfigDict) -> Tuple[str, ...]:
-  """The metric names an evaluation of this config's run logs (the keys best_metric may name):
-  the family's (``txf.core.families.Family.metrics``), plus exact_match and bleu for a family that
-  decodes a source (``decoding="seq2seq"``) when the run decodes examples (decode_examples > 0)."""
-  family = families.get(cfg.model.family)
-  names = family.metrics
-  if family.decoding == "seq2seq" and cfg.get("decode_examples", 0) > 0:
-    names = names + families.DECODED_METRICS
-  return names
 
 
 def fit_cooldown(cfg: ml_collections.ConfigDict, original_steps: int) -> Optional[str]:
@@ -365,30 +379,27 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   model's ``max_len`` must cover them.
   """
   errors: List[str] = []
+  # checked as the run would read it: a copy, every field it lacks at base_config's default
+  cfg = complete(copy.deepcopy(cfg))
   known, given = _flatten(base_config()), _flatten(cfg)
   for key in sorted(set(given) - set(known)):
     close = difflib.get_close_matches(key, known, n=1)
     errors.append(f"unknown field '{key}'" + (f": did you mean '{close[0]}'?" if close else
                                               ": see txf/core/config.py for the fields"))
-  m = cfg.get("model", {})
+  m = cfg.model
   errors += config_rules.numeric_errors(cfg)
   try:
-    families.import_plugins(cfg.get("plugins", ""))
+    families.import_plugins(cfg.plugins)
   except families.FamilyError as e:
     errors.append(str(e))
-  if m.get("family") not in families.names():
-    errors.append(f"model.family={m.get('family')!r} is not one of {families.names()} (a new "
+  if m.family not in families.names():
+    errors.append(f"model.family={m.family!r} is not one of {families.names()} (a new "
                   f"family is registered by a file that config.plugins names: txf.core.families)")
-  best = cfg.get("best_metric", "")
-  if best and m.get("family") in families.names():
-    logged = eval_metrics(cfg)
-    if best not in logged:
-      errors.append(f"best_metric={best!r} is never logged by a {m['family']} run with this config "
-                    f"(its evaluations log {', '.join(logged)}): pick one of those, or '' for none")
+  errors += config_rules.best_metric_errors(cfg)
   errors += config_rules.run_errors(cfg)
   errors += config_rules.kv_heads_errors(cfg)
   errors += config_rules.positional_errors(m)
-  errors += config_rules.mlm_errors(cfg.get("pretrain", {}))
+  errors += config_rules.mlm_errors(cfg.pretrain)
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.core.config.validate: the allowed values of {', '.join(undeclared)} are "
@@ -403,6 +414,6 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   errors += config_rules.length_errors(cfg, data_lengths)
   if errors:
     raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
-  if cfg.get("tracker", "none") == "wandb" and importlib.util.find_spec("wandb") is None:
+  if cfg.tracker == "wandb" and importlib.util.find_spec("wandb") is None:
     raise ConfigError("tracker='wandb' needs the wandb package, which is not installed: "
                       "pip install 'txf[wandb]' (or set tracker=none)")

@@ -1,6 +1,7 @@
 """The device mesh's arithmetic that configs are checked with and runs are sized by: filling
 ``mesh_shape``'s -1, the mesh axes a sharding rule names, the vocabulary's padding multiple.
-Plain arithmetic on config values (no jax): ``txf.core.config`` re-exports every name."""
+Plain arithmetic on config values (no jax): ``txf.core.config`` re-exports every name. The
+functions read a complete config (``txf.core.config.complete``), no field missing."""
 
 import math
 from typing import Tuple
@@ -67,13 +68,12 @@ def mesh_axis_sizes(cfg: ml_collections.ConfigDict, num_devices: int,
   (``mesh_shape`` times ``dcn_mesh_shape`` over ``num_granules`` slices or processes), all 1 unless
   ``parallelism == "mesh"``. Lenient (``fill_mesh_shape(strict=False)``): a -1 that cannot be
   filled counts as 1 (the mesh's own checks name that problem when it is built)."""
-  if cfg.get("parallelism") != "mesh":
+  if cfg.parallelism != "mesh":
     return dict.fromkeys(MESH_AXES, 1)
-  dcn = tuple(cfg.get("dcn_mesh_shape", ()) or ())
+  dcn = tuple(cfg.dcn_mesh_shape or ())
   dcn_sizes = fill_mesh_shape(dcn, num_granules, strict=False) if dcn else (1, 1, 1)
   slices = math.prod(dcn_sizes)
-  ici = fill_mesh_shape(cfg.get("mesh_shape", (-1, 1, 1)), max(num_devices // slices, 1),
-                        strict=False)
+  ici = fill_mesh_shape(cfg.mesh_shape, max(num_devices // slices, 1), strict=False)
   return {n: a * b for n, a, b in zip(MESH_AXES, ici, dcn_sizes)}
 
 
@@ -81,7 +81,7 @@ def vocab_splits(cfg: ml_collections.ConfigDict, num_devices: int, num_granules:
   """Into how many shards the mesh of ``cfg`` splits the vocabulary tables: the product of the
   sizes of the mesh axes that ``sharding_rules.vocab`` names (1 without a mesh)."""
   sizes = mesh_axis_sizes(cfg, num_devices, num_granules)
-  rule = dict(cfg.get("sharding_rules", {}) or {}).get("vocab", "tensor")
+  rule = cfg.sharding_rules.vocab
   ways = 1
   for axis in rule_axes(str(rule or "")):
     ways *= sizes.get(axis, 1)
@@ -94,7 +94,7 @@ def resolve_vocab_multiple(cfg: ml_collections.ConfigDict, num_devices: int, bac
   (128) on GPU/TPU, and lcm(128, s) whenever the mesh splits the vocabulary s > 1 ways (e.g. a
   tensor axis of 2): the padded vocabulary then always divides over the mesh, and stays the same
   for every power-of-two tensor axis up to 128 (so a run resumes on another such mesh)."""
-  given = int(cfg.get("model", {}).get("vocab_multiple", 0) or 0)
+  given = int(cfg.model.vocab_multiple or 0)
   if given > 0:
     return given
   splits = vocab_splits(cfg, num_devices, num_granules)

@@ -152,5 +152,5 @@ class StreamMLMTask(StreamLMTask):
 
 
 def whole_word(config) -> bool:
-  """``config.pretrain.whole_word`` (False for a config without the section)."""
-  return bool(config.get("pretrain", {}).get("whole_word", False))
+  """``config.pretrain.whole_word``."""
+  return bool(config.pretrain.whole_word)

@@ -81,7 +81,7 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
   return real.new_task(family, d, sources, sources.adapt, codec,
                        f"workdir:{storage.absolute(workdir)}", sentences=scheme == "tfds",
                        num_classes=int(sizes.get("num_classes", 0)),
-                       whole_word=real.whole_word(config), pretrain=config.get("pretrain"))
+                       whole_word=real.whole_word(config), pretrain=config.pretrain)
 
 
 

@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Mapping, Optional, Tuple
 
 from txf.decode.beam import PENALTIES
+from txf.core.config import complete
 from txf.core.errors import TxfError
 
 
@@ -145,13 +146,10 @@ class DecodingSpec:
     """The spec of a run's config (its top-level decoding fields; a config without them, such as a
     hand-made run's, gets the defaults), then ``overrides`` whose value is not None: ``beam_size``,
     ``alpha``, ``max_extra``, ... (a command line's flags)."""
-    config = config or {}
-    get = config.get if hasattr(config, "get") else (lambda k, d=None: getattr(config, k, d))
-    base = cls(beam_size=get("beam_size", 1), alpha=get("alpha", 0.6),
-               length_penalty=get("length_penalty", "gnmt"),
-               early_stopping=get("early_stopping", False),
-               max_extra=get("decode_max_extra", 50),
-               length_bucket=get("decode_length_bucket", 8), weights_dtype=get("decode_dtype", ""))
+    c = complete(dict(config or {}))  # a copy: the defaults are base_config's
+    base = cls(beam_size=c.beam_size, alpha=c.alpha, length_penalty=c.length_penalty,
+               early_stopping=c.early_stopping, max_extra=c.decode_max_extra,
+               length_bucket=c.decode_length_bucket, weights_dtype=c.decode_dtype)
     return base.replace(**overrides)
 
 

@@ -419,8 +419,8 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
           "use_bias": True, "embed_norm": True, "norm": "layer_norm", "parallel_block": False,
           "attention": "scaled_dot_product", "num_kv_heads": 0, "qk_norm": "none"}
   for k, v in want.items():
-    if m.get(k) != v and not (k == "num_kv_heads" and m.get(k) == m.num_heads):
-      problems.append(f"model.{k}={m.get(k)!r} (BERT: {v!r})")
+    if m[k] != v and not (k == "num_kv_heads" and m[k] == m.num_heads):
+      problems.append(f"model.{k}={m[k]!r} (BERT: {v!r})")
   if m.type_vocab_size < 1:
     problems.append("model.type_vocab_size=0 (BERT has a token-type table)")
   if m.activation not in set(ACTIVATIONS.values()):

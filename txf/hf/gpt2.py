@@ -288,7 +288,7 @@ def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_con
 def exports(config) -> bool:
   """Whether ``export-hf`` takes a run as GPT-2: a decoder_lm with ``model.mask_special_logits``,
   i.e. started from an imported GPT-2 (see the module docstring)."""
-  return config.model.family == "decoder_lm" and bool(config.model.get("mask_special_logits", False))
+  return config.model.family == "decoder_lm" and bool(config.model.mask_special_logits)
 
 
 def export_problems(config, codec: Optional[tok.Codec]) -> list:
@@ -305,11 +305,10 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
     problems.append(f"model.embed_scale={m.embed_scale} / model.logits_bias={m.logits_bias} / "
                     f"model.attention={m.attention!r} (GPT-2: no scale, no logits bias, "
                     f"scaled_dot_product)")
-  if (m.get("num_kv_heads", 0) or m.num_heads) != m.num_heads or m.get("qk_norm", "none") != "none":
-    problems.append(f"model.num_kv_heads={m.get('num_kv_heads', 0)} / model.qk_norm="
-                    f"{m.get('qk_norm', 'none')!r} (GPT-2: 0, none)")
-  if not m.get("mask_special_logits", False) or m.decoder_start_id != EOS_ID:
-    problems.append(f"model.mask_special_logits={m.get('mask_special_logits', False)} / "
+  if (m.num_kv_heads or m.num_heads) != m.num_heads or m.qk_norm != "none":
+    problems.append(f"model.num_kv_heads={m.num_kv_heads} / model.qk_norm={m.qk_norm!r} (GPT-2: 0, none)")
+  if not m.mask_special_logits or m.decoder_start_id != EOS_ID:
+    problems.append(f"model.mask_special_logits={m.mask_special_logits} / "
                     f"model.decoder_start_id={m.decoder_start_id} (GPT-2: True, {EOS_ID})")
   if codec is None or not isinstance(codec.target, bpe.GPT2Tokenizer):
     kind = "none" if codec is None else codec.target.kind

@@ -398,9 +398,9 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
   if not m.use_bias or m.parallel_block:
     problems.append(f"model.use_bias={m.use_bias} / model.parallel_block={m.parallel_block} "
                     f"(Marian: FFN biases, sequential sublayers)")
-  if (m.get("num_kv_heads", 0) or m.num_heads) != m.num_heads or m.get("qk_norm", "none") != "none":
-    problems.append(f"model.num_kv_heads={m.get('num_kv_heads', 0)} / model.qk_norm="
-                    f"{m.get('qk_norm', 'none')!r} (Marian: as many key/value heads as query heads "
+  if (m.num_kv_heads or m.num_heads) != m.num_heads or m.qk_norm != "none":
+    problems.append(f"model.num_kv_heads={m.num_kv_heads} / model.qk_norm={m.qk_norm!r} "
+                    f"(Marian: as many key/value heads as query heads "
                     f"(0), no QK-norm)")
   if codec is None or not isinstance(codec.target, (tok.SentencePieceTokenizer, tok.MarianTokenizer)):
     kind = "none" if codec is None else codec.target.kind

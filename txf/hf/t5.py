@@ -347,8 +347,7 @@ def exports(config) -> bool:
   """Whether a run has T5's layout (one relative bias table per stack and unscaled attention):
   export-hf then writes a T5 model (or names what else stands in the way)."""
   m = config.model
-  return (m.get("positional") == "relative" and bool(m.get("relative_shared", False))
-          and m.get("attention") == "dot_product")
+  return m.positional == "relative" and bool(m.relative_shared) and m.attention == "dot_product"
 
 
 def export_problems(config, codec: Optional[tok.Codec]) -> list:
@@ -364,13 +363,12 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
                     f"logits_bias={m.logits_bias} / embed_scale={m.embed_scale} (T5: all False)")
   if not m.share_embeddings:
     problems.append("model.share_embeddings=False (T5 has one table for both stacks)")
-  if (m.get("num_kv_heads", 0) or m.num_heads) != m.num_heads or m.get("qk_norm", "none") != "none":
-    problems.append(f"model.num_kv_heads={m.get('num_kv_heads', 0)} / model.qk_norm="
-                    f"{m.get('qk_norm', 'none')!r} (T5: 0, none)")
+  if (m.num_kv_heads or m.num_heads) != m.num_heads or m.qk_norm != "none":
+    problems.append(f"model.num_kv_heads={m.num_kv_heads} / model.qk_norm={m.qk_norm!r} (T5: 0, none)")
   if m.activation not in FEED_FORWARD_PROJ or m.ffn_match_params:
     problems.append(f"model.activation={m.activation!r} / ffn_match_params={m.ffn_match_params} "
                     f"(T5: one of {sorted(FEED_FORWARD_PROJ)}, hidden size d_ff)")
-  scale, rsqrt = float(m.get("logits_scale", 1.0)), m.d_model ** -0.5
+  scale, rsqrt = float(m.logits_scale), m.d_model ** -0.5
   if scale not in (1.0, rsqrt) or (scale == rsqrt and not m.tie_output):
     problems.append(f"model.logits_scale={scale} with tie_output={m.tie_output} (T5: a tied head "
                     f"with d_model^-0.5 = {rsqrt}, or 1.0)")

@@ -141,7 +141,7 @@ def model_config_for(config, vocab_size: int, target_vocab_size: int = 0, num_cl
   """
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in config.model.items() if k in fields}
-  kwargs.update({k: v for k, v in config.get("pretrain", {}).items() if k in fields})
+  kwargs.update({k: v for k, v in config.pretrain.items() if k in fields})
   if vocab_multiple is None:
     vocab_multiple = resolve_vocab_multiple(config, jax.device_count(), kernels.backend(),
                                             jax.process_count())

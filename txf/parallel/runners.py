@@ -93,7 +93,7 @@ def make_runner(config, make_train_step: Callable, make_eval_step: Callable, par
   over the processes and devices of the chosen layout.
   """
   kind = config.parallelism
-  processes, accum = jax.process_count(), config.get("grad_accum_steps", 1)
+  processes, accum = jax.process_count(), config.grad_accum_steps
   if kind == "single":
     if processes > 1:
       raise ConfigError(f"parallelism='single' uses one device, but this is one of {processes} "
@@ -105,10 +105,8 @@ def make_runner(config, make_train_step: Callable, make_eval_step: Callable, par
                  f"{jax.local_device_count()})")
     return PmapRunner(make_train_step(PmapRunner.axis_name), make_eval_step(PmapRunner.axis_name))
   if kind == "mesh":
-    mesh = sharding_lib.make_mesh(config.get("mesh_shape", (-1, 1, 1)),
-                                  dcn_mesh_shape=config.get("dcn_mesh_shape", ()))
-    rules = config.get("sharding_rules", None)
-    rules = dict(rules.items()) if rules is not None else None
+    mesh = sharding_lib.make_mesh(config.mesh_shape, dcn_mesh_shape=config.dcn_mesh_shape)
+    rules = dict(config.sharding_rules.items())
     spec = sharding_lib.batch_spec(rules, dict(mesh.shape))
     axes = () if not len(spec) else (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
     shards = 1

@@ -136,9 +136,9 @@ def check_splits(config, abstract_params, param_axes, num_devices: int) -> None:
   their ShapeDtypeStructs); ``param_axes``: their logical axes (``txf.models.param_axes``).
   The vocabulary's rows are padded to divide (``model.vocab_multiple``); only an explicit
   multiple that does not can fail here."""
-  if config.get("parallelism") != "mesh":
+  if config.parallelism != "mesh":
     return
-  rules = parse_rules(dict(config.get("sharding_rules", {}) or {}))
+  rules = parse_rules(dict(config.sharding_rules))
   axis_sizes = config_lib.mesh_axis_sizes(config, num_devices)
   problems = {}
   for leaf, names in zip(jax.tree_util.tree_leaves(abstract_params),
@@ -163,7 +163,7 @@ def check_splits(config, abstract_params, param_axes, num_devices: int) -> None:
   if mesh:
     advice.append(f"use e.g. --config.mesh_shape=\"{mesh}\" on {num_devices} devices")
   advice.append("or set sharding_rules.<axis>='' to replicate that axis")
-  shape = tuple(config.get("mesh_shape", ()))
+  shape = tuple(config.mesh_shape)
   raise ConfigError(f"mesh_shape={shape}: " + "; ".join(parts) + ": " + ", ".join(advice))
 
 
@@ -173,9 +173,9 @@ def suggest_mesh_shape(config, dimension_sizes: Mapping[str, set], rules, num_de
   fsdp, nearest; smaller first) that divides every dimension in ``dimension_sizes`` (logical name
   -> sizes; the vocabulary is skipped when ``model.vocab_multiple`` is auto: it is padded to fit)
   and ``batch_size`` over its batch axes; None if there is none."""
-  want = [int(x) if int(x) > 0 else 1 for x in tuple(config.get("mesh_shape", (1, 1, 1)))]
-  auto_vocab = not config.get("model", {}).get("vocab_multiple", 0)
-  batch = config.get("batch_size", 0)
+  want = [int(x) if int(x) > 0 else 1 for x in tuple(config.mesh_shape)]
+  auto_vocab = not config.model.vocab_multiple
+  batch = config.batch_size
   best = None
   for tensor in range(1, num_devices + 1):
     for fsdp in range(1, num_devices // tensor + 1):

@@ -147,11 +147,11 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   that does not fit the devices or does not divide the model."""
   devices = list(jax.devices() if devices is None else devices)
   slices = len({getattr(d, "slice_index", 0) for d in devices})
-  if slices > 1 and not tuple(config.get("dcn_mesh_shape", ()) or ()):
+  if slices > 1 and not tuple(config.dcn_mesh_shape or ()):
     config = config.copy_and_resolve_references()
     config.dcn_mesh_shape = (slices, 1, 1)   # multislice: data parallel across the slices
   mesh_shape = tuple(config.mesh_shape) if config.parallelism == "mesh" else (-1, 1, 1)
-  mesh = sharding_lib.make_mesh(mesh_shape, devices, config.get("dcn_mesh_shape", ()))
+  mesh = sharding_lib.make_mesh(mesh_shape, devices, config.dcn_mesh_shape)
   rules = dict(config.sharding_rules.items())
   platform = devices[0].platform
   # "auto" choices as on the devices planned for (a TPU topology compiled from a CPU host)

@@ -22,7 +22,7 @@ import numpy as np
 from flax import serialization
 
 from txf.core import families
-from txf.core.config import _flatten, base_config
+from txf.core.config import _flatten, base_config, complete
 from txf.core.errors import TxfError, disk_errno_of
 from txf.runtime.storage import (absolute, check_filesystem, is_local, join, read_bytes, read_text, staged_dir,
                          size_of, write_bytes, wpath)
@@ -294,17 +294,16 @@ def save_params(workdir: str, params, name: str = PARAMS_FILE) -> str:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The run's config.json over ``base_config()``: a field missing from an older run's file (added
-  to txf since) has its base_config default, so base_config is the one source of defaults."""
+  """The run's config.json over ``base_config()`` (``txf.core.config.complete``): a field missing
+  from an older run's file (added to txf since) has its base_config default, so base_config is the
+  one source of defaults."""
   check_filesystem(workdir)
   path = path_of(workdir, CONFIG_FILE)
   if not wpath(path).exists():
     raise TxfError(f"{workdir} holds no txf run (no config.json): train one with "
                             f"`txf train --workdir {workdir}` first")
-  stored = json.loads(read_text(path))
-  config = base_config()
-  config.update(stored)
-  families.import_plugins(config.get("plugins", ""))  # the files that register its family
+  config = complete(json.loads(read_text(path)))
+  families.import_plugins(config.plugins)  # the files that register its family
   return config
 
 

@@ -39,7 +39,7 @@ TOKENIZER_FIELDS = ("tokenizer", "vocab_size", "spm_model_type", "joint_vocab",
 
 def apply_init_from(config) -> None:
   """Set (in place) the model and tokenizer fields of ``config`` to those of its init_from run."""
-  source = config.get("init_from", "")
+  source = config.init_from
   if not source:
     return
   storage.check_filesystem(source, "init_from")
@@ -62,7 +62,7 @@ def apply_init_from(config) -> None:
 def tokenizer_home(config, workdir: str) -> str:
   """The run directory whose ``tokenizer/`` the task reads: ``workdir`` once it has one, else the
   init_from run's (then ``workdir.save_task`` writes it into ``workdir``, once), else ``workdir``."""
-  source = config.get("init_from", "")
+  source = config.init_from
   if (source and not storage.wpath(storage.join(workdir, workdir_lib.TOKENIZER_DIR)).exists()
       and storage.wpath(storage.join(source, workdir_lib.TOKENIZER_DIR)).is_dir()):
     return source
@@ -75,7 +75,7 @@ def initial_params(config, model_cfg, task, fresh: Callable[[], Any]
   init_from. Same family: the source's tree, checked against the model (report None). Another
   family: ``merge`` of the source's parameters into ``fresh()`` (the run's own initialisation),
   with its report."""
-  source = config.get("init_from", "")
+  source = config.init_from
   if not source:
     return None, None
   params = workdir_lib.load_params(source)  # the run's own params.msgpack (or params/ shards)

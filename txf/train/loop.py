@@ -96,7 +96,7 @@ class LoopState:
 def batch_phrase(config) -> str:
   """What one step trains on, for the run's header: rows, or a token budget when the rows of each
   batch come from ``data.tokens_per_batch`` (tokens_per_batch // the bucket's length)."""
-  tokens = config.data.get("tokens_per_batch", 0)
+  tokens = config.data.tokens_per_batch
   if tokens and tokens > 0:
     return f"{tokens:,} tokens (data.tokens_per_batch)"
   return f"{config.batch_size}"
@@ -107,13 +107,15 @@ def train(config, workdir: str, fresh: bool = False, *, loss_fn: Optional[LossFn
           ) -> Dict[str, float]:
   """Train ``config`` in ``workdir``; returns the final evaluation metrics.
 
-  Validates the config first; refuses a workdir that holds a different run (``fresh`` moves it
+  Fills the fields ``config`` lacks (``txf.core.config.complete``, in place) and validates it
+  first; refuses a workdir that holds a different run (``fresh`` moves it
   aside). Writes config.json, task.json, tokenizer/, metrics.jsonl, tensorboard/, params.msgpack.
   ``loss_fn`` replaces the label-smoothed cross-entropy in training and evaluation;
   ``model(cfg, deterministic=False, decode=False)`` replaces ``txf.models.build_model``.
   ``report`` (a ``txf.train.report.Reporter``) hears the run's lines and progress; the default
   logs the lines on the ``txf.train`` logger and writes nothing to stdout or stderr.
   """
+  config = config_lib.complete(config)
   run = set_up(config, workdir, fresh, loss_fn, model, report or Reporter())
   loop = restore(run)
   # held through finish: a late SIGTERM lets it complete
@@ -147,9 +149,9 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   at a barrier after each (``distributed.main_first``) and raises process 0's error if it failed.
   A mesh run creates its state born sharded (``runner.init_state``): no device or host holds it all.
   """
-  compile_cache.apply(jax.config, config.get("compile_cache", ""))  # before the first compile
+  compile_cache.apply(jax.config, config.compile_cache)  # before the first compile
   apply_init_from(config)  # config.init_from: its architecture and tokenizer
-  if config.get("plugins"):  # config.json keeps absolute paths: later commands import the same files
+  if config.plugins:  # config.json keeps absolute paths: later commands import the same files
     config.plugins = families.absolute_plugins(config.plugins)
   config_lib.validate(config)
   is_main = jax.process_index() == 0
@@ -207,11 +209,11 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
                                    config.eval_batches * config.batch_size or None)
   examples = task.examples(config.data.eval_split, config.decode_examples) if decodes else []
   evaluator = Evaluator(model_cfg, task, eval_batches, examples, DecodingSpec.from_config(config),
-                        bleu_protocol=config.get("bleu_protocol", "sacrebleu"),
+                        bleu_protocol=config.bleu_protocol,
                         lang=config.data.tgt_lang)
   return Setup(config, workdir, task, model_cfg, runner, train_it,
                Checkpointer(workdir, config, agreed_steps=True),
-               MetricWriter(workdir, enabled=is_main, tracker=config.get("tracker", "none"),
+               MetricWriter(workdir, enabled=is_main, tracker=config.tracker,
                             run_config=workdir_lib.config_to_dict(config)),
                evaluator,
                new_state, abstract_state, dropout_rng, report if is_main else Silent(), report,
@@ -266,7 +268,7 @@ def take_step(run: Setup, loop: LoopState) -> None:
     run.writer.write_config(workdir_lib.config_to_dict(run.config), loop.step)
     loop.eta = Eta(loop.step)
     loop.divergence = DivergenceGuard(run.config.divergence_factor, run.checkpointer.latest_step)
-    loop.profiler = StepProfiler(run.config.get("profile_steps", ""), run.workdir, loop.step)
+    loop.profiler = StepProfiler(run.config.profile_steps, run.workdir, loop.step)
   loop.profiler.before(loop.step)
   batch = next(run.train_it)
   loop.state, metrics = run.runner.train_step(loop.state, batch, run.dropout_rng)

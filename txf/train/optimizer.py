@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import optax.contrib
-from txf.core.config import ConfigError
+from txf.core.config import ConfigError, complete
 from txf.core.variants import Table
 
 
@@ -116,7 +116,7 @@ def _cosine(opt_cfg, d_model: int, total_steps: int) -> optax.Schedule:
   if total_steps <= 0:
     raise ConfigError("optimizer.schedule='cosine' decays over the run: pass total_steps")
   return cosine_schedule(opt_cfg.learning_rate, opt_cfg.warmup_steps, total_steps,
-                         opt_cfg.get("final_lr_fraction", 0.0))
+                         opt_cfg.final_lr_fraction)
 
 
 # The schedules (``optimizer.schedule``): name -> f(opt_cfg, d_model, total_steps) -> schedule.
@@ -131,7 +131,9 @@ SCHEDULES = Table("optimizer.schedule", {
 def make_schedule(opt_cfg, d_model: int, total_steps: int = 0) -> optax.Schedule:
   """The schedule ``opt_cfg.schedule`` names (``SCHEDULES``: "inverse_sqrt", the paper's, by
   default), followed by ``with_cooldown`` when ``opt_cfg.cooldown_steps > 0`` (``total_steps``:
-  the run's ``num_train_steps``)."""
+  the run's ``num_train_steps``). ``opt_cfg``: config.optimizer; a section built by hand gets
+  base_config's defaults for the fields it lacks (``txf.core.config.complete``)."""
+  opt_cfg = complete(opt_cfg, "optimizer")
   kind = opt_cfg.schedule
   if kind not in SCHEDULES:
     raise ConfigError(f"optimizer.schedule={kind!r} is not one of {SCHEDULES.names()}")
@@ -217,8 +219,8 @@ def muon(opt_cfg, schedule) -> optax.GradientTransformation:
   $$m \leftarrow \beta m + g,\quad O = \mathrm{NS}_5(\beta m + g) \approx U V^\top
   \ (\text{for } U \Sigma V^\top = \beta m + g),\quad \theta \mathrel{-}= \eta_t O$$
   """
-  ratio = opt_cfg.get("muon_adam_lr_ratio", 0.1)
-  return optax.contrib.muon(schedule, beta=opt_cfg.get("momentum", 0.95), nesterov=True,
+  ratio = opt_cfg.muon_adam_lr_ratio
+  return optax.contrib.muon(schedule, beta=opt_cfg.momentum, nesterov=True,
                             weight_decay=opt_cfg.weight_decay, adam_b1=opt_cfg.b1,
                             adam_b2=opt_cfg.b2, adam_learning_rate=lambda c: ratio * schedule(c),
                             muon_weight_dimension_numbers=muon_dimension_numbers)
@@ -243,8 +245,9 @@ PAPER_SETTINGS: Dict[str, Dict[str, object]] = {
 def make_optimizer(opt_cfg, d_model: int, total_steps: int = 0) -> optax.GradientTransformation:
   """The optimizer ``opt_cfg.name`` names (``OPTIMIZERS``; "adam" by default: Adam(b1, b2, eps),
   AdamW when weight_decay > 0) on ``make_schedule(opt_cfg, d_model, total_steps)``, after
-  global-norm clipping when ``grad_clip_norm > 0``."""
-  name = opt_cfg.get("name", "adam")
+  global-norm clipping when ``grad_clip_norm > 0``. ``opt_cfg`` as for ``make_schedule``."""
+  opt_cfg = complete(opt_cfg, "optimizer")
+  name = opt_cfg.name
   if name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name={name!r} is not one of {OPTIMIZERS.names()}")
   tx = OPTIMIZERS[name](opt_cfg, make_schedule(opt_cfg, d_model, total_steps))
