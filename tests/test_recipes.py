@@ -1,4 +1,4 @@
-"""The recipes of docs/extending-recipes.md, each done as the page says: a plugin file written into
+"""The recipes of docs/extending.md, each done as the page says: a plugin file written into
 a temporary folder (the page names exactly the files each test writes), then the run through the
 ordinary entry points (``txf train`` and the serving command where they apply: the ``slow`` tier).
 
