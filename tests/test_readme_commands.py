@@ -125,9 +125,12 @@ NOT_RUN = {
     "txf train --config.plugins=my_attention.py --config.model.attention=cosine":
         "a recipe: my_attention.py is the reader's own file (tests/test_variant_tables.py runs a "
         "formula registered the same way through a built model)",
-    "txf train --config experiments/sst2.py --config.plugins=my_family.py --config.model.family=bag_of_words":
-        "a recipe: my_family.py is the reader's own file (tests/test_family_registry.py trains a "
-        "family registered the same way through the commands)",
+    "txf translate --workdir runs/experiment --input in.txt":
+        "a recipe's serving step: tests/test_recipes.py translates with each recipe's run",
+    "txf train --config.plugins=my_jsonl.py --config.data.source=text:corpus --config.data.format=jsonl "
+    "--config.data.tokenizer=char --config.data.test_split=val":
+        "a recipe: tests/test_recipes.py writes my_jsonl.py and a jsonl corpus into a temporary "
+        "folder and trains and translates with them",
     "txf import-hf Helsinki-NLP/opus-mt-en-de --workdir runs/opus-mt-en-de": OPUS,
     'echo "A man is riding a bike." | txf translate --workdir runs/opus-mt-en-de --beam 4': OPUS,
     "TXF_DATA=../shared/data txf eval --workdir runs/opus-mt-en-de --split test_2016_flickr --beam 4": OPUS,
