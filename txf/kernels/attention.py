@@ -172,11 +172,3 @@ def project_output(heads, w_o, bias=None):
   if select(w_o.dtype).layout_dots:
     return bf16.project_output(heads, w_o, bias)
   return ops.project_output(heads, w_o, bias)
-
-
-def multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask=None, **hooks):
-  """``txf.ops.multi_head_attention`` (same arguments), or its bf16 CPU restatement where
-  :func:`select` says ``layout`` dots for x_q's dtype."""
-  if select(x_q.dtype).layout_dots:
-    return bf16.multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask, **hooks)
-  return ops.multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask, **hooks)
