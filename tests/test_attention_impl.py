@@ -19,7 +19,6 @@ from txf.models import build_model, forward, init_params
 from txf.decode.adapter import init_cache, make_logits_fn
 from txf.nn import MultiHeadAttention, TransformerConfig
 from txf.kernels import attend, resolve_impl
-from txf.nn.attention import per_source_attention
 
 IMPLS = ("reference", "fused")
 ATOL, RTOL = 2e-5, 2e-5
@@ -175,8 +174,9 @@ def test_beam_queries_over_grouped_keys_agree_with_numpy(kv_heads):
     w = np.exp(s - s.max(-1, keepdims=True))
     want[row] = (w / w.sum(-1, keepdims=True)) @ vr[src]
   for impl in IMPLS:
-    got = per_source_attention(lambda *a, impl=impl: attend(*a, impl),
-                               *(jnp.asarray(t, jnp.float32) for t in (q, k, v)), jnp.asarray(mask))
+    qf, kf, vf = (jnp.asarray(t, jnp.float32) for t in (q, k, v))
+    out, _ = attend(ops.fold_beams(qf, b), kf, vf, jnp.asarray(mask), impl)  # as the model does
+    got = ops.unfold_beams(out, b * beams)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -8,7 +8,8 @@ below; they read :func:`select` at trace time.
 """
 
 from txf.kernels.attention import (ATTENTION, Attention, attend, fused_attention, fused_kernel,
-                                   multi_head_attention, resolve_impl, scaled_dot_product_attention)
+                                   project_heads, project_output, resolve_impl,
+                                   scaled_dot_product_attention)
 from txf.kernels.threefry import bernoulli, dropout
 from txf.kernels.head import head_cross_entropy
 from txf.kernels.products import dense, feed_forward, tied_logits

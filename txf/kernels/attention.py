@@ -118,11 +118,7 @@ def reference_attention(attention: Attention, q, k, v, mask, causal: bool = Fals
   formula = attention.formula
   if attention.bf16 is not None and select(q.dtype).layout_dots:
     formula = attention.bf16
-  if bias is None:
-    return ops.grouped_query_attention(q, k, v, mask, formula)
-  if q.shape[1] != k.shape[1]:  # grouped-query: the bias's query rows laid out per head group
-    bias = ops.group_mask(bias, q.shape[1], k.shape[1], q.shape[2])
-  return ops.grouped_query_attention(q, k, v, mask, lambda *a: formula(*a, bias=bias))
+  return ops.grouped_query_attention(q, k, v, mask, formula, bias=bias)
 
 
 def fused_impl(attention: Attention, q, k, v, mask, causal: bool = False, bias=None):
@@ -160,9 +156,19 @@ def scaled_dot_product_attention(q, k, v, mask=None):
   return reference_attention(ATTENTION["scaled_dot_product"], q, k, v, mask)
 
 
-def multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask=None, **hooks):
-  """``txf.ops.multi_head_attention`` (same arguments), or its bf16 CPU restatement where
-  :func:`select` says ``layout`` dots for x_q's dtype."""
-  if select(x_q.dtype).layout_dots:
-    return bf16.multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask, **hooks)
-  return ops.multi_head_attention(x_q, x_kv, w_q, w_k, w_v, w_o, num_heads, mask, **hooks)
+def project_heads(x, w, num_heads: int, bias=None):
+  """x W (+ b) split into heads, ``txf.ops.project_heads`` (x [B, L, d_model], W [d_model, h, d_k]
+  -> [B, h, L, d_k]), or its bf16 CPU restatement where :func:`select` says ``layout`` dots for
+  x's dtype."""
+  if select(x.dtype).layout_dots:
+    return bf16.project_heads(x, w, num_heads, bias)
+  return ops.project_heads(x, w, num_heads, bias)
+
+
+def project_output(heads, w_o, bias=None):
+  """Concat(head_1..head_h) W^O (+ b_o), ``txf.ops.project_output`` (heads [B, h, L, d_v], W^O
+  [h, d_v, d_model] -> [B, L, d_model]), or its bf16 CPU restatement where :func:`select` says
+  ``layout`` dots for W^O's dtype (the compute dtype)."""
+  if select(w_o.dtype).layout_dots:
+    return bf16.project_output(heads, w_o, bias)
+  return ops.project_output(heads, w_o, bias)

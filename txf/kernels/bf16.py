@@ -75,6 +75,23 @@ def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2:
   return add(dots.dense(hidden, w2), b2)
 
 
+def project_heads(x: jnp.ndarray, w: jnp.ndarray, num_heads: int,
+                  bias: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+  """x W (+ b) split into heads (``txf.ops.project_heads``) as a :func:`txf.kernels.dots.dense`
+  product on the flattened kernel [d_model, h*d_k]: x [B, L, d_model] -> [B, h, L, d_k]."""
+  projected = dots.dense(x, w.reshape(w.shape[0], -1))
+  return split_heads(projected if bias is None else projected + bias.reshape(-1), num_heads)
+
+
+def project_output(heads: jnp.ndarray, w_o: jnp.ndarray,
+                   bias: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+  """Concat(head_1..head_h) W^O (+ b_o) (``txf.ops.project_output``) as a
+  :func:`txf.kernels.dots.dense` product on the flattened W^O [h*d_v, d_model]: heads
+  [B, h, L, d_v] -> [B, L, d_model]."""
+  projected = dots.dense(merge_heads(heads), w_o.reshape(-1, w_o.shape[-1]))
+  return projected if bias is None else projected + bias
+
+
 def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp.ndarray,
                          w_k: jnp.ndarray, w_v: jnp.ndarray, w_o: jnp.ndarray, num_heads: int,
                          mask: Optional[jnp.ndarray] = None, *,
@@ -86,28 +103,23 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
                          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   """Concat(head_1..head_h) W^O (``txf.ops.multi_head_attention``, same arguments and hooks) with
   the projections as :func:`txf.kernels.dots.dense` products on the flattened kernels
-  [d_model, h*d_k] ([d_model, h_kv*d_k] for the keys/values) and [h*d_v, d_model].
+  [d_model, h*d_k] ([d_model, h_kv*d_k] for the keys/values) and [h*d_v, d_model]
+  (:func:`project_heads`, :func:`project_output`).
 
   x_q [B, L_q, d_model]; x_kv [B, L_k, d_model] or None -> (out [B, L_q, d_model], weights).
   """
   b_q, b_k, b_v, b_o = biases if biases is not None else (None,) * 4
-
-  def heads(x, w, bias=None, count=num_heads):  # [B, L, d_model] -> [B, h, L, d_k]
-    projected = dots.dense(x, w.reshape(w.shape[0], -1))
-    return split_heads(projected if bias is None else projected + bias.reshape(-1), count)
-
-  q = heads(x_q, w_q, b_q)
+  q = project_heads(x_q, w_q, num_heads, b_q)
   k = v = None
   if x_kv is not None:
     kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    k, v = heads(x_kv, w_k, b_k, kv_heads), heads(x_kv, w_v, b_v, kv_heads)
+    k, v = project_heads(x_kv, w_k, kv_heads, b_k), project_heads(x_kv, w_v, kv_heads, b_v)
   if qk_hook is not None:
     q, k = qk_hook(q, k)
   if kv_hook is not None:
     k, v, mask = kv_hook(k, v, mask)
   out, weights = attention_fn(q, k, v, mask)
-  projected = dots.dense(merge_heads(out), w_o.reshape(-1, w_o.shape[-1]))
-  return (projected if b_o is None else projected + b_o), weights
+  return project_output(out, w_o, b_o), weights
 
 
 def tied_logits(h: jnp.ndarray, table: jnp.ndarray) -> jnp.ndarray:

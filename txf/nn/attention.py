@@ -1,5 +1,7 @@
-"""Multi-head attention as a Flax module: parameters declared here, math in txf.ops.attention
-(run through txf.kernels, which picks the backend's way of computing it).
+"""Multi-head attention as a Flax module: its parameters and, in one forward, the path from the
+input to the output (projections, QK-norm, positions, the KV cache, the score bias, the attention
+kernel, W^O). The formulas are txf.ops.attention's; txf.kernels picks the backend's way of
+computing them in one call each (:func:`txf.kernels.attend`, ``project_heads``, ``project_output``).
 
 Three kinds share this module: bidirectional self-attention (encoder), causal self-attention
 (decoder; with ``decode=True`` it reads and writes a KV cache and takes one position per call), and
@@ -13,12 +15,12 @@ from typing import Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from txf import ops
-from txf.kernels import attend, multi_head_attention
-from txf.nn import kv_cache, qk_norm
+from txf import kernels, ops
+from txf.nn import kv_cache
 from txf.nn.config import TransformerConfig
 from txf.nn.dropout import Dropout
 from txf.nn.positional import POSITIONAL
+from txf.nn.qk_norm import HeadNorm
 
 xavier = nn.initializers.xavier_uniform()
 # logical axes of the weights (txf/parallel/sharding.py maps them onto the mesh)
@@ -40,25 +42,6 @@ def constrain(x, names):
   return nn.with_logical_constraint(x, names)
 
 
-
-
-def per_source_attention(attend_fn, q, k, v, mask, bias=None):
-  """Attention where each key row serves G consecutive query rows (the G beams of a source).
-
-  q [B*G, h, L, d_k]; k, v [B, h_kv, L_k, d_k]; mask broadcastable to [B, h, G*L, L_k], True = may
-  attend; ``attend_fn(q, k, v, mask) -> (out, weights)``. The G query rows of a source are attended
-  as G*L query positions of one row (same softmax(Q K^T / sqrt(d_k) + B + M) V per query, each key
-  read once per source); ``bias`` B (None: none) is given in that folded layout, broadcastable to
-  [B, h, G*L, L_k] (query g*L + p: beam g's p-th). Returns [B*G, h, L, d_v].
-  """
-  n, h, l, dk = q.shape
-  b = k.shape[0]
-  g = n // b
-  folded = q.reshape(b, g, h, l, dk).transpose(0, 2, 1, 3, 4).reshape(b, h, g * l, dk)
-  out, _ = attend_fn(folded, k, v, mask, **({} if bias is None else {"bias": bias}))
-  return out.reshape(b, h, g, l, -1).transpose(0, 2, 1, 3, 4).reshape(n, h, l, -1)
-
-
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with d_k = d_v = d_model / h, or
   ``model.head_dim`` when set (T5's d_kv: the inner width h d_k need not be d_model).
@@ -78,7 +61,10 @@ class MultiHeadAttention(nn.Module):
                memory_valid: Optional[jnp.ndarray] = None,
                positions: Optional[jnp.ndarray] = None,
                shared_table: Optional[jnp.ndarray] = None) -> jnp.ndarray:
-    """Args:
+    """Concat(head_1..head_h) W^O, head_i = softmax(Q_i K_g(i)^T / sqrt(d_k) + B + M) V_g(i)
+    (``model.attention``'s formula; B the position encoding's score bias, else 0).
+
+    Args:
       x: [B, L_q, d_model] queries (and keys/values unless cross).
       memory: [B, L_k, d_model] encoder output, for ``cross`` (None at cached decode steps).
       mask: bool broadcastable to [B, h, L_q, L_k], True = may attend (ignored at cached causal steps).
@@ -91,62 +77,97 @@ class MultiHeadAttention(nn.Module):
       [B, L_q, d_model].
     """
     cfg = self.config
-    h, dk, dt = cfg.num_heads, cfg.d_k, cfg.compute_dtype
-    proj = lambda name, shape: self.param(name, OUT_INIT if name == "out" else QKV_INIT, shape).astype(dt)
-    hk = cfg.num_kv_heads or h
-    kv_proj = proj if hk == h else (
-        lambda name, shape: self.param(name, KV_INIT, shape).astype(dt))
-    w_q = proj("query", (cfg.d_model, h, dk))
-    w_k, w_v = kv_proj("key", (cfg.d_model, hk, dk)), kv_proj("value", (cfg.d_model, hk, dk))
-    w_o = proj("out", (h, dk, cfg.d_model))
-    biases = None
-    if cfg.attention_bias:  # Marian/BART: Q = x W^Q + b_q, ..., out = Concat(...) W^O + b_o
-      zeros = nn.initializers.zeros
-      bias = lambda name, shape, axes: self.param(
-          name, nn.with_logical_partitioning(zeros, axes), shape).astype(dt)
-      kv_axes = ("heads", "kv") if hk == h else ("kv_heads", "kv")
-      biases = (bias("query_bias", (h, dk), ("heads", "kv")), bias("key_bias", (hk, dk), kv_axes),
-                bias("value_bias", (hk, dk), kv_axes), bias("out_bias", (cfg.d_model,), ("norm",)))
+    h, hk = cfg.num_heads, cfg.num_kv_heads or cfg.num_heads
+    w_q, w_k, w_v, w_o, (b_q, b_k, b_v, b_o) = self._weights()
+    # the positions of an encoding inside self-attention (rope | alibi | relative), before the cache
+    position = POSITIONAL[cfg.positional] if self.kind != "cross" else None
+    if position is not None and position.in_attention:
+      q_pos, k_pos = self._positions(x.shape[1], positions)
 
-    x = x.astype(dt)  # the residual stream may be float32 (model.residual_dtype): project in dt
-    x_kv, kv_hook = x, None
-    if self.kind == "cross":
-      x_kv = None if memory is None else memory.astype(dt)
-      if cfg.decode:
-        kv_hook = lambda k, v, _: self._cross_cache(k, v, memory_valid)
-    elif self.kind == "causal" and cfg.decode:
-      kv_hook = self._update_cache
+    # Q = x W^Q, K = m W^K, V = m W^V (+ biases), split into heads [B, h|h_kv, L, d_k]; m = x, or
+    # the encoder memory in cross-attention (None at cached decode steps: K, V from the cache)
+    x = x.astype(cfg.compute_dtype)  # the residual stream may be float32 (model.residual_dtype)
+    m = x if self.kind != "cross" else None if memory is None else memory.astype(x.dtype)
+    q = kernels.project_heads(x, w_q, h, b_q)
+    k = v = None
+    if m is not None:
+      k, v = kernels.project_heads(m, w_k, hk, b_k), kernels.project_heads(m, w_v, hk, b_v)
+    if cfg.qk_norm != "none":  # QK-norm: each query and key head normalised over d_k
+      q = HeadNorm(cfg, name="query_norm")(q)
+      k = None if k is None else HeadNorm(cfg, name="key_norm")(k)
+    if position is not None and position.rotate is not None:  # RoPE: this call's keys (at the
+      k = position.rotate(cfg, k, q_pos)                      # queries' positions) and the queries
+      q = position.rotate(cfg, q, q_pos)
 
-    def attention_fn(q, k, v, mask, bias=None):
-      if k.shape[0] != q.shape[0]:  # beam search: a source's keys serve the queries of its beams
-        return per_source_attention(
-            lambda *a, **kw: attend(*a, cfg.attention_impl, formula=cfg.attention, **kw),
-            q, k, v, mask, bias), None
+    # decoding: the cache stores this call's keys/values and gives back all of them, with their mask
+    if cfg.decode and self.kind == "causal":
+      k, v, mask = self._update_cache(k, v, mask)
+    elif cfg.decode and self.kind == "cross":
+      k, v, mask = self._cross_cache(k, v, memory_valid)
+    rows, sources = q.shape[0], k.shape[0]
+    folded = sources != rows  # beam search: a source's keys serve its G = rows / sources beams
+
+    bias = None  # the score bias B [B|1, h, L_q, L_k] of ALiBi, T5's relative positions
+    if position is not None and position.bias is not None:
+      if folded:  # beam layout: G beams' queries folded, G slots of T keys each
+        g = rows // sources
+        q_pos, k_pos = jnp.tile(q_pos, (1, g)), k_pos % (k.shape[2] // g)
+      table = {} if shared_table is None else {"table": shared_table}  # T5's one table per stack
+      bias = position.bias(self, cfg, q_pos, k_pos, self.kind, **table)
+
+    if folded:  # the G beams of a source as G*L query rows of its keys
+      q = ops.fold_beams(q, sources)
+    else:
       q = constrain(q, HEADS_AXES)
       k, v = (constrain(t, HEADS_AXES if hk == h else KV_HEADS_AXES) for t in (k, v))
-      if cfg.attention_dropout_rate and not cfg.deterministic:
-        # dropout on the attention weights needs the weights: the formula's reference path
-        # (txf.kernels.ATTENTION's entry), then Dropout(weights) V
-        _, weights = attend(q, k, v, mask, "reference", formula=cfg.attention, bias=bias)
-        dropped = Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
-        if hk != h:  # each key/value head's value rows serve its group of query heads
-          grouped = jnp.einsum("bhqk,bhkd->bhqd", ops.group_heads(dropped, hk), v)
-          return ops.ungroup_heads(grouped, h), weights
-        return jnp.einsum("bhqk,bhkd->bhqd", dropped, v), weights
-      return attend(q, k, v, mask, cfg.attention_impl, causal=self.kind == "causal",
-                    formula=cfg.attention, bias=bias)
-
-    if self.kind != "cross" and POSITIONAL[cfg.positional].in_attention:
-      kv_hook, attention_fn = self._with_positions(positions, kv_hook, attention_fn, shared_table)
-
-    grouping = {} if hk == h else {"num_kv_heads": hk}  # grouped-query attention
-    norms = {} if cfg.qk_norm == "none" else {"qk_hook": qk_norm.qk_hook(cfg)}
-    out, weights = multi_head_attention(
-        x, x_kv, w_q, w_k, w_v, w_o, h, mask, kv_hook=kv_hook, attention_fn=attention_fn,
-        biases=biases, **grouping, **norms)
+    # dropout on the attention weights needs them: the formula's reference path, then Dropout(w) V
+    dropout = bool(cfg.attention_dropout_rate) and not cfg.deterministic and not folded
+    out, weights = kernels.attend(  # the kernel: model.attention_impl's (auto: the backend's)
+        q, k, v, mask, "reference" if dropout else cfg.attention_impl,
+        causal=self.kind == "causal" and not folded, formula=cfg.attention, bias=bias)
+    if dropout:  # each key/value head's value rows serve its group of query heads
+      dropped = Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
+      out = ops.ungroup_heads(jnp.einsum("bhqk,bhkd->bhqd", ops.group_heads(dropped, hk), v), h)
+    if folded:
+      out, weights = ops.unfold_beams(out, rows), None
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
-    return constrain(out, HIDDEN_AXES)
+    return constrain(kernels.project_output(out, w_o, b_o), HIDDEN_AXES)
+
+  def _weights(self):
+    """The parameters, cast to the compute dtype: (W^Q [d_model, h, d_k], W^K, W^V [d_model, h_kv,
+    d_k], W^O [h, d_v, d_model], (b_q [h, d_k], b_k, b_v [h_kv, d_k], b_o [d_model]) with
+    ``model.attention_bias`` (Marian/BART: Q = x W^Q + b_q, ..., out = Concat(...) W^O + b_o),
+    else four None)."""
+    cfg = self.config
+    h, dk, dt = cfg.num_heads, cfg.d_k, cfg.compute_dtype
+    hk = cfg.num_kv_heads or h
+    kv_init = QKV_INIT if hk == h else KV_INIT
+    w_q = self.param("query", QKV_INIT, (cfg.d_model, h, dk)).astype(dt)
+    w_k = self.param("key", kv_init, (cfg.d_model, hk, dk)).astype(dt)
+    w_v = self.param("value", kv_init, (cfg.d_model, hk, dk)).astype(dt)
+    w_o = self.param("out", OUT_INIT, (h, dk, cfg.d_model)).astype(dt)
+    if not cfg.attention_bias:
+      return w_q, w_k, w_v, w_o, (None,) * 4
+    bias = lambda name, shape, axes: self.param(
+        name, nn.with_logical_partitioning(nn.initializers.zeros, axes), shape).astype(dt)
+    kv_axes = ("heads", "kv") if hk == h else ("kv_heads", "kv")
+    return w_q, w_k, w_v, w_o, (
+        bias("query_bias", (h, dk), ("heads", "kv")), bias("key_bias", (hk, dk), kv_axes),
+        bias("value_bias", (hk, dk), kv_axes), bias("out_bias", (cfg.d_model,), ("norm",)))
+
+  def _positions(self, length, positions):
+    """The positions of the queries and of the keys they attend to, int [B|1, L_q] and [B|1, L_k],
+    read before the cache is written: ``positions`` (packed rows) or 0..L-1 for both; at a cached
+    decode step the queries are at cache_index + p and the keys are the cache's slots 0..T-1
+    (beam search's layout: G*T slots, slot g*T + u at position u; the score bias folds them)."""
+    if (self.kind == "causal" and self.config.decode
+        and self.has_variable("cache", kv_cache.CACHED_KEY)):
+      index = self.get_variable("cache", kv_cache.CACHE_INDEX)
+      slots = self.get_variable("cache", kv_cache.CACHED_VALUE).shape[2]
+      return index + jnp.arange(length)[None, :], jnp.arange(slots)[None, :]
+    q_pos = jnp.arange(length)[None, :] if positions is None else positions
+    return q_pos, q_pos
 
   def _update_cache(self, k, v, mask):
     """Write this step's key/value heads at the cache index and attend over positions <= index
@@ -185,48 +206,3 @@ class MultiHeadAttention(nn.Module):
     v = self.variable("cache", kv_cache.CROSS_VALUE, lambda: v).value
     valid = self.variable("cache", kv_cache.CROSS_VALID, lambda: memory_valid).value
     return k, v, valid[:, None, None, :]
-
-  def _with_positions(self, positions, kv_hook, attention_fn, shared_table=None):
-    """The hooks of self-attention wrapped for an encoding inside attention
-    (``POSITIONAL[model.positional]``, txf.nn.positional): the new keys are rotated (RoPE) at
-    their positions before ``kv_hook`` (so a decode cache holds rotated keys), the queries at
-    theirs, and the score bias (ALiBi, T5) of the query and key positions is passed to
-    ``attention_fn``.
-
-    Positions: ``positions`` (packed rows) or 0..L-1; at a cached decode step the queries are at
-    cache_index + p and the keys are the cache's slots 0..T-1 (beam search's layout [B, h, G*T,
-    d_k]: slot g*T + u holds position u, and the bias is laid out for the G beams' folded queries).
-    ``shared_table``: the stack's relative bias table (``model.relative_shared``) or None.
-    Returns (kv_hook, attention_fn).
-    """
-    cfg, entry = self.config, POSITIONAL[self.config.positional]
-    cached = (self.kind == "causal" and cfg.decode
-              and self.has_variable("cache", kv_cache.CACHED_KEY))
-    index = self.get_variable("cache", kv_cache.CACHE_INDEX) if cached else 0  # before the write
-    seen = {}
-
-    def positioned_kv_hook(k, v, mask):
-      length = k.shape[2]
-      seen["q"] = (index + jnp.arange(length)[None, :] if cached or positions is None
-                   else positions)
-      if entry.rotate is not None:
-        k = entry.rotate(cfg, k, seen["q"])
-      if kv_hook is not None:
-        k, v, mask = kv_hook(k, v, mask)
-      seen["k"] = jnp.arange(k.shape[2])[None, :] if cached else seen["q"]
-      return k, v, mask
-
-    def positioned_attention_fn(q, k, v, mask):
-      q_pos, k_pos = seen["q"], seen["k"]
-      if entry.rotate is not None:
-        q = entry.rotate(cfg, q, q_pos)
-      bias = None
-      if entry.bias is not None:
-        if k.shape[0] != q.shape[0]:  # beam layout: G beams' queries folded, G slots of T keys
-          g = q.shape[0] // k.shape[0]
-          q_pos, k_pos = jnp.tile(q_pos, (1, g)), k_pos % (k.shape[2] // g)
-        table = {} if shared_table is None else {"table": shared_table}  # T5's shared table
-        bias = entry.bias(self, cfg, q_pos, k_pos, self.kind, **table)
-      return attention_fn(q, k, v, mask, bias=bias)
-
-    return positioned_kv_hook, positioned_attention_fn

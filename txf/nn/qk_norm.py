@@ -44,18 +44,11 @@ QK_NORMS = Table("model.qk_norm", {"layer_norm": layer_norm, "rms_norm": rms_nor
 
 
 class HeadNorm(nn.Module):
-  """``QK_NORMS[model.qk_norm]`` on heads [B, h, L, d_k], one gain [d_k] shared by the heads."""
+  """``QK_NORMS[model.qk_norm]`` on heads [B, h, L, d_k], one gain [d_k] shared by the heads
+  (txf.nn.MultiHeadAttention makes two: ``query_norm`` and ``key_norm``)."""
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
     return QK_NORMS[self.config.qk_norm](self, self.config, x)
 
-
-def qk_hook(cfg: TransformerConfig):
-  """The ``qk_hook`` of ``txf.ops.multi_head_attention`` for ``cfg.qk_norm`` (call inside a compact
-  method: it creates the submodules ``query_norm`` and ``key_norm``), or None for "none"."""
-  if cfg.qk_norm == "none":
-    return None
-  norm_q, norm_k = HeadNorm(cfg, name="query_norm"), HeadNorm(cfg, name="key_norm")
-  return lambda q, k: (norm_q(q), None if k is None else norm_k(k))

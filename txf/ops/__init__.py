@@ -9,6 +9,7 @@ from txf.ops.attention import (attention_weights, causal_mask, combine_masks, me
                                segment_mask, split_heads)
 from txf.ops.attention import group_heads, group_mask, grouped_query_attention, ungroup_heads
 from txf.ops.attention import dot_product_attention
+from txf.ops.attention import fold_beams, project_heads, project_output, unfold_beams
 from txf.ops.dropout import dropout
 from txf.ops.embedding import embed, tied_logits
 from txf.ops.feedforward import feed_forward, is_gated, matched_hidden_size

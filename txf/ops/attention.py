@@ -1,4 +1,5 @@
-"""Scaled dot-product and multi-head attention as pure functions (section 3.2), and their masks.
+"""Scaled dot-product and multi-head attention as pure functions (section 3.2), their masks, the
+head projections and the head/beam foldings that grouped-query attention and beam search use.
 
 Mask convention everywhere: boolean, True = may attend. Shapes broadcast to [..., L_q, L_k].
 """
@@ -180,7 +181,8 @@ def group_mask(mask: Optional[jnp.ndarray], num_heads: int, num_kv_heads: int,
 
 def grouped_query_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                             mask: Optional[jnp.ndarray] = None,
-                            attention_fn: Callable = scaled_dot_product_attention
+                            attention_fn: Callable = scaled_dot_product_attention,
+                            bias: Optional[jnp.ndarray] = None
                             ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   r"""Grouped-query attention (Ainslie et al. 2023; multi-query for h_kv = 1, Shazeer 2019): the
   G = h / h_kv query heads of group j share key/value head j.
@@ -196,15 +198,40 @@ def grouped_query_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     q: [B, h, L_q, d_k]; k: [B, h_kv, L_k, d_k]; v: [B, h_kv, L_k, d_v] (h_kv divides h).
     mask: bool broadcastable to [B, h, L_q, L_k], True = may attend.
     attention_fn: ``(q, k, v, mask) -> (out, weights or None)`` on equal head counts; default
-      :func:`scaled_dot_product_attention`.
+      :func:`scaled_dot_product_attention`. Given ``bias=`` only when ``bias`` is not None.
+    bias: an additive score bias B broadcastable to [B, h, L_q, L_k] (ALiBi's, T5's), folded per
+      head group like the mask; None: none.
   Returns:
     (out [B, h, L_q, d_v], weights [B, h, L_q, L_k] or None).
   """
   h, hk = q.shape[1], k.shape[1]
+  if h != hk:  # the G query heads of a group as G*L_q query rows of its key/value head
+    mask = group_mask(mask, h, hk, q.shape[2])
+    bias = group_mask(bias, h, hk, q.shape[2])
+    q = group_heads(q, hk)
+  out, weights = attention_fn(q, k, v, mask, **({} if bias is None else {"bias": bias}))
   if h == hk:
-    return attention_fn(q, k, v, mask)
-  out, weights = attention_fn(group_heads(q, hk), k, v, group_mask(mask, h, hk, q.shape[2]))
+    return out, weights
   return ungroup_heads(out, h), None if weights is None else ungroup_heads(weights, h)
+
+
+def fold_beams(q: jnp.ndarray, num_sources: int) -> jnp.ndarray:
+  """The G = N / B beams of a source as G*L query rows of that source: q [N = B*G, h, L, d_k] ->
+  [B, h, G*L, d_k], row g*L + p holding beam g's p-th query (keys stored once per source, as
+  beam search's cache and cross-attention memory are, then serve all its beams in one product).
+  The inverse is :func:`unfold_beams`."""
+  n, h, l, dk = q.shape
+  g = n // num_sources
+  return q.reshape(num_sources, g, h, l, dk).transpose(0, 2, 1, 3, 4).reshape(
+      num_sources, h, g * l, dk)
+
+
+def unfold_beams(out: jnp.ndarray, num_beams: int) -> jnp.ndarray:
+  """[B, h, G*L, d_v] -> [N = B*G, h, L, d_v] with G = N / B: the inverse of :func:`fold_beams`."""
+  b, h, gl, dv = out.shape
+  g = num_beams // b
+  return out.reshape(b, h, g, gl // g, dv).transpose(0, 2, 1, 3, 4).reshape(
+      num_beams, h, gl // g, dv)
 
 
 def _per_head(w: jnp.ndarray, num_heads: int, axis: int) -> jnp.ndarray:
@@ -215,6 +242,27 @@ def _per_head(w: jnp.ndarray, num_heads: int, axis: int) -> jnp.ndarray:
   if axis == 1:
     return w.reshape(w.shape[0], num_heads, w.shape[1] // num_heads)
   return w.reshape(num_heads, w.shape[0] // num_heads, w.shape[1])
+
+
+def project_heads(x: jnp.ndarray, w: jnp.ndarray, num_heads: int,
+                  bias: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+  """One projection of attention split into heads: x W (+ b), x [B, L, d_model], W [d_model,
+  h*d_k] or per-head blocks [d_model, h, d_k], b [h*d_k] or [h, d_k] or None -> [B, h, L, d_k]."""
+  b, l, _ = x.shape
+  projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, num_heads, 1)).reshape(b, l, -1)
+  if bias is not None:
+    projected = projected + bias.reshape(-1)
+  return split_heads(projected, num_heads)
+
+
+def project_output(heads: jnp.ndarray, w_o: jnp.ndarray,
+                   bias: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+  """Concat(head_1, ..., head_h) W^O (+ b_o): heads [B, h, L, d_v], W^O [h*d_v, d_model] or
+  [h, d_v, d_model], b_o [d_model] or None -> [B, L, d_model]."""
+  concat = merge_heads(heads)  # [B, L, h*d_v]
+  w_o = _per_head(w_o, heads.shape[1], 0)
+  projected = jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o)
+  return projected if bias is None else projected + bias
 
 
 def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp.ndarray,
@@ -233,9 +281,10 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
 
   With d_k = d_v = d_model / h, the per-head projections W_i^Q are the column blocks of ``w_q``
   (given as [d_model, h*d_k], or already as blocks [d_model, h, d_k] with W_i^Q = w_q[:, i]); W^O
-  likewise [h*d_v, d_model] or [h, d_v, d_model]. The model (txf.nn.MultiHeadAttention) runs this
-  function (or, for bf16 on CPU, its restatement in txf.kernels.bf16); its two hooks are where a
-  KV cache and another attention kernel plug in, without changing the maths. With ``num_kv_heads``
+  likewise [h*d_v, d_model] or [h, d_v, d_model]. This is the whole formula in one function, with
+  two hooks where a KV cache and another attention kernel plug in without changing the maths; the
+  model (txf.nn.MultiHeadAttention) runs the same steps in line (:func:`project_heads`, attention,
+  :func:`project_output`, each through txf.kernels' choice for the backend). With ``num_kv_heads``
   h_kv < h (grouped-query attention) head_i = Attention(QW_i^Q, KW_{g(i)}^K, VW_{g(i)}^V),
   g(i) = floor(i / (h / h_kv)): see :func:`grouped_query_attention`.
 
@@ -263,25 +312,14 @@ def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp
     (output [B, L_q, d_model], weights [B, h, L_q, L_k] or whatever ``attention_fn`` returns).
   """
   b_q, b_k, b_v, b_o = biases if biases is not None else (None,) * 4
-
-  def heads(x, w, bias=None, count=num_heads):  # [B, L, d_model] -> [B, h, L, d_k]: project, split
-    b, l, _ = x.shape
-    projected = jnp.einsum("bld,dhk->blhk", x, _per_head(w, count, 1)).reshape(b, l, -1)
-    if bias is not None:
-      projected = projected + bias.reshape(-1)
-    return split_heads(projected, count)
-
-  q = heads(x_q, w_q, b_q)
+  q = project_heads(x_q, w_q, num_heads, b_q)
   k = v = None
   if x_kv is not None:
     kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    k, v = heads(x_kv, w_k, b_k, kv_heads), heads(x_kv, w_v, b_v, kv_heads)
+    k, v = project_heads(x_kv, w_k, kv_heads, b_k), project_heads(x_kv, w_v, kv_heads, b_v)
   if qk_hook is not None:
     q, k = qk_hook(q, k)
   if kv_hook is not None:
     k, v, mask = kv_hook(k, v, mask)
   out, weights = attention_fn(q, k, v, mask)
-  concat = merge_heads(out)  # [B, L_q, h*d_v]
-  w_o = _per_head(w_o, num_heads, 0)
-  projected = jnp.einsum("blhk,hkd->bld", concat.reshape(concat.shape[:2] + w_o.shape[:2]), w_o)
-  return (projected if b_o is None else projected + b_o), weights
+  return project_output(out, w_o, b_o), weights
