@@ -251,7 +251,7 @@ def test_search_finds_what_a_config_field_means(server, browser):
 
 @pytest.mark.parametrize("path,sections", [("/", ["Quick start"]),
                                            ("/layout/", ["Layout", "Tests"]),
-                                           ("/extending/", ["A model family", "An attention variant"])])
+                                           ("/extending/", ["A model family", "An attention formula", "A Hugging Face architecture"])])
 def test_the_contents_panel_lists_the_pages_sections(server, browser, path, sections):
   page, _, _ = _open(browser, server + path)
   toc = page.inner_text(".md-sidebar--secondary")
