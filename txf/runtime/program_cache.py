@@ -55,6 +55,11 @@ from txf.runtime import compile_cache
 from txf.runtime.fingerprint import (Unfingerprintable, closure_fingerprint, code_fingerprint,
                              environment_fingerprint)
 
+try:  # jax's layouts (an aval's layout on jax 0.12: AutoLayout, compared by identity)
+  from jax._src import layout as _layout
+except ImportError:  # a jax without the module: nothing to keep
+  _layout = None
+
 try:  # True outside any jax transformation (eval_shape, jit, grad): only then is a program run
   from jax._src.core import trace_state_clean as _top_level
 except ImportError:  # a jax without it: an op staged into a trace makes a tracer
@@ -66,8 +71,7 @@ SUBDIR = compile_cache.PROGRAMS_SUBDIR
 
 def _auto_layout():
   """jax's ``AutoLayout`` singleton: what a pickled reference to it becomes when read back."""
-  from jax._src import layout  # pylint: disable=import-outside-toplevel
-  return layout.AutoLayout
+  return _layout.AutoLayout
 
 
 def _keep_auto_layout_singleton() -> None:
@@ -78,11 +82,7 @@ def _keep_auto_layout_singleton() -> None:
   object, unequal to ``AutoLayout``, so the arrays a kept program returns have avals that no longer
   match the ones jax builds, and ``jax.grad`` over them fails ("Expected cotangent type
   float32[3,2] but got float32[3,2]"). A jax whose singleton survives pickling is left alone."""
-  try:
-    from jax._src import layout  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return
-  auto = getattr(layout, "AutoLayout", None)
+  auto = getattr(_layout, "AutoLayout", None)
   if auto is None or pickle.loads(pickle.dumps(auto)) is auto:
     return
   copyreg.pickle(type(auto), lambda _: (_auto_layout, ()))
