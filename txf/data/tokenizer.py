@@ -33,6 +33,7 @@ import tokenizers
 from txf.runtime import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
 from txf.data.bpe import GPT2Tokenizer, clean_up_spaces
+from txf.data.hf_ids import HFIdsTokenizer
 
 NUM_SPECIALS = 4
 _SPECIAL_SET = (PAD_ID, BOS_ID, EOS_ID)
@@ -67,6 +68,7 @@ class Tokenizer(abc.ABC):
 
 # an imported GPT-2's byte-level BPE (txf.data.bpe, which cannot import this module) is a Tokenizer
 Tokenizer.register(GPT2Tokenizer)
+Tokenizer.register(HFIdsTokenizer)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -392,6 +394,8 @@ class Codec:
 
 
 def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
+  if desc["kind"] == HFIdsTokenizer.kind:  # an import without a tokenizer (txf.data.hf_ids)
+    return HFIdsTokenizer.from_json(directory, desc)
   if desc["kind"] == GPT2Tokenizer.kind:  # an imported GPT-2's byte-level BPE (txf.data.bpe)
     return GPT2Tokenizer.from_json(directory, desc)
   if desc["kind"] == "char":
