@@ -89,6 +89,10 @@ def imported(small, tmp_path_factory):
   return workdir
 
 
+def eot_id(tokenizer):
+  return tokenizer.convert_tokens_to_ids(EOT)
+
+
 def hf_ids(tokenizer, text):
   return tokenizer(text)["input_ids"]
 
@@ -326,3 +330,20 @@ def test_cli_import_generate_and_fine_tune(small, tmp_path):
   before, after = load_params(workdir), load_params(ft)
   assert not np.array_equal(before["decoder"]["final_norm"]["scale"],
                             after["decoder"]["final_norm"]["scale"])
+  # the run trained here exports, loads in transformers with its logits, and comes back exactly
+  import jax
+  from txf.models import build_model
+  out, again = str(tmp_path / "exported"), str(tmp_path / "again")
+  hf.export_hf(ft, out)
+  hf.import_hf(out, again)
+  for a, b in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(load_params(again))):
+    np.testing.assert_array_equal(a, b)
+  exported = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+  row = hf_ids(tokenizer, "the big cat sees a red tree")
+  with torch.no_grad():
+    theirs = exported(input_ids=torch.tensor([[eot_id(tokenizer)] + row[:-1]])).logits.numpy()[0]
+  order = run.task.codec.target.order
+  ours = np.asarray(build_model(run.model_cfg, deterministic=True).apply(
+      {"params": run.params}, targets=run.task.codec.target.to_txf(row)[None]))[0]
+  real = order < len(tokenizer)
+  np.testing.assert_allclose(ours[:, real], theirs[:, order[real]], atol=1e-5)
