@@ -145,6 +145,30 @@ def test_greedy_continuations_equal_generate(saved, kind):
     assert text.split() == [str(i) for i in prompt + theirs], (prompt, text, theirs)
 
 
+@pytest.mark.parametrize("kind,beams", [("llama_llama3", 2), ("qwen2", 4)])
+def test_beam_search_from_bos_equals_generate(saved, kind, beams):
+  """Beam search from the decoder start alone (txf.decode.translate_ids with an imported run's
+  settings: power penalty, alpha 1, early stopping) = generate(num_beams, length_penalty=1.0,
+  early_stopping=True) from [BOS]."""
+  from txf.decode import translate_ids
+  _, model, workdir = saved[kind]
+  run = load_run(workdir)
+  spec = DecodingSpec.from_config(run.config, beam_size=beams)
+  assert (spec.length_penalty, spec.alpha, spec.early_stopping) == ("power", 1.0, True)
+  ours = translate_ids(run.model_cfg, run.params, [np.asarray([2], np.int32)], 1, 15, spec,
+                       batch_size=1, cut=False)[0]
+  with torch.no_grad():
+    theirs = model.generate(torch.tensor([[BOS]]), attention_mask=torch.ones(1, 1, dtype=torch.long),
+                            do_sample=False, num_beams=beams, length_penalty=1.0,
+                            early_stopping=True, max_new_tokens=15, pad_token_id=EOS)[0, 1:].tolist()
+  ours = run.task.codec.target.order[ours].tolist()
+  if EOS in ours:
+    ours = ours[:ours.index(EOS) + 1]
+  while theirs and theirs[-1] == EOS and theirs.count(EOS) > 1:  # generate pads with EOS
+    theirs = theirs[:-1]
+  assert ours == theirs
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_export_round_trip(saved, kind, tmp_path):
   """HF -> txf -> HF: every tensor equal, from_pretrained gives the same logits, and importing the
