@@ -314,8 +314,9 @@ def import_hf(fv: flags.FlagValues) -> None:
                       "architecture's (Marian: multi30k_en_de, BERT: sst2)", flag_values=fv)
   flags.DEFINE_integer("max_len", 128, "data.max_input_len / max_target_len: longer source lines are "
                        "truncated by txf translate (at most the model's max_position_embeddings); "
-                       "GPT-2: data.max_target_len, the context of txf generate and eval (at most "
-                       "n_positions)", flag_values=fv)
+                       "GPT-2, Llama, Qwen2, Mistral: data.max_target_len, the context of txf generate "
+                       "and eval (at most n_positions / max_position_embeddings; a Mistral "
+                       "sliding_window must be at least this)", flag_values=fv)
 
 
 def export_hf(fv: flags.FlagValues) -> None:
@@ -323,12 +324,13 @@ def export_hf(fv: flags.FlagValues) -> None:
 
   Writes DIR for Hugging Face's ``from_pretrained``: config.json, generation_config.json,
   model.safetensors and the tokenizer's files, as the first architecture of txf.hf's
-  ``ARCHITECTURES`` that claims the run (an imported BERT, GPT-2 or T5, fine-tuned or not), else as
+  ``ARCHITECTURES`` that claims the run (an imported BERT, Llama, Qwen2, Mistral, GPT-2 or T5,
+  fine-tuned or not), else as
   Marian (``MarianMTModel``): an imported Marian, or a txf translation run with a SentencePiece
   tokenizer and Marian's options (sin_cos positions, layer_norm_eps=1e-5, post-LN). Anything else is
   refused with what stands in the way (docs/huggingface.md).
   """
-  flags.DEFINE_string("workdir", None, "run directory of a translation run (or of an imported BERT or GPT-2)", required=True,
+  flags.DEFINE_string("workdir", None, "run directory of a translation run (or of an imported BERT, GPT-2, T5 or Llama-family model)", required=True,
                       flag_values=fv)
   flags.DEFINE_string("output", None, "the new Hugging Face model directory (must not exist, or be empty)",
                       required=True, flag_values=fv)

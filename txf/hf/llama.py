@@ -323,6 +323,7 @@ def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_con
   except KeyError as e:
     raise TxfError(f"{local}: the weights have no {e} (is it a "
                    f"{CLASSES[hf['model_type']]}?)") from None
+  del sd  # the checkpoint's arrays: freed before params.msgpack is serialised (peak memory)
   common.write_imported_run(workdir, config, codec, params, {
       "family": "decoder_lm", "vocab_size": size, "target_vocab_size": size, "num_classes": 0,
       "max_input_len": 0, "max_target_len": config.data.max_target_len,
