@@ -248,7 +248,14 @@ TOKENIZER_MODULE = "txf.hf.tokenizer_json"
 def read_tokenizer(local: str):
   """The tokenizer of the checkpoint folder ``local``: its tokenizer.json, read by
   ``txf.hf.tokenizer_json.read(path)``. Raises TxfError naming what is missing: the file, or
-  txf's support for it (the module txf.hf.tokenizer_json)."""
+  txf's support for it (the module txf.hf.tokenizer_json).
+
+  What the rest of this module uses of the result (a txf.data.tokenizer.Codec, or one tokenizer
+  that becomes a joint one): the Tokenizer interface in txf ids (``kind``, ``vocab_size``,
+  ``encode``, ``decode``, ``to_json``; ids numbered by ``vocab_order``, as txf.data.hf_ids's),
+  ``hf_size`` and ``eos`` (the export's mapping back), ``adds_bos`` (``txf generate``'s text start
+  puts ``model.decoder_start_id`` first when True), and optionally ``save_hf(folder)``, which the
+  export calls to write tokenizer.json and tokenizer_config.json."""
   path = os.path.join(local, "tokenizer.json")
   if not os.path.isfile(path):
     raise TxfError(f"{local} has no tokenizer.json")
