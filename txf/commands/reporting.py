@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from typing import Dict, Optional
 
 from tqdm import tqdm
@@ -162,6 +163,22 @@ class _WithoutClosedLoopNoise:
 
   def __getattr__(self, name):
     return getattr(self._stream, name)
+
+
+def one_line_warnings(categories) -> None:
+  """From now on a warning of one of ``categories`` (txf's own, e.g. an unreadable checkpoint
+  moved aside) is one ``txf: warning: MESSAGE`` line on stderr, not Python's two lines naming the
+  source; every other warning is shown as before."""
+  shown = warnings.showwarning
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    if isinstance(message, tuple(categories)) or (isinstance(category, type)
+                                                 and issubclass(category, tuple(categories))):
+      print(f"txf: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+      return
+    shown(message, category, filename, lineno, file, line)
+
+  warnings.showwarning = show
 
 
 def drop_closed_loop_noise() -> None:
