@@ -79,7 +79,7 @@ def job_args(steps: int, processes: int, eval_every: int) -> List[str]:
 
 
 def schedule(seed: int, faults: int, steps: int, short: bool, kinds=KINDS) -> List[Dict]:
-  """``faults`` faults: (kind, process index among 0/1 alternating by kind, trigger step), sorted
+  """``faults`` faults: (kind, process 0 or 1, alternating for each kind, trigger step), sorted
   by step. Every kind comes ``faults // len(kinds)`` times at least (short: 5 kinds drawn)."""
   rng = random.Random(seed)
   if short:
@@ -91,11 +91,12 @@ def schedule(seed: int, faults: int, steps: int, short: bool, kinds=KINDS) -> Li
   rng.shuffle(drawn)
   # trigger steps: spread over the run, leaving room for the last evaluation
   triggers = sorted(rng.sample(range(3, steps - 3), faults))
+  first = {kind: rng.randrange(2) for kind in kinds}  # then the other process, and so on
   seen: Dict[str, int] = {}
   plan = []
   for kind, step in zip(drawn, triggers):
     seen[kind] = seen.get(kind, 0) + 1
-    plan.append({"kind": kind, "step": step, "process": (seen[kind] + rng.randrange(2)) % 2})
+    plan.append({"kind": kind, "step": step, "process": (first[kind] + seen[kind] - 1) % 2})
   return plan
 
 
