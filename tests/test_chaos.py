@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench import chaos
+from bench import chaos, chaos_faults
 from tests.conftest import ROOT
 from txf.core import errors
 from txf.runtime import workdir as workdir_lib
@@ -52,10 +52,10 @@ def test_the_latest_checkpoint_and_the_cut(tmp_path):
     (tmp_path / "checkpoints" / str(step) / "meta" / "metadata").write_bytes(b"m" * 30)
     (tmp_path / "checkpoints" / str(step) / "d").write_bytes(b"x" * 90)
   (tmp_path / "checkpoints" / "12.orbax-checkpoint-tmp-1").mkdir()  # a save in flight
-  assert chaos.latest_checkpoint(str(tmp_path)).endswith(os.path.join("checkpoints", "10"))
-  assert chaos.truncate_latest(str(tmp_path), 1).endswith(os.path.join("10", "d"))
+  assert chaos_faults.latest_checkpoint(str(tmp_path)).endswith(os.path.join("checkpoints", "10"))
+  assert chaos_faults.truncate_latest(str(tmp_path), 1).endswith(os.path.join("10", "d"))
   assert os.path.getsize(tmp_path / "checkpoints" / "10" / "d") == 30
-  assert chaos.truncate_latest(str(tmp_path), 2).endswith(os.path.join("10", "meta", "metadata"))
+  assert chaos_faults.truncate_latest(str(tmp_path), 2).endswith(os.path.join("10", "meta", "metadata"))
   assert os.path.getsize(tmp_path / "checkpoints" / "10" / "meta" / "metadata") == 10
 
 
