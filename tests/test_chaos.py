@@ -7,11 +7,13 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from bench import chaos, chaos_faults
 from tests.conftest import ROOT
+from txf.commands import reporting
 from txf.core import errors
 from txf.runtime import workdir as workdir_lib
 
@@ -57,6 +59,29 @@ def test_the_latest_checkpoint_and_the_cut(tmp_path):
   assert os.path.getsize(tmp_path / "checkpoints" / "10" / "d") == 30
   assert chaos_faults.truncate_latest(str(tmp_path), 2).endswith(os.path.join("10", "meta", "metadata"))
   assert os.path.getsize(tmp_path / "checkpoints" / "10" / "meta" / "metadata") == 10
+
+
+def test_a_thread_that_meets_a_full_disk_says_nothing_and_others_are_shown(monkeypatch):
+  """Found by the chaos run: TensorBoard's event writer thread printed a 14-line traceback on a full
+  disk, before the run's own one line about it."""
+  shown = []
+  monkeypatch.setattr(threading, "excepthook", lambda args: shown.append(args.exc_value))
+  reporting.quiet_full_disk_in_threads()
+
+  def fails(exc):
+    def run():
+      raise exc
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+
+  fails(OSError(errno.ENOSPC, "No space left on device"))
+  fails(ValueError('Error writing local file "x": [OS error: No space left on device]'))
+  assert shown == []
+  denied, bug = OSError(errno.EACCES, "Permission denied"), RuntimeError("a bug in a thread")
+  fails(denied)
+  fails(bug)
+  assert shown == [denied, bug]
 
 
 @pytest.mark.slow  # a chaos run of about six starts of a training job: the end-to-end tier

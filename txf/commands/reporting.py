@@ -21,6 +21,8 @@ from typing import Dict, Optional
 
 from tqdm import tqdm
 
+from txf.core.errors import disk_errno_of
+
 from txf.train.logs import log_line
 from txf.train.report import Reporter
 
@@ -179,6 +181,20 @@ def one_line_warnings(categories) -> None:
     shown(message, category, filename, lineno, file, line)
 
   warnings.showwarning = show
+
+
+def quiet_full_disk_in_threads() -> None:
+  """From now on a background thread that dies of a full disk (TensorBoard's event writer) says
+  nothing: the same disk fails txf's own next write (a metrics row, a checkpoint), which is the
+  run's one ``txf: error:`` line. Any other exception in a thread is shown as before."""
+  previous = threading.excepthook
+
+  def hook(args) -> None:
+    if args.exc_value is not None and disk_errno_of(args.exc_value) in (errno.ENOSPC, errno.EDQUOT):
+      return
+    previous(args)
+
+  threading.excepthook = hook
 
 
 def drop_closed_loop_noise() -> None:

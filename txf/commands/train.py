@@ -7,7 +7,8 @@ import sys
 from absl import flags
 
 from txf.commands.reporting import (TerminalReporter, drop_closed_loop_noise,
-                                    drop_output_on_broken_pipe, one_line_warnings)
+                                    drop_output_on_broken_pipe, one_line_warnings,
+                                    quiet_full_disk_in_threads)
 from txf.core.config import complete
 from txf.core.errors import EXIT_RESUMABLE, TxfError, requeued
 from txf.parallel import distributed
@@ -33,6 +34,7 @@ def main(argv):
   drop_output_on_broken_pipe()  # a `txf train | tee log` whose reader died does not fail the run
   drop_closed_loop_noise()      # a failed background checkpoint write is one line, not hundreds
   one_line_warnings((CheckpointFallbackWarning,))  # an unreadable checkpoint moved aside: one line
+  quiet_full_disk_in_threads()  # TensorBoard's writer meeting a full disk: the run's own line says it
   train(config, workdir, fresh=flags.FLAGS.fresh, report=TerminalReporter(progress))
   if Preemption.stopped_a_run and requeued():
     sys.exit(EXIT_RESUMABLE)
