@@ -283,13 +283,13 @@ def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepar
   cls = BUILDERS[formats.get(spec["kind"]).kind]
   fingerprint = _fingerprint(spec, cls)
   slug = re.sub(r"[^a-z0-9]+", "_", os.path.basename(os.path.normpath(directory)).lower()).strip("_")
-  config = LocalTextConfig(name=f"{slug or 'data'}_{fingerprint}", spec_json=json.dumps(spec),
-                           description=f"{spec['kind']} text from {os.path.abspath(directory)}")
-  path = os.path.join(data_dir, cls.name, config.name, str(cls.VERSION))
+  builder_config = LocalTextConfig(name=f"{slug or 'data'}_{fingerprint}", spec_json=json.dumps(spec),
+                                   description=f"{spec['kind']} text from {os.path.abspath(directory)}")
+  path = os.path.join(data_dir, cls.name, builder_config.name, str(cls.VERSION))
   prepared_now = not os.path.isfile(os.path.join(path, "dataset_info.json"))
   if prepared_now:
     logging.info("preparing %s (%s) as array_record under %s", directory, spec["kind"], data_dir)
-  builder = tfds.builder(cls.name, data_dir=data_dir, config=config, file_format=FILE_FORMAT)
+  builder = tfds.builder(cls.name, data_dir=data_dir, config=builder_config, file_format=FILE_FORMAT)
   if not builder.is_prepared():   # prepared once, then every split is opened
     quiet_prepare(builder, file_format=FILE_FORMAT,
                   download_config=tfds.download.DownloadConfig(try_download_gcs=False))
