@@ -1,0 +1,494 @@
+"""The text steps of a Hugging Face ``tokenizers`` file around its model: normalizers (text ->
+text), pre-tokenizers (pieces -> smaller pieces), decoders (tokens -> text) and post-processors
+(ids -> ids with the special tokens of a template).
+
+A piece in pre-tokenization is ``(text, first)``: ``first`` says that it starts at the beginning
+of the input (Metaspace's ``prepend_scheme="first"`` prepends only there). Splitting a text by
+matches follows ``tokenizers``' behaviours: ``Removed`` drops the matches, ``Isolated`` keeps each
+match alone, ``MergedWithPrevious`` / ``MergedWithNext`` glue it to its neighbour, ``Contiguous``
+joins runs of matches; ``invert`` swaps matches and the rest. Regexes are Oniguruma's syntax,
+run with the ``regex`` module (``\\p{L}`` and friends). Each ``*_from_spec`` raises one DataError
+naming a component kind txf lacks.
+"""
+
+import unicodedata
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import regex
+
+from txf.data.base import DataError
+from txf.data.tokjson_models import CharsMap
+
+# Unicode's White_Space characters (Rust's char::is_whitespace, which tokenizers uses)
+WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+                       "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+GPT2_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
+_WORD = regex.compile(r"[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]+|"
+                      r"[^\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}\p{White_Space}]+")
+Piece = Tuple[str, bool]
+
+
+def bytes_to_unicode() -> Dict[int, str]:
+  """GPT-2's byte -> printable character table: printable Latin-1 bytes map to themselves, the
+  other 68 to U+0100 + their rank."""
+  keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+  table, extra = {}, 0
+  for b in range(256):
+    if b in keep:
+      table[b] = chr(b)
+    else:
+      table[b] = chr(256 + extra)
+      extra += 1
+  return table
+
+
+BYTE_CHARS = bytes_to_unicode()
+CHAR_BYTES = {c: b for b, c in BYTE_CHARS.items()}
+
+
+def _pattern(spec: Any) -> "regex.Pattern":
+  """A tokenizers pattern ({"String": s} or {"Regex": r}, or a bare string) compiled."""
+  if isinstance(spec, dict) and "Regex" in spec:
+    return regex.compile(spec["Regex"])
+  text = spec["String"] if isinstance(spec, dict) else spec
+  return regex.compile(regex.escape(text))
+
+
+def is_punctuation(c: str) -> bool:
+  """ASCII punctuation or a Unicode P* character (BERT's punctuation)."""
+  o = ord(c)
+  return (33 <= o <= 47 or 58 <= o <= 64 or 91 <= o <= 96 or 123 <= o <= 126
+          or unicodedata.category(c).startswith("P"))
+
+
+# ---------------------------------------------------------------------------------- normalizers
+
+def _is_control(c: str) -> bool:
+  return c not in "\t\n\r" and unicodedata.category(c).startswith("C")
+
+
+def _is_chinese(c: str) -> bool:
+  o = ord(c)
+  return (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2A6DF
+          or 0x2A700 <= o <= 0x2B73F or 0x2B740 <= o <= 0x2B81F or 0x2B920 <= o <= 0x2CEAF
+          or 0xF900 <= o <= 0xFAFF or 0x2F800 <= o <= 0x2FA1F)
+
+
+def _lower(text: str) -> str:
+  return "".join(c.lower() for c in text)
+
+
+def _bert_normalizer(spec: Dict[str, Any]) -> Callable[[str], str]:
+  clean, chinese = spec.get("clean_text", True), spec.get("handle_chinese_chars", True)
+  lower = spec.get("lowercase", True)
+  strip = spec.get("strip_accents")
+  strip = lower if strip is None else strip
+
+  def run(text: str) -> str:
+    if clean:
+      text = "".join(" " if c in WHITESPACE else c for c in text
+                     if not (c in "\0\ufffd" or _is_control(c)))
+    if chinese:
+      text = "".join(f" {c} " if _is_chinese(c) else c for c in text)
+    if strip:
+      text = "".join(c for c in unicodedata.normalize("NFD", text)
+                     if unicodedata.category(c) != "Mn")
+    return _lower(text) if lower else text
+  return run
+
+
+def _precompiled(spec: Dict[str, Any]) -> Callable[[str], str]:
+  charsmap = CharsMap(spec["precompiled_charsmap"]) if spec.get("precompiled_charsmap") else None
+
+  def run(text: str) -> str:
+    if charsmap is None:
+      return text
+    out = []
+    for grapheme in regex.findall(r"\X", text):  # a grapheme at once, else char by char
+      if len(grapheme.encode("utf-8")) < 6:
+        norm = charsmap.transform(grapheme)
+        if norm is not None:
+          out.append(norm)
+          continue
+      for c in grapheme:
+        norm = charsmap.transform(c)
+        out.append(c if norm is None else norm)
+    return "".join(out)
+  return run
+
+
+def _strip_text(spec: Dict[str, Any]) -> Callable[[str], str]:
+  left, right = spec.get("strip_left", True), spec.get("strip_right", True)
+  chars = "".join(WHITESPACE)
+
+  def run(text: str) -> str:
+    if left:
+      text = text.lstrip(chars)
+    return text.rstrip(chars) if right else text
+  return run
+
+
+def _replace(spec: Dict[str, Any]) -> Callable[[str], str]:
+  pattern, content = _pattern(spec["pattern"]), spec["content"]
+  return lambda text: pattern.sub(lambda m: content, text)
+
+
+def normalizer_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[str], str]:
+  """text -> normalized text, for tokenizer.json's "normalizer" (None: unchanged)."""
+  if spec is None:
+    return lambda text: text
+  kind = spec.get("type")
+  if kind in ("NFC", "NFD", "NFKC", "NFKD"):
+    return lambda text: unicodedata.normalize(kind, text)
+  if kind == "Lowercase":
+    return _lower
+  if kind == "StripAccents":
+    return lambda text: "".join(c for c in text if not unicodedata.category(c).startswith("M"))
+  if kind == "BertNormalizer":
+    return _bert_normalizer(spec)
+  if kind == "Replace":
+    return _replace(spec)
+  if kind == "Prepend":
+    return lambda text, p=spec["prepend"]: p + text if text else text
+  if kind == "Strip":
+    return _strip_text(spec)
+  if kind == "Precompiled":
+    return _precompiled(spec)
+  if kind == "ByteLevel":
+    return lambda text: "".join(BYTE_CHARS[b] for b in text.encode("utf-8"))
+  if kind == "Nmt":
+    return _nmt
+  if kind == "Sequence":
+    steps = [normalizer_from_spec(s) for s in spec["normalizers"]]
+
+    def run(text: str) -> str:
+      for step in steps:
+        text = step(text)
+      return text
+    return run
+  raise DataError(f"tokenizer.json: normalizer {kind!r} is not supported by txf")
+
+
+def _nmt(text: str) -> str:
+  """SentencePiece's NMT clean-up: some control characters dropped, some spaces made ' '."""
+  drop = set(range(0x01, 0x09)) | {0x0B, 0x0E, 0x0F, 0x7F, 0x8F, 0x9F} | set(range(0x10, 0x20))
+  space = {0x09, 0x0A, 0x0C, 0x0D, 0x1680, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029,
+           0x2581, 0xFEFF, 0xFFFD}
+  return "".join(" " if ord(c) in space else c for c in text if ord(c) not in drop)
+
+
+# ------------------------------------------------------------------------------ pre-tokenizers
+
+def split_spans(text: str, spans: Sequence[Tuple[int, int]], behavior: str,
+                invert: bool = False) -> List[str]:
+  """``text`` split around the match ``spans`` (sorted, disjoint) by ``behavior``."""
+  segs: List[Tuple[str, bool]] = []
+  at = 0
+  for s, e in spans:
+    if s > at:
+      segs.append((text[at:s], invert))
+    if e > s:
+      segs.append((text[s:e], not invert))
+    at = e
+  if at < len(text):
+    segs.append((text[at:], invert))
+  out: List[str] = []
+  behavior = behavior.lower().replace("_", "")
+  if behavior == "removed":
+    return [t for t, m in segs if not m]
+  if behavior == "isolated":
+    return [t for t, _ in segs]
+  if behavior == "mergedwithprevious":
+    prev_match = False
+    for t, m in segs:
+      if m and out and not prev_match:
+        out[-1] += t
+      else:
+        out.append(t)
+      prev_match = m
+    return out
+  if behavior == "mergedwithnext":
+    pending = ""
+    for t, m in segs:
+      if m:
+        if pending:
+          out.append(pending)
+        pending = t
+      else:
+        out.append(pending + t)
+        pending = ""
+    if pending:
+      out.append(pending)
+    return out
+  if behavior == "contiguous":
+    last_match = False
+    for t, m in segs:
+      if m and last_match:
+        out[-1] += t
+      else:
+        out.append(t)
+      last_match = m
+    return out
+  raise DataError(f"tokenizer.json: split behavior {behavior!r} is not supported by txf")
+
+
+def _char_spans(text: str, pred: Callable[[str], bool]) -> List[Tuple[int, int]]:
+  return [(i, i + 1) for i, c in enumerate(text) if pred(c)]
+
+
+def _regex_spans(pattern, text: str) -> List[Tuple[int, int]]:
+  return [m.span() for m in pattern.finditer(text) if m.end() > m.start()]
+
+
+def _each(fn: Callable[[Piece], List[Piece]]) -> Callable[[List[Piece]], List[Piece]]:
+  return lambda pieces: [q for p in pieces for q in fn(p)]
+
+
+def _split_with(splitter: Callable[[str], List[str]]) -> Callable[[List[Piece]], List[Piece]]:
+  """A pre-tokenizer from a text splitter; only the first part of a first piece stays first."""
+  return _each(lambda p: [(t, p[1] and i == 0) for i, t in enumerate(splitter(p[0])) if t])
+
+
+def _metaspace(spec: Dict[str, Any]):
+  rep = spec.get("replacement", "\u2581")
+  scheme = spec.get("prepend_scheme")
+  if scheme is None:
+    scheme = "always" if spec.get("add_prefix_space", True) else "never"
+  split = spec.get("split", True)
+
+  def one(p: Piece) -> List[Piece]:
+    text, first = p
+    text = text.replace(" ", rep)
+    if not text.startswith(rep) and (scheme == "always" or (scheme == "first" and first)):
+      text = rep + text
+    if not split:
+      return [(text, first)]
+    parts = split_spans(text, _char_spans(text, lambda c: c == rep), "mergedwithnext")
+    return [(t, first and i == 0) for i, t in enumerate(parts) if t]
+  return _each(one)
+
+
+def _byte_level(spec: Dict[str, Any]):
+  prefix, use_regex = spec.get("add_prefix_space", True), spec.get("use_regex", True)
+  pattern = regex.compile(GPT2_PATTERN)
+
+  def one(p: Piece) -> List[Piece]:
+    text, first = p
+    if prefix and not text.startswith(" "):
+      text = " " + text
+    parts = split_spans(text, _regex_spans(pattern, text), "isolated") if use_regex else [text]
+    return [("".join(BYTE_CHARS[b] for b in t.encode("utf-8")), first and i == 0)
+            for i, t in enumerate(parts) if t]
+  return _each(one)
+
+
+def _split(spec: Dict[str, Any]):
+  pattern, behavior = _pattern(spec["pattern"]), spec.get("behavior", "Isolated")
+  invert = bool(spec.get("invert", False))
+  return _split_with(lambda t: split_spans(t, _regex_spans(pattern, t), behavior, invert))
+
+
+def _is_whitespace(c: str) -> bool:
+  return c in WHITESPACE
+
+
+def pre_tokenizer_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[List[Piece]], List[Piece]]:
+  """pieces -> smaller pieces, for tokenizer.json's "pre_tokenizer" (None: unchanged)."""
+  if spec is None:
+    return lambda pieces: pieces
+  kind = spec.get("type")
+  if kind == "ByteLevel":
+    return _byte_level(spec)
+  if kind == "Metaspace":
+    return _metaspace(spec)
+  if kind == "Whitespace":
+    return _split_with(lambda t: _WORD.findall(t))
+  if kind == "WhitespaceSplit":
+    return _split_with(lambda t: split_spans(t, _char_spans(t, _is_whitespace), "removed"))
+  if kind == "BertPreTokenizer":
+    return _split_with(lambda t: [q for w in split_spans(t, _char_spans(t, _is_whitespace), "removed")
+                                  for q in split_spans(w, _char_spans(w, is_punctuation),
+                                                       "isolated")])
+  if kind == "Punctuation":
+    behavior = spec.get("behavior", "Isolated")
+    return _split_with(lambda t: split_spans(t, _char_spans(t, is_punctuation), behavior))
+  if kind == "Digits":
+    behavior = "isolated" if spec.get("individual_digits", False) else "contiguous"
+    return _split_with(lambda t: split_spans(
+        t, _char_spans(t, lambda c: unicodedata.category(c).startswith("N")), behavior))
+  if kind == "Split":
+    return _split(spec)
+  if kind == "Sequence":
+    steps = [pre_tokenizer_from_spec(s) for s in spec["pretokenizers"]]
+
+    def run(pieces: List[Piece]) -> List[Piece]:
+      for step in steps:
+        pieces = step(pieces)
+      return pieces
+    return run
+  raise DataError(f"tokenizer.json: pre-tokenizer {kind!r} is not supported by txf")
+
+
+# ------------------------------------------------------------------------------------ decoders
+
+def _byte_fallback(tokens: List[str]) -> List[str]:
+  out: List[str] = []
+  pending = bytearray()
+
+  def flush():
+    if pending:
+      try:
+        out.append(bytes(pending).decode("utf-8"))
+      except UnicodeDecodeError:
+        out.extend(["\ufffd"] * len(pending))
+      pending.clear()
+  for t in tokens:
+    if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+      try:
+        pending.append(int(t[3:5], 16))
+        continue
+      except ValueError:
+        pass
+    flush()
+    out.append(t)
+  flush()
+  return out
+
+
+def _strip_tokens(spec: Dict[str, Any]):
+  content, start, stop = spec["content"], int(spec.get("start", 0)), int(spec.get("stop", 0))
+
+  def one(t: str) -> str:
+    for _ in range(start):
+      if t.startswith(content):
+        t = t[len(content):]
+      else:
+        break
+    for _ in range(stop):
+      if t.endswith(content) and t:
+        t = t[:-len(content)]
+      else:
+        break
+    return t
+  return lambda tokens: [one(t) for t in tokens]
+
+
+_CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+            (" 'm", "'m"), (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def _cleanup(text: str) -> str:
+  for a, b in _CLEANUP:
+    text = text.replace(a, b)
+  return text
+
+
+def _wordpiece_decoder(spec: Dict[str, Any]):
+  prefix, clean = spec.get("prefix", "##"), spec.get("cleanup", True)
+
+  def run(tokens: List[str]) -> List[str]:
+    out = []
+    for i, t in enumerate(tokens):
+      if i:
+        t = t[len(prefix):] if t.startswith(prefix) else " " + t
+      out.append(_cleanup(t) if clean else t)
+    return out
+  return run
+
+
+def _metaspace_decoder(spec: Dict[str, Any]):
+  rep = spec.get("replacement", "\u2581")
+  scheme = spec.get("prepend_scheme")
+  if scheme is None:
+    scheme = "always" if spec.get("add_prefix_space", True) else "never"
+  return lambda tokens: ["".join(("" if i == 0 and scheme != "never" else " ") if c == rep else c
+                                 for c in t) for i, t in enumerate(tokens)]
+
+
+def _byte_level_decoder(tokens: List[str]) -> List[str]:
+  data = bytearray()
+  for t in tokens:
+    for c in t:
+      data.append(CHAR_BYTES[c]) if c in CHAR_BYTES else data.extend(c.encode("utf-8"))
+  return [data.decode("utf-8", "replace")]
+
+
+def decoder_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[List[str]], List[str]]:
+  """tokens -> decoded tokens (joined afterwards), for tokenizer.json's "decoder" (None: the
+  tokens separated by spaces)."""
+  if spec is None:
+    return lambda tokens: [" ".join(tokens)]
+  kind = spec.get("type")
+  if kind == "ByteLevel":
+    return _byte_level_decoder
+  if kind == "Metaspace":
+    return _metaspace_decoder(spec)
+  if kind == "WordPiece":
+    return _wordpiece_decoder(spec)
+  if kind == "ByteFallback":
+    return _byte_fallback
+  if kind == "Fuse":
+    return lambda tokens: ["".join(tokens)]
+  if kind == "Strip":
+    return _strip_tokens(spec)
+  if kind == "Replace":
+    pattern, content = _pattern(spec["pattern"]), spec["content"]
+    return lambda tokens: [pattern.sub(lambda m: content, t) for t in tokens]
+  if kind == "BPEDecoder":
+    suffix = spec.get("suffix", "</w>")
+    return lambda tokens: [t.replace(suffix, "" if i == len(tokens) - 1 else " ")
+                           for i, t in enumerate(tokens)]
+  if kind == "Sequence":
+    steps = [decoder_from_spec(s) for s in spec["decoders"]]
+
+    def run(tokens: List[str]) -> List[str]:
+      for step in steps:
+        tokens = step(tokens)
+      return tokens
+    return run
+  raise DataError(f"tokenizer.json: decoder {kind!r} is not supported by txf")
+
+
+# ------------------------------------------------------------------------------ post-processors
+
+def template(single: List[Tuple[str, Any]]) -> Callable[[List[int]], List[int]]:
+  """ids -> the template's ids: ``single`` is [("A", None) | ("special", [ids])]."""
+  def run(ids: List[int]) -> List[int]:
+    out: List[int] = []
+    for what, extra in single:
+      out += ids if what == "A" else extra
+    return out
+  return run
+
+
+def post_processor_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[List[int]], List[int]]:
+  """ids of one text -> with the special tokens add_special_tokens=True adds (None: unchanged)."""
+  if spec is None:
+    return lambda ids: ids
+  kind = spec.get("type")
+  if kind == "TemplateProcessing":
+    specials = {k: list(v["ids"]) for k, v in (spec.get("special_tokens") or {}).items()}
+    parts = []
+    for item in spec["single"]:
+      if "Sequence" in item:
+        parts.append(("A", None))
+      else:
+        name = item["SpecialToken"]["id"]
+        if name not in specials:
+          raise DataError(f"tokenizer.json: the template names {name!r}, not in its special_tokens")
+        parts.append(("special", specials[name]))
+    return template(parts)
+  if kind in ("RobertaProcessing", "BertProcessing"):
+    cls, sep = int(spec["cls"][1]), int(spec["sep"][1])
+    return lambda ids: [cls] + ids + [sep]
+  if kind == "ByteLevel":
+    return lambda ids: ids
+  if kind == "Sequence":
+    steps = [post_processor_from_spec(s) for s in spec["processors"]]
+
+    def run(ids: List[int]) -> List[int]:
+      for step in steps:
+        ids = step(ids)
+      return ids
+    return run
+  raise DataError(f"tokenizer.json: post-processor {kind!r} is not supported by txf")
