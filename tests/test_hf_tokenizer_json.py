@@ -304,13 +304,14 @@ def test_save_round_trip(pair, tmp_path):
 
 
 def test_clean_up_and_template_from_tokenizer_config(tmp_path):
-  """tokenizer_config.json's add_bos_token / add_eos_token replace the template (as transformers
-  does), and clean_up_tokenization_spaces applies transformers' clean-up to decode."""
+  """tokenizer_config.json's add_bos_token / add_eos_token leave the file's template as it is
+  (transformers 5 drops them when there is a tokenizer.json), and clean_up_tokenization_spaces
+  applies transformers' clean-up to decode."""
   tok, config = llama2(tmp_path)
   folder = _save(tok, tmp_path, "eos", {**config, "add_bos_token": False, "add_eos_token": True})
   ours = tokenizer_json.read(folder)
   plain = tok.encode("a cat", add_special_tokens=False).ids
-  assert ours.encode("a cat", add_special_tokens=True) == plain + [2]
+  assert ours.encode("a cat", add_special_tokens=True) == [1] + plain  # <s>: the template's
   tok, config = bert(tmp_path)
   ours = tokenizer_json.read(_save(tok, tmp_path, "clean", config))
   ids = tok.encode("it 's big , isn't it ?").ids
@@ -345,3 +346,126 @@ def test_no_tokenizers_import(pair):
   out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": ROOT})
   assert json.loads(out.stdout) == ref.encode(TEST[3]).ids
+
+
+# ------------------------------------------------------ slow: transformers 5 and a T5 import
+
+
+@pytest.fixture(scope="module")
+def t5_saved(tmp_path_factory):
+  """A random small T5 and its tokenizer saved by transformers 5: tokenizer.json +
+  tokenizer_config.json, no spiece.model. (folder, model, T5Tokenizer loaded from it)."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  torch.set_num_threads(1)
+  root = tmp_path_factory.mktemp("t5json")
+  (root / "spm").mkdir()
+  (root / "spm" / "spiece.model").write_bytes(spm_t5([t.replace("\n", " ") for t in TRAIN]))
+  (root / "spm" / "tokenizer_config.json").write_text(json.dumps(
+      {"tokenizer_class": "T5Tokenizer", "extra_ids": 5}))
+  out = str(root / "hf")
+  transformers.T5Tokenizer.from_pretrained(str(root / "spm")).save_pretrained(out)
+  assert sorted(os.listdir(out)) == ["tokenizer.json", "tokenizer_config.json"]
+  tokenizer = transformers.T5Tokenizer.from_pretrained(out)
+  torch.manual_seed(0)
+  config = transformers.T5Config(
+      vocab_size=len(tokenizer) + 3, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2,
+      num_decoder_layers=2, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+      dropout_rate=0.0, decoder_start_token_id=0, feed_forward_proj="relu")
+  model = transformers.T5ForConditionalGeneration(config).eval()
+  model.save_pretrained(out)
+  return out, model, tokenizer
+
+
+@pytest.mark.slow
+def test_t5_saved_by_transformers_encodes_as_transformers(t5_saved):
+  """The tokenizer.json transformers 5 writes for T5 (Precompiled nmt_nfkc map, WhitespaceSplit,
+  Metaspace, sentinels, EOS template): txf's ids and strings are transformers'."""
+  folder, _, tokenizer = t5_saved
+  ours = tokenizer_json.read(folder)
+  assert (ours.eos_id, ours.pad_id, ours.unk_id, ours.bos_id) == (1, 0, 2, None)
+  for text in with_specials(TEST, ["<extra_id_0>", "<extra_id_4>", "</s>"]):
+    want = tokenizer(text)["input_ids"]
+    assert ours.encode(text, add_special_tokens=True) == want, text
+    assert ours.decode(want) == tokenizer.decode(want, skip_special_tokens=True), text
+
+
+@pytest.mark.slow
+def test_llama_template_from_tokenizer_config_as_transformers(tmp_path):
+  """add_bos_token / add_eos_token in tokenizer_config.json, with and without a template in
+  tokenizer.json: the ids of transformers' AutoTokenizer on the same folder."""
+  transformers = pytest.importorskip("transformers")
+  tok, config = llama2(tmp_path)
+  cases = [(True, False, "LlamaTokenizer"), (True, True, "PreTrainedTokenizerFast"),
+           (False, True, "LlamaTokenizer")]
+  for i, (bos, eos, cls) in enumerate(cases + cases):
+    if i == len(cases):
+      tok.post_processor = None
+    folder = _save(tok, tmp_path, f"ll{i}", {**config, "add_bos_token": bos, "add_eos_token": eos,
+                                             "tokenizer_class": cls})
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    ours = tokenizer_json.read(folder)
+    for text in TEST[:60]:
+      assert ours.encode(text, add_special_tokens=True) == theirs(text)["input_ids"], text
+      assert ours.decode(theirs(text)["input_ids"]) == theirs.decode(
+          theirs(text)["input_ids"], skip_special_tokens=True), text
+
+
+@pytest.mark.slow
+def test_t5_import_with_tokenizer_json_only(t5_saved, tmp_path):
+  """`txf import-hf` of a T5 with tokenizer.json alone: it says which file it used; the codec's
+  ids are transformers' (through the run's order), teacher-forced logits equal torch's, and
+  export -> from_pretrained gives the same tokenizer and weights."""
+  import torch
+  import transformers
+  from txf.inference import load_run
+  from txf.models import build_model
+  from txf import hf
+  folder, model, tokenizer = t5_saved
+  workdir = str(tmp_path / "w")
+  proc = subprocess.run([sys.executable, "-m", "txf.cli", "import-hf", folder, "--workdir", workdir],
+                        capture_output=True, text=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT})
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip().splitlines() == [
+      f"imported {folder} -> {workdir} (tokenizer: tokenizer.json; txf translate --workdir "
+      f"{workdir})"]
+  run = load_run(workdir)
+  codec, order = run.task.codec, run.task.codec.target.order
+  for text in TEST[:80] + ["the <extra_id_0> sees <extra_id_4>"]:
+    assert order[codec.encode_source(text, 0)].tolist() == tokenizer(text)["input_ids"], text
+  ids = tokenizer(TEST[5])["input_ids"]
+  assert codec.decode_target(np.argsort(order)[ids]) == tokenizer.decode(ids, skip_special_tokens=True)
+  enc = tokenizer(TEST[:4], text_target=TEST[4:8], return_tensors="pt", padding=True)
+  labels = enc["labels"]
+  start = torch.zeros((labels.shape[0], 1), dtype=labels.dtype)
+  with torch.no_grad():
+    theirs = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                   decoder_input_ids=torch.cat([start, labels[:, :-1]], 1)).logits.numpy()
+  to_txf = np.argsort(order)
+  ours = np.asarray(build_model(run.model_cfg, deterministic=True).apply(
+      {"params": run.params}, inputs=to_txf[enc["input_ids"].numpy()] * enc["attention_mask"].numpy(),
+      targets=to_txf[labels.numpy()]))
+  real = labels.numpy() != 0
+  np.testing.assert_allclose(ours[real], theirs[..., order][real], atol=1e-5, rtol=1e-5)
+  out = str(tmp_path / "exported")
+  hf.export_hf(workdir, out)
+  again = transformers.T5Tokenizer.from_pretrained(out)
+  assert again.get_vocab() == tokenizer.get_vocab()
+  assert all(again(t)["input_ids"] == tokenizer(t)["input_ids"] for t in TEST[:40])
+  back = transformers.T5ForConditionalGeneration.from_pretrained(out).state_dict()
+  assert all(torch.equal(v, back[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_t5_import_without_any_tokenizer_is_one_error(t5_saved, tmp_path):
+  folder, _, _ = t5_saved
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  for name in ("config.json", "model.safetensors"):
+    (bare / name).write_bytes(open(os.path.join(folder, name), "rb").read())
+  proc = subprocess.run([sys.executable, "-m", "txf.cli", "import-hf", str(bare), "--workdir",
+                         str(tmp_path / "w")], capture_output=True, text=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT})
+  assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+  assert "has no spiece.model and no tokenizer.json" in proc.stderr

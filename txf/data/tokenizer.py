@@ -33,6 +33,7 @@ import tokenizers
 from txf.runtime import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
 from txf.data.bpe import GPT2Tokenizer, clean_up_spaces
+from txf.data.tokjson_codec import JsonTokenizer
 
 NUM_SPECIALS = 4
 _SPECIAL_SET = (PAD_ID, BOS_ID, EOS_ID)
@@ -67,6 +68,8 @@ class Tokenizer(abc.ABC):
 
 # an imported GPT-2's byte-level BPE (txf.data.bpe, which cannot import this module) is a Tokenizer
 Tokenizer.register(GPT2Tokenizer)
+# a Hugging Face tokenizer.json read by txf itself (txf.data.tokjson_codec), likewise
+Tokenizer.register(JsonTokenizer)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -394,6 +397,8 @@ class Codec:
 def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
   if desc["kind"] == GPT2Tokenizer.kind:  # an imported GPT-2's byte-level BPE (txf.data.bpe)
     return GPT2Tokenizer.from_json(directory, desc)
+  if desc["kind"] == JsonTokenizer.kind:  # a Hugging Face tokenizer.json (txf.data.tokjson_codec)
+    return JsonTokenizer.from_json(directory, desc)
   if desc["kind"] == "char":
     return CharTokenizer(desc["chars"])
   if desc["kind"] in ("marian", "t5"):

@@ -1,8 +1,8 @@
 """txf's own reader and writer of Hugging Face ``tokenizers`` files: ``tokenizer.json`` (the
 pipeline) and ``tokenizer_config.json`` beside it (transformers' settings: the special tokens'
-names, ``add_bos_token`` / ``add_eos_token``, ``clean_up_tokenization_spaces``). No ``tokenizers``
-or ``transformers`` import: the pipeline is run by txf.data.tokjson_steps and
-txf.data.tokjson_models.
+names and ``clean_up_tokenization_spaces``). No ``tokenizers``
+or ``transformers`` import: the pipeline is run by txf.data.tokjson_steps,
+txf.data.tokjson_models and txf.data.tokjson_decoders.
 
 Encoding a text, as ``tokenizers`` does:
   1. the added tokens (``added_tokens``) whose ``normalized`` is false are found in the raw text,
@@ -10,9 +10,9 @@ Encoding a text, as ``tokenizers`` does:
      ``lstrip`` / ``rstrip``: the whitespace beside them is theirs); each is its own id;
   2. the text between them is normalized, and the normalized added tokens are found in it;
   3. each remaining part is pre-tokenized into words, and each word becomes ids by the model;
-  4. with ``add_special_tokens`` the post-processor's template adds its special ids (a
-     tokenizer_config.json that sets add_bos_token / add_eos_token replaces the template by
-     [bos] $A [eos], as transformers does).
+  4. with ``add_special_tokens`` the post-processor's template adds its special ids. As in
+     transformers 5, tokenizer_config.json's add_bos_token / add_eos_token do not change it
+     (transformers drops them when a tokenizer.json is there): the file's template decides.
 Decoding maps ids to tokens (added tokens first), drops the special ones when asked, runs the
 decoder and joins; ``clean_up_tokenization_spaces`` then applies transformers' clean-up.
 """
@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import regex
 
 from txf.data.base import DataError
-from txf.data import tokjson_models, tokjson_steps
+from txf.data import tokjson_decoders, tokjson_models, tokjson_steps
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -107,8 +107,8 @@ class TokenizerJson:
       self.model = tokjson_models.model_from_spec(spec["model"])
       self.normalize = tokjson_steps.normalizer_from_spec(spec.get("normalizer"))
       self.pre_tokenize = tokjson_steps.pre_tokenizer_from_spec(spec.get("pre_tokenizer"))
-      self._decode = tokjson_steps.decoder_from_spec(spec.get("decoder"))
-      self.post_process = tokjson_steps.post_processor_from_spec(spec.get("post_processor"))
+      self._decode = tokjson_decoders.decoder_from_spec(spec.get("decoder"))
+      self.post_process = tokjson_decoders.post_processor_from_spec(spec.get("post_processor"))
     except DataError as e:
       raise DataError(f"{where}: {str(e).replace('tokenizer.json: ', '')}") from None
     except (KeyError, TypeError, ValueError) as e:
@@ -132,14 +132,6 @@ class TokenizerJson:
       unk = getattr(self.model, "unk", None)
       self.unk_id = self.token_to_id.get(unk) if unk else getattr(self.model, "unk_id", None)
     self.clean_up = bool(self.config.get("clean_up_tokenization_spaces", False))
-    if "add_bos_token" in self.config or "add_eos_token" in self.config:
-      parts = []
-      if self.config.get("add_bos_token") and self.bos_id is not None:
-        parts.append(("special", [self.bos_id]))
-      parts.append(("A", None))
-      if self.config.get("add_eos_token") and self.eos_id is not None:
-        parts.append(("special", [self.eos_id]))
-      self.post_process = tokjson_steps.template(parts)
 
   def _config_id(self, key: str) -> Optional[int]:
     name = token_name(self.config.get(key))

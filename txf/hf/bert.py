@@ -303,8 +303,10 @@ def wordpiece_codec(src: str, vocab_size: int) -> Tuple[tok.Codec, Dict[str, Any
   if os.path.isfile(json_path):
     with open(json_path, encoding="utf-8") as f:
       pipeline = f.read()
+    used = "tokenizer.json"
   elif os.path.isfile(vocab_path):
     pipeline = _pipeline_from_vocab(vocab_path, tconf, names)
+    used = "vocab.txt"
   else:
     raise TxfError(f"{src} has no tokenizer.json or vocab.txt: txf imports BERT models with their "
                    f"WordPiece tokenizer (save the tokenizer with save_pretrained beside the model)")
@@ -319,7 +321,7 @@ def wordpiece_codec(src: str, vocab_size: int) -> Tuple[tok.Codec, Dict[str, Any
   specials = {k: int(i) for k, i in ids.items() if i is not None}
   clean_up = bool(tconf.get("clean_up_tokenization_spaces", False))
   wordpiece = tok.WordPieceTokenizer(pipeline, specials, vocab_size, clean_up=clean_up)
-  return tok.Codec(wordpiece, wordpiece, {"tokenizer": "wordpiece"}), tconf
+  return tok.Codec(wordpiece, wordpiece, {"tokenizer": "wordpiece", "tokenizer_file": used}), tconf
 
 
 def _head_family(sd: Dict[str, np.ndarray], data_config: str) -> str:

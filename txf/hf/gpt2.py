@@ -242,7 +242,9 @@ def _codec(local: str, hf: Dict[str, Any], source: str) -> tok.Codec:
                    f"config.json's eos_token_id is {eos}: give the tokenizer saved with this model")
   target = bpe.GPT2Tokenizer(tokenizer.to_str(), size, eos,
                              bool(conf.get("clean_up_tokenization_spaces", False)))
-  return tok.Codec(target, target, {"tokenizer": "gpt2", "from": source})
+  used = (bpe.TOKENIZER_FILE if os.path.isfile(os.path.join(local, bpe.TOKENIZER_FILE))
+          else "vocab.json + merges.txt")
+  return tok.Codec(target, target, {"tokenizer": "gpt2", "from": source, "tokenizer_file": used})
 
 
 def import_config(fields: Dict[str, Any], vocab_size: int, name: str, data_config: str,
