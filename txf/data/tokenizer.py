@@ -28,11 +28,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import sentencepiece as spm
-import tokenizers
 
 from txf.runtime import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
 from txf.data.bpe import GPT2Tokenizer, clean_up_spaces
+from txf.data.tokjson import TokenizerJson
 from txf.data.tokjson_codec import JsonTokenizer
 
 NUM_SPECIALS = 4
@@ -231,7 +231,7 @@ def special_order(vocab_size: int, specials: Dict[int, int]) -> np.ndarray:
 
 
 class WordPieceTokenizer(Tokenizer):
-  """BERT's WordPiece tokenizer: a ``tokenizers`` pipeline (tokenizer.json: normalizer,
+  """BERT's WordPiece tokenizer: a Hugging Face pipeline (tokenizer.json, run by txf.data.tokjson: normalizer,
   pre-tokenizer, WordPiece model) whose ids are permuted to txf's by ``order`` ([PAD] 0, [CLS] =
   BOS 1, [SEP] = EOS 2, [UNK] 3, the rest in BERT's order). ``encode`` starts every text with
   [CLS] (BOS) and the task appends EOS ([SEP]): the input is BERT's [CLS] text [SEP].
@@ -242,9 +242,7 @@ class WordPieceTokenizer(Tokenizer):
   def __init__(self, pipeline_json: str, specials: Dict[str, int], vocab_size: int,
                clean_up: bool = False):
     self.pipeline_json, self.specials, self.clean_up = pipeline_json, dict(specials), bool(clean_up)
-    self._tok = tokenizers.Tokenizer.from_str(pipeline_json)
-    self._tok.no_truncation()
-    self._tok.no_padding()
+    self._tok = TokenizerJson(pipeline_json)
     self._size = int(vocab_size)
     self.order = special_order(self._size, {PAD_ID: specials["pad"], BOS_ID: specials["cls"],
                                             EOS_ID: specials["sep"], UNK_ID: specials["unk"]})
@@ -257,12 +255,8 @@ class WordPieceTokenizer(Tokenizer):
     return self._size
 
   def encode(self, text: str) -> List[int]:
-    ids = self._tok.encode(text, add_special_tokens=False).ids
+    ids = self._tok.encode(text)
     return [BOS_ID] + [int(self._txf_of[i]) for i in ids]
-
-  def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
-    out = self._tok.encode_batch(list(texts), add_special_tokens=False)
-    return [[BOS_ID] + self._txf_of[e.ids].tolist() for e in out]
 
   def decode(self, ids: Sequence[int]) -> str:
     keep = [int(self.order[int(i)]) for i in ids
