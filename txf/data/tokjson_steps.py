@@ -26,6 +26,20 @@ GPT2_PATTERN = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\
 _WORD = regex.compile(r"[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]+|"
                       r"[^\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}\p{White_Space}]+")
 Piece = Tuple[str, bool]
+# one character of a class (the loops over characters run in the regex engine)
+_WS_CLASS = "".join(f"\\u{ord(c):04x}" for c in sorted(WHITESPACE))
+_PUNCT_CLASS = r"!-/:-@\[-`{-~\p{P}"
+WS_CHAR = regex.compile(f"[{_WS_CLASS}]")
+PUNCT_CHAR = regex.compile(f"[{_PUNCT_CLASS}]")
+NUMERIC_CHAR = regex.compile(r"\p{N}")
+CONTROL_CHAR = regex.compile(r"[\x00\ufffd]|[^\P{C}\t\n\r]")
+CJK_CHAR = regex.compile("[\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\U0002a700-\U0002b73f"
+                         "\U0002b740-\U0002b81f\U0002b920-\U0002ceaf\uf900-\ufaff"
+                         "\U0002f800-\U0002fa1f]")
+NONSPACING_MARK = regex.compile(r"\p{Mn}")
+MARK = regex.compile(r"\p{M}")
+# BERT's pre-tokenization: whitespace removed, each punctuation character alone
+BERT_PIECE = regex.compile(f"[{_PUNCT_CLASS}]|[^{_PUNCT_CLASS}{_WS_CLASS}]+")
 
 
 def bytes_to_unicode() -> Dict[int, str]:
@@ -54,27 +68,12 @@ def pattern_of(spec: Any) -> "regex.Pattern":
   return regex.compile(regex.escape(text))
 
 
-def is_punctuation(c: str) -> bool:
-  """ASCII punctuation or a Unicode P* character (BERT's punctuation)."""
-  o = ord(c)
-  return (33 <= o <= 47 or 58 <= o <= 64 or 91 <= o <= 96 or 123 <= o <= 126
-          or unicodedata.category(c).startswith("P"))
-
-
 # ---------------------------------------------------------------------------------- normalizers
 
-def _is_control(c: str) -> bool:
-  return c not in "\t\n\r" and unicodedata.category(c).startswith("C")
-
-
-def _is_chinese(c: str) -> bool:
-  o = ord(c)
-  return (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2A6DF
-          or 0x2A700 <= o <= 0x2B73F or 0x2B740 <= o <= 0x2B81F or 0x2B920 <= o <= 0x2CEAF
-          or 0xF900 <= o <= 0xFAFF or 0x2F800 <= o <= 0x2FA1F)
-
-
 def _lower(text: str) -> str:
+  """Each character lowercased on its own (no final-sigma rule, as tokenizers does)."""
+  if "\u03a3" not in text:  # Python's str.lower differs from per-character only around Σ
+    return text.lower()
   return "".join(c.lower() for c in text)
 
 
@@ -86,13 +85,11 @@ def _bert_normalizer(spec: Dict[str, Any]) -> Callable[[str], str]:
 
   def run(text: str) -> str:
     if clean:
-      text = "".join(" " if c in WHITESPACE else c for c in text
-                     if not (c in "\0\ufffd" or _is_control(c)))
+      text = WS_CHAR.sub(" ", CONTROL_CHAR.sub("", text))
     if chinese:
-      text = "".join(f" {c} " if _is_chinese(c) else c for c in text)
+      text = CJK_CHAR.sub(r" \g<0> ", text)
     if strip:
-      text = "".join(c for c in unicodedata.normalize("NFD", text)
-                     if unicodedata.category(c) != "Mn")
+      text = NONSPACING_MARK.sub("", unicodedata.normalize("NFD", text))
     return _lower(text) if lower else text
   return run
 
@@ -143,7 +140,7 @@ def normalizer_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[str], str]
   if kind == "Lowercase":
     return _lower
   if kind == "StripAccents":
-    return lambda text: "".join(c for c in text if not unicodedata.category(c).startswith("M"))
+    return lambda text: MARK.sub("", text)
   if kind == "BertNormalizer":
     return _bert_normalizer(spec)
   if kind == "Replace":
@@ -232,8 +229,9 @@ def split_spans(text: str, spans: Sequence[Tuple[int, int]], behavior: str,
   raise DataError(f"tokenizer.json: split behavior {behavior!r} is not supported by txf")
 
 
-def _char_spans(text: str, pred: Callable[[str], bool]) -> List[Tuple[int, int]]:
-  return [(i, i + 1) for i, c in enumerate(text) if pred(c)]
+def _char_spans(text: str, one_char) -> List[Tuple[int, int]]:
+  """The span of each character of ``text`` that the one-character pattern matches."""
+  return [m.span() for m in one_char.finditer(text)]
 
 
 def _regex_spans(pattern, text: str) -> List[Tuple[int, int]]:
@@ -255,6 +253,7 @@ def _metaspace(spec: Dict[str, Any]):
   if scheme is None:
     scheme = "always" if spec.get("add_prefix_space", True) else "never"
   split = spec.get("split", True)
+  rep_char = regex.compile(regex.escape(rep))
 
   def one(p: Piece) -> List[Piece]:
     text, first = p
@@ -263,7 +262,7 @@ def _metaspace(spec: Dict[str, Any]):
       text = rep + text
     if not split:
       return [(text, first)]
-    parts = split_spans(text, _char_spans(text, lambda c: c == rep), "mergedwithnext")
+    parts = split_spans(text, _char_spans(text, rep_char), "mergedwithnext")
     return [(t, first and i == 0) for i, t in enumerate(parts) if t]
   return _each(one)
 
@@ -288,10 +287,6 @@ def _split(spec: Dict[str, Any]):
   return _split_with(lambda t: split_spans(t, _regex_spans(pattern, t), behavior, invert))
 
 
-def _is_whitespace(c: str) -> bool:
-  return c in WHITESPACE
-
-
 def pre_tokenizer_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[List[Piece]], List[Piece]]:
   """pieces -> smaller pieces, for tokenizer.json's "pre_tokenizer" (None: unchanged)."""
   if spec is None:
@@ -304,18 +299,15 @@ def pre_tokenizer_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[List[Pi
   if kind == "Whitespace":
     return _split_with(lambda t: _WORD.findall(t))
   if kind == "WhitespaceSplit":
-    return _split_with(lambda t: split_spans(t, _char_spans(t, _is_whitespace), "removed"))
+    return _split_with(lambda t: split_spans(t, _char_spans(t, WS_CHAR), "removed"))
   if kind == "BertPreTokenizer":
-    return _split_with(lambda t: [q for w in split_spans(t, _char_spans(t, _is_whitespace), "removed")
-                                  for q in split_spans(w, _char_spans(w, is_punctuation),
-                                                       "isolated")])
+    return _split_with(BERT_PIECE.findall)
   if kind == "Punctuation":
     behavior = spec.get("behavior", "Isolated")
-    return _split_with(lambda t: split_spans(t, _char_spans(t, is_punctuation), behavior))
+    return _split_with(lambda t: split_spans(t, _char_spans(t, PUNCT_CHAR), behavior))
   if kind == "Digits":
     behavior = "isolated" if spec.get("individual_digits", False) else "contiguous"
-    return _split_with(lambda t: split_spans(
-        t, _char_spans(t, lambda c: unicodedata.category(c).startswith("N")), behavior))
+    return _split_with(lambda t: split_spans(t, _char_spans(t, NUMERIC_CHAR), behavior))
   if kind == "Split":
     return _split(spec)
   if kind == "Sequence":
