@@ -469,3 +469,31 @@ def test_t5_import_without_any_tokenizer_is_one_error(t5_saved, tmp_path):
                         env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT})
   assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
   assert "has no spiece.model and no tokenizer.json" in proc.stderr
+
+
+def test_gpt2_and_bert_files_without_tokenizer_json(tmp_path):
+  """vocab.json + merges.txt (GPT-2) and vocab.txt (BERT) become tokenizer.json text without the
+  tokenizers library; the library reads that text and agrees with its own construction."""
+  from txf.data import bpe
+  from txf.hf import bert as hf_bert
+  tok, _ = gpt2(tmp_path)
+  tok.model.save(str(tmp_path))  # vocab.json + merges.txt
+  ours = bpe.tokenizer_from_files(str(tmp_path), "<|endoftext|>")
+  vocab, merges = models.BPE.read_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+  ref = tokenizers.Tokenizer(models.BPE(vocab, merges))
+  ref.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  ref.decoder = decoders.ByteLevel()
+  ref.add_special_tokens([tokenizers.AddedToken("<|endoftext|>", special=True, normalized=False)])
+  again = tokenizers.Tokenizer.from_str(ours.text)
+  for text in with_specials(TEST[:80], ["<|endoftext|>"]):
+    want = ref.encode(text).ids
+    assert ours.encode(text) == again.encode(text).ids == want, text
+    assert ours.decode(want) == ref.decode(want)
+  tok, _ = bert(tmp_path)
+  words = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+  (tmp_path / "vocab.txt").write_text("".join(w + "\n" for w, _ in words))
+  names = dict(hf_bert.SPECIAL_TOKENS)
+  text_json = hf_bert._pipeline_from_vocab(str(tmp_path / "vocab.txt"), {}, names)
+  ours, again = tokenizer_json.TokenizerJson(text_json), tokenizers.Tokenizer.from_str(text_json)
+  for text in TEST[:80]:
+    assert ours.encode(text, add_special_tokens=True) == again.encode(text).ids == tok.encode(text).ids
