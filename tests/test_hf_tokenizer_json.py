@@ -84,6 +84,8 @@ def gpt2(tmp):
   tok.train_from_iterator(TRAIN, trainers.BpeTrainer(
       vocab_size=500, special_tokens=["<|endoftext|>"],
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  tok.add_tokens([tokenizers.AddedToken("<mask>", lstrip=True, rstrip=True, special=True),
+                  tokenizers.AddedToken("dog", single_word=True, normalized=False)])
   return tok, {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}
 
 
@@ -200,6 +202,8 @@ def unigram_bytes(tmp):
   tok.train_from_iterator(TRAIN[:300], trainers.UnigramTrainer(
       vocab_size=300, special_tokens=["<unk>"] + BYTES[:128], unk_token="<unk>",
       byte_fallback=True, show_progress=False))
+  tok.add_tokens([tokenizers.AddedToken("Big CAT", normalized=True),
+                  tokenizers.AddedToken("½", normalized=True, single_word=True)])
   return tok, None
 
 
@@ -259,8 +263,11 @@ def with_specials(texts, specials):
 
 
 def test_encode_decode_equal_the_library(pair):
+  """Every test line, with added tokens (special or not, lstrip / rstrip / single_word /
+  normalized) written inside some, encodes and decodes as the library does."""
   kind, ref, ours, _ = pair
   specials = [t.content for t in ref.get_added_tokens_decoder().values()] or ["x"]
+  specials += ["big cat", " dog", "dogs", "x½"]
   texts = with_specials(TEST, specials)
   for text in texts:
     want = ref.encode(text, add_special_tokens=False).ids

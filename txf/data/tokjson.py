@@ -125,6 +125,8 @@ class TokenizerJson:
     norm = [t for t in added if t.get("normalized", not t.get("special"))]
     self._raw_added = AddedTokens(raw, [t["content"] for t in raw])
     self._norm_added = AddedTokens(norm, [self.normalize(t["content"]) for t in norm])
+    # decode shows a normalized added token as its normalized content, as tokenizers does
+    self._decode_as = {int(t["id"]): self.normalize(t["content"]) for t in norm}
     self.vocab_size = max(self.id_to_token, default=-1) + 1
     self.bos_id, self.eos_id, self.pad_id, self.unk_id = (
         self._config_id(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token"))
@@ -163,7 +165,7 @@ class TokenizerJson:
     tokens = []
     for i in ids:
       i = int(i)
-      token = self.id_to_token.get(i)
+      token = self._decode_as.get(i, self.id_to_token.get(i))
       if token is None or (skip_special_tokens and i in self.special_ids):
         continue
       tokens.append(token)
