@@ -236,7 +236,14 @@ def wordpiece_roberta(tmp):
   return tok, None
 
 
-KINDS = {"gpt2": gpt2, "llama3": llama3, "llama2": llama2,
+def gpt2_prefix(tmp):
+  """GPT-2's BPE with add_prefix_space (a space before every part between added tokens)."""
+  tok, config = gpt2(tmp)
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+  return tok, config
+
+
+KINDS = {"gpt2": gpt2, "gpt2_prefix": gpt2_prefix, "llama3": llama3, "llama2": llama2,
          "llama2_legacy": lambda tmp: llama2(tmp, legacy=True), "t5": t5,
          "unigram_bytes": unigram_bytes, "bert": bert, "wordpiece_roberta": wordpiece_roberta}
 
