@@ -511,3 +511,37 @@ def test_gpt2_and_bert_files_without_tokenizer_json(tmp_path):
   ours, again = tokenizer_json.TokenizerJson(text_json), tokenizers.Tokenizer.from_str(text_json)
   for text in TEST[:80]:
     assert ours.encode(text, add_special_tokens=True) == again.encode(text).ids == tok.encode(text).ids
+
+
+def test_special_order_hand_worked():
+  from txf.data.tokenizer import marian_order
+  from txf.data.tokjson_codec import special_order
+  # Llama-like: no pad; txf PAD gets a row of its own after the 7 ids
+  got = special_order(7, {"pad": None, "bos": 1, "eos": 2, "unk": 0}, extra_rows=True)
+  np.testing.assert_array_equal(got, [7, 1, 2, 0, 3, 4, 5, 6])
+  # T5-like: no bos; a regular id moves to txf's BOS, as Marian's order does
+  np.testing.assert_array_equal(
+      special_order(7, {"pad": 0, "eos": 1, "unk": 2, "bos": None}, extra_rows=False),
+      marian_order(7, pad=0, eos=1, unk=2))
+  with pytest.raises(TxfError, match="distinct"):
+    special_order(7, {"pad": 1, "eos": 1}, extra_rows=False)
+
+
+def test_codec_of_a_tokenizer_json_saves_and_loads(pair, tmp_path):
+  """A run's codec holding a tokenizer.json (txf ids: the checkpoint's permuted) is saved with
+  Codec.save and comes back with load_codec, encoding and decoding the same."""
+  from txf.data import tokenizer as tok
+  from txf.data.tokjson_codec import JsonTokenizer
+  kind, ref, ours, _ = pair
+  if kind not in ("t5", "llama2"):
+    pytest.skip("two layouts are enough")
+  specials = {"pad": ours.pad_id, "bos": ours.bos_id, "eos": ours.eos_id, "unk": ours.unk_id}
+  side = JsonTokenizer(ours, ours.vocab_size + 2, specials, extra_rows=kind == "llama2")
+  tok.Codec(side, side, {"tokenizer": kind}).save(str(tmp_path / "codec"))
+  back = tok.load_codec(str(tmp_path / "codec"))
+  assert back.settings == {"tokenizer": kind} and back.joint
+  assert back.source.vocab_size == ours.vocab_size + 2 + (1 if kind == "llama2" else 0)
+  for text in TEST[:30]:
+    ids = back.source.encode(text)
+    assert [int(back.source.order[i]) for i in ids] == ref.encode(text, add_special_tokens=False).ids
+    assert back.decode_target(ids) == ref.decode(ref.encode(text, add_special_tokens=False).ids)

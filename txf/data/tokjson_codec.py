@@ -40,8 +40,9 @@ def special_order(hf_size: int, specials: Dict[str, Optional[int]], extra_rows: 
 class JsonTokenizer:
   """Text <-> txf ids through a ``tokjson.TokenizerJson`` of ``hf_size`` ids (the model's
   vocabulary, >= the tokenizer's), ``specials`` its pad/bos/eos/unk ids (None where absent).
-  ``encode`` adds no special token (the task appends EOS); ``decode`` drops PAD, BOS, EOS, the
-  rows with no token and the tokenizer's special tokens (``skip_special_tokens``)."""
+  ``encode`` adds no special token (the task appends EOS); ``decode`` drops the checkpoint's pad,
+  bos and eos, the rows with no token and the tokenizer's special tokens
+  (``skip_special_tokens``)."""
   kind = "tokenizer_json"
 
   def __init__(self, tokenizer: tokjson.TokenizerJson, hf_size: int,
@@ -54,6 +55,10 @@ class JsonTokenizer:
     self.order = special_order(self.hf_size, self.specials, self.extra_rows)
     self._txf_of = np.empty(len(self.order), np.int64)
     self._txf_of[self.order] = np.arange(len(self.order))
+    # txf ids decode drops: the checkpoint's pad, bos, eos (a special the checkpoint lacks is a
+    # row of its own, dropped as such, or a regular token, kept)
+    self._dropped = {TXF_SPECIALS[k] for k in ("pad", "bos", "eos")
+                     if self.specials.get(k) is not None}
 
   @property
   def vocab_size(self) -> int:
@@ -71,9 +76,9 @@ class JsonTokenizer:
     return [self.encode(t) for t in texts]
 
   def decode(self, ids: Sequence[int]) -> str:
-    """txf ids [L] -> text (PAD, BOS, EOS and special tokens dropped)."""
+    """txf ids [L] -> text (pad, bos, eos and special tokens dropped)."""
     keep = [int(self.order[int(i)]) for i in ids
-            if int(i) not in (PAD_ID, BOS_ID, EOS_ID) and 0 <= int(i) < len(self.order)]
+            if int(i) not in self._dropped and 0 <= int(i) < len(self.order)]
     return self.tokenizer.decode([i for i in keep if i < self.hf_size], skip_special_tokens=True)
 
   def to_json(self, directory: str, prefix: str) -> Dict[str, Any]:
