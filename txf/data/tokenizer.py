@@ -231,10 +231,11 @@ def special_order(vocab_size: int, specials: Dict[int, int]) -> np.ndarray:
 
 
 class WordPieceTokenizer(Tokenizer):
-  """BERT's WordPiece tokenizer: a Hugging Face pipeline (tokenizer.json, run by txf.data.tokjson: normalizer,
-  pre-tokenizer, WordPiece model) whose ids are permuted to txf's by ``order`` ([PAD] 0, [CLS] =
-  BOS 1, [SEP] = EOS 2, [UNK] 3, the rest in BERT's order). ``encode`` starts every text with
-  [CLS] (BOS) and the task appends EOS ([SEP]): the input is BERT's [CLS] text [SEP].
+  """BERT's WordPiece tokenizer: a Hugging Face pipeline (tokenizer.json: normalizer,
+  pre-tokenizer, WordPiece model, run by txf.data.tokjson) whose ids are permuted to txf's by
+  ``order`` ([PAD] 0, [CLS] = BOS 1, [SEP] = EOS 2, [UNK] 3, the rest in BERT's order).
+  ``encode`` starts every text with [CLS] (BOS) and the task appends EOS ([SEP]): the input is
+  BERT's [CLS] text [SEP].
   ``decode`` drops the specials and joins the pieces with the pipeline's decoder (and Hugging
   Face's clean-up of spaces when ``clean_up``)."""
   kind = "wordpiece"

@@ -94,7 +94,8 @@ class TokenizerJson:
   tokenizer_config.json dict, {} without one), ``text`` (the tokenizer.json text as read).
   """
 
-  def __init__(self, text: str, config: Optional[Dict[str, Any]] = None, where: str = TOKENIZER_FILE):
+  def __init__(self, text: str, config: Optional[Dict[str, Any]] = None,
+               where: str = TOKENIZER_FILE):
     self.text, self.config, self.where = text, dict(config or {}), where
     try:
       spec = json.loads(text)
@@ -104,16 +105,19 @@ class TokenizerJson:
     if not isinstance(spec, dict) or "model" not in spec:
       raise DataError(f"{where} has no \"model\": it is not a Hugging Face tokenizers file")
     try:
-      self.model = tokjson_models.model_from_spec(spec["model"])
-      self.normalize = tokjson_steps.normalizer_from_spec(spec.get("normalizer"))
-      self.pre_tokenize = tokjson_steps.pre_tokenizer_from_spec(spec.get("pre_tokenizer"))
-      self._decode = tokjson_decoders.decoder_from_spec(spec.get("decoder"))
-      self.post_process = tokjson_decoders.post_processor_from_spec(spec.get("post_processor"))
+      self._build(spec)
     except DataError as e:
       raise DataError(f"{where}: {str(e).replace('tokenizer.json: ', '')}") from None
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
       raise DataError(f"{where}: malformed ({type(e).__name__}: {e}): give the tokenizer.json "
                       f"written by save_pretrained") from None
+
+  def _build(self, spec: Dict[str, Any]) -> None:
+    self.model = tokjson_models.model_from_spec(spec["model"])
+    self.normalize = tokjson_steps.normalizer_from_spec(spec.get("normalizer"))
+    self.pre_tokenize = tokjson_steps.pre_tokenizer_from_spec(spec.get("pre_tokenizer"))
+    self._decode = tokjson_decoders.decoder_from_spec(spec.get("decoder"))
+    self.post_process = tokjson_decoders.post_processor_from_spec(spec.get("post_processor"))
     added = spec.get("added_tokens") or []
     self.id_to_token: Dict[int, str] = dict(self.model.tokens)
     self.token_to_id: Dict[str, int] = dict(self.model.vocab)

@@ -35,8 +35,8 @@ tokenizer.json and/or vocab.txt with tokenizer_config.json) and writes a txf wor
   no txf task trains or evaluates it yet).
 
 The WordPiece tokenizer is the checkpoint's own (read by txf.data.tokjson; tokenizer.json, else
-built from vocab.txt and tokenizer_config.json as BertTokenizer does); txf's ids are BERT's permuted so that
-``[PAD]`` ``[CLS]`` ``[SEP]`` ``[UNK]`` are txf's PAD BOS EOS UNK, and a text becomes ``[CLS]``
+built from vocab.txt and tokenizer_config.json as BertTokenizer does); txf's ids are BERT's
+permuted so that ``[PAD]`` ``[CLS]`` ``[SEP]`` ``[UNK]`` are txf's PAD BOS EOS UNK, and a text becomes ``[CLS]``
 pieces ``[SEP]``, exactly the ids BertTokenizer gives. Token types are all 0 (one segment). Export
 writes the inverse: ``BertForSequenceClassification`` or ``BertForMaskedLM`` with safetensors
 weights, tokenizer.json, vocab.txt and tokenizer_config.json.
