@@ -58,6 +58,12 @@ def bytes_to_unicode() -> Dict[int, str]:
 
 BYTE_CHARS = bytes_to_unicode()
 CHAR_BYTES = {c: b for b, c in BYTE_CHARS.items()}
+_BYTE_TABLE = {b: c for b, c in BYTE_CHARS.items()}  # str.translate over the Latin-1 view of bytes
+
+
+def byte_chars(text: str) -> str:
+  """``text``'s UTF-8 bytes as GPT-2's printable characters (``BYTE_CHARS``)."""
+  return text.encode("utf-8").decode("latin-1").translate(_BYTE_TABLE)
 
 
 def pattern_of(spec: Any) -> "regex.Pattern":
@@ -152,7 +158,7 @@ def normalizer_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[str], str]
   if kind == "Precompiled":
     return _precompiled(spec)
   if kind == "ByteLevel":
-    return lambda text: "".join(BYTE_CHARS[b] for b in text.encode("utf-8"))
+    return byte_chars
   if kind == "Nmt":
     return _nmt
   if kind == "Sequence":
@@ -276,7 +282,7 @@ def _byte_level(spec: Dict[str, Any]):
     if prefix and not text.startswith(" "):
       text = " " + text
     parts = split_spans(text, _regex_spans(pattern, text), "isolated") if use_regex else [text]
-    return [("".join(BYTE_CHARS[b] for b in t.encode("utf-8")), first and i == 0)
+    return [(byte_chars(t), first and i == 0)
             for i, t in enumerate(parts) if t]
   return _each(one)
 
