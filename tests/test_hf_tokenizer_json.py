@@ -545,3 +545,31 @@ def test_codec_of_a_tokenizer_json_saves_and_loads(pair, tmp_path):
     ids = back.source.encode(text)
     assert [int(back.source.order[i]) for i in ids] == ref.encode(text, add_special_tokens=False).ids
     assert back.decode_target(ids) == ref.decode(ref.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", ["Qwen2Tokenizer", "GPT2Tokenizer", "LlamaTokenizer"])
+def test_tokenizers_as_transformers_5_writes_them(cls, tmp_path):
+  """The tokenizer.json + tokenizer_config.json transformers 5 saves for Qwen2 (NFC, Split regex,
+  byte-level BPE), GPT-2 and Llama (Metaspace BPE with byte fallback), over vocabularies trained
+  here: txf's ids and strings are those of AutoTokenizer on the saved folder."""
+  transformers = pytest.importorskip("transformers")
+  tok, _ = llama2(tmp_path) if cls == "LlamaTokenizer" else llama3(tmp_path)
+  spec = json.loads(tok.to_str())
+  vocab = spec["model"]["vocab"]
+  merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
+  if cls == "LlamaTokenizer":
+    made, specials = transformers.LlamaTokenizer(vocab=vocab, merges=merges), ["<s>", "</s>"]
+  else:
+    made = getattr(transformers, cls)(vocab=vocab, merges=merges, bos_token=None,
+                                      eos_token="<|end_of_text|>", pad_token="<|end_of_text|>",
+                                      unk_token=None if cls == "Qwen2Tokenizer" else "<|end_of_text|>")
+    specials = ["<|end_of_text|>"]
+  made.save_pretrained(str(tmp_path / "saved"))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "saved"))
+  assert type(theirs).__name__ == cls
+  ours = tokenizer_json.read(str(tmp_path / "saved"))
+  for text in with_specials(TEST, specials):
+    want = theirs(text)["input_ids"]
+    assert ours.encode(text, add_special_tokens=True) == want, text
+    assert ours.decode(want) == theirs.decode(want, skip_special_tokens=True), text
