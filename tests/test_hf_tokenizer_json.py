@@ -9,9 +9,9 @@ Prepend + Replace normalizers), a T5-style Unigram with SentencePiece's precompi
 map, a Unigram with NFKC + Lowercase and byte fallback, a BERT WordPiece and a WordPiece under
 NFD + StripAccents + Digits with RoBERTa's processor. Each encodes and decodes a few hundred
 varied lines (accents, CJK, emoji, digits, whitespace runs, special tokens inside the text) and
-must give the library's ids and strings exactly. The slow tier also builds a T5 tokenizer with
-transformers 5 (tokenizer.json + tokenizer_config.json only), and imports a small T5 whose
-tokenizer is that alone.
+must give the library's ids and strings exactly. The slow tier also compares with transformers 5's
+AutoTokenizer on the files it saves for T5 (tokenizer.json + tokenizer_config.json only), Qwen2,
+GPT-2 and Llama, and imports a small T5 whose tokenizer is that tokenizer.json alone.
 """
 
 import io
