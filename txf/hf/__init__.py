@@ -19,11 +19,14 @@ those four names and a line in ``ARCHITECTURES``.
 
 import dataclasses
 import importlib
+import json
 import os
 from typing import Callable, Dict, Optional
 
 from txf.core.errors import TxfError
+from txf.data import tokenizer as tok
 from txf.hf import common
+from txf.runtime import storage
 from txf.runtime import workdir as workdir_lib
 
 
@@ -46,11 +49,12 @@ class Architecture:
 # model_type -> its architecture, in the order export asks them (Marian last: the fallback)
 ARCHITECTURES: Dict[str, Architecture] = {
     "bert": Architecture("txf.hf.bert", "BertForSequenceClassification / BertForMaskedLM",
-                         ("encoder_classifier", "encoder_mlm"), "vocab.txt (WordPiece)"),
+                         ("encoder_classifier", "encoder_mlm"),
+                         "tokenizer.json or vocab.txt (WordPiece)"),
     "gpt2": Architecture("txf.hf.gpt2", "GPT2LMHeadModel", ("decoder_lm",),
                          "tokenizer.json or vocab.json + merges.txt (byte-level BPE)"),
     "t5": Architecture("txf.hf.t5", "T5ForConditionalGeneration", ("encoder_decoder",),
-                       "spiece.model (SentencePiece)"),
+                       "spiece.model (SentencePiece), else tokenizer.json (read by txf)"),
     "marian": Architecture("txf.hf.marian", "MarianMTModel", ("encoder_decoder",),
                            "source.spm, target.spm, vocab.json (SentencePiece)"),
 }
@@ -80,6 +84,15 @@ def import_hf(src: str, workdir: str, data_config: Optional[str] = None, max_len
   arch.import_run(local, hf, workdir, os.path.basename(os.path.normpath(src)),
                   arch.DEFAULT_DATA_CONFIG if data_config is None else data_config, max_len)
   return workdir
+
+
+def imported_tokenizer_file(workdir: str) -> Optional[str]:
+  """The checkpoint's tokenizer file(s) an import of ``workdir`` read (its codec's settings),
+  or None when it does not say."""
+  path = os.path.join(workdir_lib.path_of(workdir, workdir_lib.TOKENIZER_DIR), tok.CODEC_FILE)
+  if not storage.wpath(path).is_file():
+    return None
+  return json.loads(storage.wpath(path).read_text()).get("settings", {}).get("tokenizer_file")
 
 
 def export_hf(workdir: str, output: str, params_name: Optional[str] = None,
