@@ -225,7 +225,8 @@ if study is not grid:  # the site's copy: what the table shows, and the reduced 
       f"**The full grid, stored**: {n_configs} configurations × {n_seeds} seeds of the default "
       f"experiment trained for {study['steps']} steps each, {len(study['runs'])} runs in "
       f"{study['seconds'] / 60:.0f} min, finished {study['finished']} on {m['cpu']} "
-      f"({m['cpu_count']} cores, {m['simd']}; `txf info`), with jax {m['jax']}. "
+      f"({m['cpu_count']} cores; {', '.join(m['simd'])}: `txf info`), jax {m['jax']}, a machine "
+      f"shared with other work (1-minute load {m['load_1min']:.0f} at the end). "
       f"**Reduced run** (`TXF_NOTEBOOK_SMALL=1`, what this page's build executed): "
       f"{len(runs)} configurations of a d_model={base.model.d_model} model for {STEPS} steps, to "
       f"check the code above; its numbers are not shown."))
