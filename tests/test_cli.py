@@ -196,7 +196,7 @@ FLAGS_BEFORE = {
              "vocab_size": ("int", 0), "device_peak_tflops": ("float", 0.0), "mfu": ("float", 0.4),
              "hosts": ("int", 0), "json": ("string", ""), "topology": ("string", "")},
     "import-hf": {"workdir": ("string", None, REQUIRED), "data_config": ("string", None),
-                  "max_len": ("int", 128)},
+                  "max_len": ("int", 128), "plugins": ("string", "")},
     "export-hf": {"workdir": ("string", None, REQUIRED), "output": ("string", None, REQUIRED),
                   "params": ("string", None)},
     "prepare-data": {"data_dir": ("string", "")},

@@ -127,6 +127,21 @@ NOT_RUN = {
         "formula registered the same way through a built model)",
     "txf translate --workdir runs/experiment --input in.txt":
         "a recipe's serving step: tests/test_recipes.py translates with each recipe's run",
+    "txf train --config.plugins=my_family.py --config.model.family=bigram":
+        "a recipe: tests/test_recipes.py writes my_family.py into a temporary folder, trains the "
+        "family and evaluates the run (test_recipe_model_family_trains_and_is_served)",
+    "txf eval --workdir runs/experiment --split test":
+        "a recipe's serving step: tests/test_recipes.py evaluates the model family recipe's run",
+    "txf train --config.plugins=my_loss.py --config.model.family=translation_nll":
+        "a recipe: tests/test_recipes.py writes my_loss.py into a temporary folder, trains and "
+        "translates with it (test_recipe_loss_trains_and_translates)",
+    "txf import-hf tiny-gpt --workdir runs/tiny-gpt --plugins my_hf_arch.py":
+        "a recipe: tests/test_recipe_hf.py writes my_hf_arch.py and a small GPT-2 saved as tiny_gpt "
+        "into a temporary folder, imports, generates with and exports it",
+    'txf generate --workdir runs/tiny-gpt --prompt "the big cat" --temperature 0':
+        "a recipe's serving step: tests/test_recipe_hf.py (greedy ids against transformers' generate)",
+    "txf export-hf --workdir runs/tiny-gpt --output exported/tiny-gpt":
+        "a recipe: tests/test_recipe_hf.py exports the imported tiny_gpt run",
     "txf train --config.plugins=my_jsonl.py --config.data.source=text:corpus --config.data.format=jsonl "
     "--config.data.tokenizer=char --config.data.test_split=val":
         "a recipe: tests/test_recipes.py writes my_jsonl.py and a jsonl corpus into a temporary "

@@ -308,6 +308,9 @@ def import_hf(fv: flags.FlagValues) -> None:
                        "truncated by txf translate (at most the model's max_position_embeddings); "
                        "GPT-2: data.max_target_len, the context of txf generate and eval (at most "
                        "n_positions)", flag_values=fv)
+  flags.DEFINE_string("plugins", "", "Python files or modules (comma-separated) imported first: each "
+                      "may register an architecture (txf.hf.register); the run's config.plugins "
+                      "keeps them, for export-hf and the serving commands", flag_values=fv)
 
 
 def export_hf(fv: flags.FlagValues) -> None:
