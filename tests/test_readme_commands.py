@@ -102,6 +102,8 @@ OPUS = ("a Hub download: tests/test_readme_opus.py runs the section's commands a
         "small local Marian model at Helsinki-NLP/opus-mt-en-de (needs .[hf])")
 HUB_GPT2 = ("a Hub download: tests/test_hf_gpt2.py imports, generates with, fine-tunes (shakespeare_char, "
             "init_from) and exports a small local GPT-2")
+HUB_LLAMA = ("a Hub download: tests/test_readme_llama.py runs the section's commands as written, in "
+             "order, with a small random Llama saved at HuggingFaceTB/SmolLM2-135M (needs .[hf])")
 VARIANT = ("the copy run with variant switches; each variant is tested in tests/test_kv_cache.py, "
            "tests/test_positions*.py, tests/test_gqa.py, tests/test_model_options.py and "
            "tests/test_optimizers.py")
@@ -160,6 +162,15 @@ NOT_RUN = {
     "--config.optimizer.warmup_steps=200": HUB_BERT,
     "TXF_DATA=../shared/data txf eval --workdir runs/bert-sst2 --split dev": HUB_BERT,
     "txf export-hf --workdir runs/bert-sst2 --output exported/bert-sst2": HUB_BERT,
+    "txf import-hf HuggingFaceTB/SmolLM2-135M --workdir runs/smollm2": HUB_LLAMA,
+    'txf generate --workdir runs/smollm2 --prompt "1 504 3458 282" --max_new_tokens 20 --temperature 0':
+        HUB_LLAMA,
+    "mkdir -p ids && seq 400 | awk '{print 1, $1 * 7, $1 * 13, $1 * 29, $1 * 31}' > ids/input.txt":
+        HUB_LLAMA,
+    "txf train --config shakespeare_char --workdir runs/smollm2-ft --config.init_from=runs/smollm2 "
+    "--config.data.source=text:ids --config.data.path=. --config.data.max_target_len=64 "
+    "--config.num_train_steps=20 --config.batch_size=4": HUB_LLAMA,
+    "txf export-hf --workdir runs/smollm2-ft --output exported/smollm2-ft": HUB_LLAMA,
     "txf import-hf gpt2 --workdir runs/gpt2": HUB_GPT2,
     'txf generate --workdir runs/gpt2 --prompt "ROMEO:" --max_new_tokens 60 --temperature 0': HUB_GPT2,
     "TXF_DATA=../shared/data txf train --config shakespeare_char --workdir runs/gpt2-shakespeare "

@@ -32,6 +32,7 @@ import sentencepiece as spm
 from txf.runtime import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
 from txf.data.bpe import GPT2Tokenizer, clean_up_spaces
+from txf.data.hf_ids import HFIdsTokenizer
 from txf.data.tokjson import TokenizerJson
 from txf.data.tokjson_codec import JsonTokenizer
 
@@ -70,6 +71,8 @@ class Tokenizer(abc.ABC):
 Tokenizer.register(GPT2Tokenizer)
 # a Hugging Face tokenizer.json read by txf itself (txf.data.tokjson_codec), likewise
 Tokenizer.register(JsonTokenizer)
+# an import without a tokenizer file txf reads: ids only (txf.data.hf_ids)
+Tokenizer.register(HFIdsTokenizer)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -390,6 +393,8 @@ class Codec:
 
 
 def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
+  if desc["kind"] == HFIdsTokenizer.kind:  # an import without a tokenizer (txf.data.hf_ids)
+    return HFIdsTokenizer.from_json(directory, desc)
   if desc["kind"] == GPT2Tokenizer.kind:  # an imported GPT-2's byte-level BPE (txf.data.bpe)
     return GPT2Tokenizer.from_json(directory, desc)
   if desc["kind"] == JsonTokenizer.kind:  # a Hugging Face tokenizer.json (txf.data.tokjson_codec)

@@ -50,11 +50,18 @@ class Architecture:
   tokenizer: str
 
 
-# model_type -> its architecture, in the order export asks them (Marian last: the fallback)
+# model_type -> its architecture, in the order export asks them (Marian last: the fallback; the
+# Llama family before GPT-2, whose rule takes every imported decoder_lm the others leave)
 ARCHITECTURES: Dict[str, Architecture] = {
     "bert": Architecture("txf.hf.bert", "BertForSequenceClassification / BertForMaskedLM",
                          ("encoder_classifier", "encoder_mlm"),
                          "tokenizer.json or vocab.txt (WordPiece)"),
+    "llama": Architecture("txf.hf.llama", "LlamaForCausalLM", ("decoder_lm",),
+                          "tokenizer.json (txf.hf.tokenizer_json; without it the weights alone)"),
+    "qwen2": Architecture("txf.hf.llama", "Qwen2ForCausalLM", ("decoder_lm",),
+                          "tokenizer.json (txf.hf.tokenizer_json; without it the weights alone)"),
+    "mistral": Architecture("txf.hf.llama", "MistralForCausalLM", ("decoder_lm",),
+                            "tokenizer.json (txf.hf.tokenizer_json; without it the weights alone)"),
     "gpt2": Architecture("txf.hf.gpt2", "GPT2LMHeadModel", ("decoder_lm",),
                          "tokenizer.json or vocab.json + merges.txt (byte-level BPE)"),
     "t5": Architecture("txf.hf.t5", "T5ForConditionalGeneration", ("encoder_decoder",),
