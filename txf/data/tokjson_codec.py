@@ -64,6 +64,22 @@ class JsonTokenizer:
   def vocab_size(self) -> int:
     return len(self.order)
 
+  @property
+  def eos(self) -> Optional[int]:
+    """The checkpoint's EOS id (None when it has none)."""
+    return self.specials.get("eos")
+
+  @property
+  def adds_bos(self) -> bool:
+    """Whether the tokenizer's own template puts its BOS first (``tokenizer(text)`` starts with
+    it, as Llama's does): ``txf generate`` then starts a prompt with the model's start token."""
+    bos = self.tokenizer.bos_id
+    return bos is not None and self.tokenizer.encode("a", add_special_tokens=True)[:1] == [bos]
+
+  def save_hf(self, folder: str) -> None:
+    """Write tokenizer.json and tokenizer_config.json into ``folder`` as they were read."""
+    self.tokenizer.save(folder)
+
   def to_txf(self, hf_ids) -> List[int]:
     """checkpoint ids [L] -> txf ids [L]."""
     return self._txf_of[np.asarray(hf_ids, np.int64)].tolist()
