@@ -111,7 +111,11 @@ def rows(sweep: Sweep, by_metric: Dict[str, Sequence[Any]],
 
 
 def _num(x: Optional[float], fmt: str = "{:+.3g}") -> str:
-  return "" if x is None else ("n/a" if isinstance(x, float) and math.isnan(x) else fmt.format(x))
+  if x is None:
+    return ""
+  if isinstance(x, float) and math.isnan(x):
+    return "n/a"
+  return "0" if x == 0 else fmt.format(x)
 
 
 def _millions(n: Optional[float]) -> str:
@@ -126,7 +130,8 @@ def markdown(sweep: Sweep, table: Sequence[Dict[str, Any]]) -> str:
   pct = f"{CONFIDENCE:.0%}"
   head = ["arm", "published row"]
   for m in metrics:
-    head += [f"published Δ {m}", f"Δ {m} [{pct} CI]", "p", "direction"]
+    short = m.rsplit("/", 1)[-1]
+    head += [f"published Δ {short}", f"Δ {short} [{pct} CI]", "p", "direction"]
   head += ["published params", "params"]
   lines = ["", "## Beside the published numbers", "",
            (f"Published: {source}. " if source else "") +
