@@ -92,6 +92,7 @@ def test_a_bad_metrics_or_reference_is_one_sweep_error(tmp_path, fields, message
     (0.0, 0.1, -0.5, 0.7, "agrees"),                          # the paper saw no change, nor do we
     (0.0, 1.1, 0.5, 1.7, "differs (published: none)"),
     (None, 1.0, 0.5, 1.5, ""),
+    (-0.7, 0.0, 0.0, 0.0, "no change here"),                 # every seed scored the same
     (0.3, 1.0, math.nan, math.nan, "n/a"),                    # one seed: no interval
 ])
 def test_the_verdict_on_hand_worked_cases(published, diff, lo, hi, expected):

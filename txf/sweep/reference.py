@@ -8,6 +8,7 @@ interval and Welch p, says whether the direction agrees, and counts each arm's p
 
 Direction (``verdict``), for a published delta r and the sweep's difference d with interval [lo, hi]:
 
+  d = 0 (every seed equal): "no change here" (r != 0)
   r = 0:                 "agrees" if lo <= 0 <= hi, else "differs (published: none)"
   0 outside [lo, hi]:    "agrees" if sign(d) = sign(r), else "disagrees"
   0 inside [lo, hi]:     "same sign, within noise" | "opposite sign, within noise"
@@ -47,6 +48,8 @@ def verdict(published: Optional[float], diff: float, ci_low: float, ci_high: flo
   if any(math.isnan(x) for x in (diff, ci_low, ci_high)):
     return "n/a"
   resolved = not ci_low <= 0.0 <= ci_high
+  if diff == 0 and published != 0:
+    return "no change here"
   if published == 0:
     return "differs (published: none)" if resolved else "agrees"
   same = (diff > 0) == (published > 0) and diff != 0
