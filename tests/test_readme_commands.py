@@ -290,6 +290,11 @@ NOT_RUN = {
     "TXF_DATA=../shared/data txf sweep experiments/sweeps/multi30k_kv_heads.py":
         "9 Multi30k runs (about 85 minutes on 2 cores); the sweep runner is tested by "
         "tests/test_sweep.py",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/table3.py --parallel 2":
+        "51 Multi30k runs (an estimated 9 hours on 2 cores); the multi-metric report beside a "
+        "reference is tested by tests/test_sweep_reference.py",
+    "txf sweep report runs/sweeps/table3": "needs the 51 runs of the Table 3 sweep; "
+        "tests/test_sweep_reference.py reports a tiny two-metric sweep beside a reference",
     "pip install 'txf[wandb]'": "an optional extra from PyPI: tests/test_sweep.py runs the tracker "
                                 "offline when wandb is installed",
     "WANDB_MODE=offline txf train --config experiments/copy.py --config.tracker=wandb":
