@@ -268,6 +268,22 @@ def test_cli_import_classify_and_fine_tune(saved, tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = json.loads((tmp_path / "eval.json").read_text())
   assert report["num_examples"] == len(TEXTS) * 3 and 0.0 <= report["accuracy"] <= 1.0
+  # the run trained here exports as BERT, transformers gives its logits, and it comes back exactly
+  import jax
+  from txf.models import build_model
+  out, again = str(tmp_path / "exported"), str(tmp_path / "runs" / "again")
+  hf.export_hf(str(tmp_path / "runs" / "ft"), out)
+  hf.import_hf(out, again, max_len=32)
+  back = load_run(again)
+  for a, b in zip(jax.tree_util.tree_leaves(jax.device_get(run.params)),
+                  jax.tree_util.tree_leaves(jax.device_get(back.params))):
+    np.testing.assert_array_equal(a, b)
+  exported = transformers.BertForSequenceClassification.from_pretrained(out).eval()
+  enc, expected = hf_forward(exported, saved["tokenizer"], TEXTS)
+  inputs = txf_inputs(back.task.codec, TEXTS, enc["input_ids"].shape[1])
+  got = build_model(back.model_cfg, deterministic=True).apply({"params": back.params},
+                                                              inputs=jax.numpy.asarray(inputs))
+  np.testing.assert_allclose(np.asarray(got, np.float64), expected, rtol=0, atol=1e-5)
 
 
 def test_pretraining_checkpoint_with_old_layer_norm_names(saved, tmp_path):

@@ -89,6 +89,10 @@ def imported(small, tmp_path_factory):
   return workdir
 
 
+def eot_id(tokenizer):
+  return tokenizer.convert_tokens_to_ids(EOT)
+
+
 def hf_ids(tokenizer, text):
   return tokenizer(text)["input_ids"]
 
@@ -157,6 +161,32 @@ def test_greedy_continuations_equal_generate(small, imported):
     ended += theirs[-1] == eot
     assert target.order[cut_at(row.tolist(), 2)].tolist() == theirs
   assert ended >= len(prompts) // 2, "the test model should end most continuations"
+
+
+def test_generate_continues_the_tokenized_prompt_as_transformers(small, imported):
+  """``txf generate``'s default on an imported GPT-2 (sample_prompts, start "auto" = "text")
+  continues tokenizer(P) itself, as generate(**tokenizer(P, return_tensors="pt")) and the
+  text-generation pipeline do: the same text at temperature 0, prompts of several lengths in one
+  batch. start="bos" keeps the old start, <|endoftext|> + P."""
+  from txf.inference import sample_prompts
+  _, model, tokenizer = small
+  run = load_run(imported)
+  eot = tokenizer.convert_tokens_to_ids(EOT)
+  greedy = DecodingSpec(temperature=0.0, top_k=0, top_p=1.0)
+  new = 16
+  ours = sample_prompts(run, PROMPTS, new, greedy)
+  old = sample_prompts(run, PROMPTS, new, greedy, start="bos")
+  differ = 0
+  for prompt, (text,), (old_text,) in zip(PROMPTS, ours, old):
+    with torch.no_grad():
+      out = model.generate(**tokenizer(prompt, return_tensors="pt"), do_sample=False,
+                           max_new_tokens=new, pad_token_id=eot)
+    assert text == tokenizer.decode(out[0], skip_special_tokens=True)
+    ids = hf_ids(tokenizer, prompt)
+    assert old_text == tokenizer.decode(ids + generate(model, [eot] + ids, max_new_tokens=new),
+                                        skip_special_tokens=True)
+    differ += text != old_text
+  assert differ, "the two starts should give other text for some prompt"
 
 
 @pytest.mark.parametrize("beams", [2, 4])
@@ -258,7 +288,8 @@ def test_export_claims_only_runs_from_an_imported_gpt2(imported, tmp_path):
 
 
 def test_cli_import_generate_and_fine_tune(small, tmp_path):
-  """`txf import-hf DIR --workdir W`, `txf generate --workdir W`, then the shakespeare_char
+  """`txf import-hf DIR --workdir W`, `txf generate --workdir W` (generate's greedy text for
+  tokenizer(P)), then the shakespeare_char
   experiment fine-tuned from W (init_from) a few steps on a tiny text file, with W's tokenizer."""
   from txf.core.config import load_experiment
   from txf.train import train
@@ -273,9 +304,8 @@ def test_cli_import_generate_and_fine_tune(small, tmp_path):
                        capture_output=True, text=True, env=ENV, timeout=300)
   assert gen.returncode == 0, gen.stderr
   _, model, tokenizer = small
-  eot = tokenizer.convert_tokens_to_ids(EOT)
   prompt = hf_ids(tokenizer, "the big")
-  greedy = generate(model, [eot] + prompt, max_new_tokens=12)
+  greedy = generate(model, prompt, max_new_tokens=12)  # tokenizer(P) continued, as transformers
   assert gen.stdout == tokenizer.decode(prompt + greedy, skip_special_tokens=True) + "\n"
   data = tmp_path / "data" / "tiny"
   data.mkdir(parents=True)
@@ -300,3 +330,20 @@ def test_cli_import_generate_and_fine_tune(small, tmp_path):
   before, after = load_params(workdir), load_params(ft)
   assert not np.array_equal(before["decoder"]["final_norm"]["scale"],
                             after["decoder"]["final_norm"]["scale"])
+  # the run trained here exports, loads in transformers with its logits, and comes back exactly
+  import jax
+  from txf.models import build_model
+  out, again = str(tmp_path / "exported"), str(tmp_path / "again")
+  hf.export_hf(ft, out)
+  hf.import_hf(out, again)
+  for a, b in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(load_params(again))):
+    np.testing.assert_array_equal(a, b)
+  exported = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+  row = hf_ids(tokenizer, "the big cat sees a red tree")
+  with torch.no_grad():
+    theirs = exported(input_ids=torch.tensor([[eot_id(tokenizer)] + row[:-1]])).logits.numpy()[0]
+  order = run.task.codec.target.order
+  ours = np.asarray(build_model(run.model_cfg, deterministic=True).apply(
+      {"params": run.params}, targets=run.task.codec.target.to_txf(row)[None]))[0]
+  real = order < len(tokenizer)
+  np.testing.assert_allclose(ours[:, real], theirs[:, order[real]], atol=1e-5)

@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install -e '.[hf]'")
 transformers = pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[hf]'")
@@ -353,6 +354,20 @@ def test_txf_run_with_marian_options_exports(tmp_path):
   ours = np.asarray(build_model(cfg, deterministic=True).apply(
       {"params": params}, inputs=np.array([ids]), targets=np.array([target])))
   np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+  # and back: the import starts the decoder with the run's BOS (decoder_start_token_id 1, not the
+  # pad), has txf's parameters (Marian's biases, absent in the run, are zeros) and its logits
+  again = str(tmp_path / "again")
+  hf.import_hf(out, again)
+  run = load_run(again)
+  assert run.model_cfg.decoder_start_id == 1
+  back = flatten_dict(jax.device_get(run.params), sep="/")
+  for k, v in flatten_dict(params, sep="/").items():
+    np.testing.assert_array_equal(back[k], v)
+  extra = set(back) - set(flatten_dict(params, sep="/"))
+  assert extra and all(k.endswith("bias") and not np.any(back[k]) for k in extra)
+  logits = np.asarray(build_model(run.model_cfg, deterministic=True).apply(
+      {"params": run.params}, inputs=np.array([ids]), targets=np.array([target])))
+  np.testing.assert_allclose(logits, ours, atol=1e-5)
 
 
 def test_txf_eval_scores_what_txf_translate_outputs_for_an_imported_run(small, imported, tmp_path):

@@ -102,6 +102,8 @@ OPUS = ("a Hub download: tests/test_readme_opus.py runs the section's commands a
         "small local Marian model at Helsinki-NLP/opus-mt-en-de (needs .[hf])")
 HUB_GPT2 = ("a Hub download: tests/test_hf_gpt2.py imports, generates with, fine-tunes (shakespeare_char, "
             "init_from) and exports a small local GPT-2")
+HUB_LLAMA = ("a Hub download: tests/test_readme_llama.py runs the section's commands as written, in "
+             "order, with a small random Llama saved at HuggingFaceTB/SmolLM2-135M (needs .[hf])")
 VARIANT = ("the copy run with variant switches; each variant is tested in tests/test_kv_cache.py, "
            "tests/test_positions*.py, tests/test_gqa.py, tests/test_model_options.py and "
            "tests/test_optimizers.py")
@@ -127,6 +129,21 @@ NOT_RUN = {
         "formula registered the same way through a built model)",
     "txf translate --workdir runs/experiment --input in.txt":
         "a recipe's serving step: tests/test_recipes.py translates with each recipe's run",
+    "txf train --config.plugins=my_family.py --config.model.family=bigram":
+        "a recipe: tests/test_recipes.py writes my_family.py into a temporary folder, trains the "
+        "family and evaluates the run (test_recipe_model_family_trains_and_is_served)",
+    "txf eval --workdir runs/experiment --split test":
+        "a recipe's serving step: tests/test_recipes.py evaluates the model family recipe's run",
+    "txf train --config.plugins=my_loss.py --config.model.family=translation_nll":
+        "a recipe: tests/test_recipes.py writes my_loss.py into a temporary folder, trains and "
+        "translates with it (test_recipe_loss_trains_and_translates)",
+    "txf import-hf tiny-gpt --workdir runs/tiny-gpt --plugins my_hf_arch.py":
+        "a recipe: tests/test_recipe_hf.py writes my_hf_arch.py and a small GPT-2 saved as tiny_gpt "
+        "into a temporary folder, imports, generates with and exports it",
+    'txf generate --workdir runs/tiny-gpt --prompt "the big cat" --temperature 0':
+        "a recipe's serving step: tests/test_recipe_hf.py (greedy ids against transformers' generate)",
+    "txf export-hf --workdir runs/tiny-gpt --output exported/tiny-gpt":
+        "a recipe: tests/test_recipe_hf.py exports the imported tiny_gpt run",
     "txf train --config.plugins=my_jsonl.py --config.data.source=text:corpus --config.data.format=jsonl "
     "--config.data.tokenizer=char --config.data.test_split=val":
         "a recipe: tests/test_recipes.py writes my_jsonl.py and a jsonl corpus into a temporary "
@@ -145,6 +162,15 @@ NOT_RUN = {
     "--config.optimizer.warmup_steps=200": HUB_BERT,
     "TXF_DATA=../shared/data txf eval --workdir runs/bert-sst2 --split dev": HUB_BERT,
     "txf export-hf --workdir runs/bert-sst2 --output exported/bert-sst2": HUB_BERT,
+    "txf import-hf HuggingFaceTB/SmolLM2-135M --workdir runs/smollm2": HUB_LLAMA,
+    'txf generate --workdir runs/smollm2 --prompt "1 504 3458 282" --max_new_tokens 20 --temperature 0':
+        HUB_LLAMA,
+    "mkdir -p ids && seq 400 | awk '{print 1, $1 * 7, $1 * 13, $1 * 29, $1 * 31}' > ids/input.txt":
+        HUB_LLAMA,
+    "txf train --config shakespeare_char --workdir runs/smollm2-ft --config.init_from=runs/smollm2 "
+    "--config.data.source=text:ids --config.data.path=. --config.data.max_target_len=64 "
+    "--config.num_train_steps=20 --config.batch_size=4": HUB_LLAMA,
+    "txf export-hf --workdir runs/smollm2-ft --output exported/smollm2-ft": HUB_LLAMA,
     "txf import-hf gpt2 --workdir runs/gpt2": HUB_GPT2,
     'txf generate --workdir runs/gpt2 --prompt "ROMEO:" --max_new_tokens 60 --temperature 0': HUB_GPT2,
     "TXF_DATA=../shared/data txf train --config shakespeare_char --workdir runs/gpt2-shakespeare "
@@ -269,6 +295,11 @@ NOT_RUN = {
     "TXF_DATA=../shared/data txf sweep experiments/sweeps/multi30k_kv_heads.py":
         "9 Multi30k runs (about 85 minutes on 2 cores); the sweep runner is tested by "
         "tests/test_sweep.py",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/table3.py --parallel 2":
+        "51 Multi30k runs (an estimated 9 hours on 2 cores); the multi-metric report beside a "
+        "reference is tested by tests/test_sweep_reference.py",
+    "txf sweep report runs/sweeps/table3": "needs the 51 runs of the Table 3 sweep; "
+        "tests/test_sweep_reference.py reports a tiny two-metric sweep beside a reference",
     "pip install 'txf[wandb]'": "an optional extra from PyPI: tests/test_sweep.py runs the tracker "
                                 "offline when wandb is installed",
     "WANDB_MODE=offline txf train --config experiments/copy.py --config.tracker=wandb":

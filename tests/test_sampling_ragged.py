@@ -57,6 +57,21 @@ def test_ragged_greedy_follows_each_rows_own_prompt():
   np.testing.assert_array_equal(got, expected)
 
 
+def test_each_row_may_start_with_its_own_first_token():
+  """bos_id int [B]: row b is fed bos_id[b] first (a prompt's own first token), then its prompt;
+  the hand rule with that start instead of BOS."""
+  starts = [6, 2, 9, 1]
+  prompt, lengths = padded(PROMPTS, 4)
+  got = sample(weighted_sum_fn, empty(4), prompt, jax.random.key(0), 5, temperature=0.0,
+               eos_id=-1, prompt_lengths=lengths, bos_id=jnp.asarray(starts))
+  for row, start, p in zip(np.asarray(got), starts, PROMPTS):
+    fed, out = [start] + p, []
+    for _ in range(5):
+      out.append(sum((i + 1) * t for i, t in enumerate(fed)) % V)
+      fed.append(out[-1])
+    np.testing.assert_array_equal(row, out)
+
+
 def test_ragged_greedy_under_jit_with_traced_lengths():
   prompt, lengths = padded(PROMPTS, 4)
   run = jax.jit(lambda p, n: sample(weighted_sum_fn, empty(4), p, jax.random.key(0), 5,

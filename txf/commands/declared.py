@@ -155,6 +155,8 @@ def generate(fv: flags.FlagValues) -> None:
   from nothing. Each output is under a ``--- prompt p, sample s`` header when there are several.
   A span_corruption run instead prints each prompt with its ``<extra_id_N>`` filled by the spans
   the model decodes greedily (``--prompt "a man <extra_id_0> a bike"``). Refuses other model families.
+  An imported Hugging Face decoder continues the prompt's own tokens, as transformers' ``generate``
+  on ``tokenizer(P)`` does (``--start``).
   """
   flags.DEFINE_string("workdir", None, "run directory of a trained decoder_lm run", required=True,
                       flag_values=fv)
@@ -173,6 +175,12 @@ def generate(fv: flags.FlagValues) -> None:
                      flag_values=fv)
   flags.DEFINE_integer("seed", 0, "random seed", flag_values=fv)
   flags.DEFINE_integer("num_samples", 1, "how many continuations to sample per prompt", flag_values=fv)
+  flags.DEFINE_enum("start", "auto", ["auto", "text", "bos"], "what the decoder starts with: text = "
+                    "the prompt's own tokens as the tokenizer gives them (its BOS only when its "
+                    "settings add one), as Hugging Face's generate(**tokenizer(P)); bos = "
+                    "model.decoder_start_id then the prompt (a txf-trained LM's rows; an imported "
+                    "GPT-2's <|endoftext|> + P); auto = text for an imported Hugging Face decoder, "
+                    "bos otherwise", flag_values=fv)
 
 
 def average(fv: flags.FlagValues) -> None:
@@ -293,7 +301,7 @@ def import_hf(fv: flags.FlagValues) -> None:
   SRC is a directory written by Hugging Face's ``save_pretrained`` (config.json, model.safetensors or
   pytorch_model.bin, the tokenizer's files), or a Hub name such as ``Helsinki-NLP/opus-mt-en-de``,
   downloaded only then (needs the network and huggingface_hub). Its ``model_type`` picks the
-  architecture in txf.hf's ``ARCHITECTURES`` (Marian, BERT, GPT-2, T5), which writes a complete txf
+  architecture in txf.hf's ``ARCHITECTURES`` (Marian, BERT, GPT-2, T5, Llama, Qwen2, Mistral), which writes a complete txf
   workdir W (config.json, task.json, tokenizer/, params.msgpack) of the family it becomes: the
   serving command it prints (``txf translate``, ``txf classify``, ``txf generate``), ``txf eval``,
   ``txf export-hf`` and ``txf train --config.init_from=W`` use it like a trained run. Decoding
@@ -306,8 +314,12 @@ def import_hf(fv: flags.FlagValues) -> None:
                       "architecture's (Marian: multi30k_en_de, BERT: sst2)", flag_values=fv)
   flags.DEFINE_integer("max_len", 128, "data.max_input_len / max_target_len: longer source lines are "
                        "truncated by txf translate (at most the model's max_position_embeddings); "
-                       "GPT-2: data.max_target_len, the context of txf generate and eval (at most "
-                       "n_positions)", flag_values=fv)
+                       "GPT-2, Llama, Qwen2, Mistral: data.max_target_len, the context of txf generate "
+                       "and eval (at most n_positions / max_position_embeddings; a Mistral "
+                       "sliding_window must be at least this)", flag_values=fv)
+  flags.DEFINE_string("plugins", "", "Python files or modules (comma-separated) imported first: each "
+                      "may register an architecture (txf.hf.register); the run's config.plugins "
+                      "keeps them, for export-hf and the serving commands", flag_values=fv)
 
 
 def export_hf(fv: flags.FlagValues) -> None:
@@ -315,12 +327,13 @@ def export_hf(fv: flags.FlagValues) -> None:
 
   Writes DIR for Hugging Face's ``from_pretrained``: config.json, generation_config.json,
   model.safetensors and the tokenizer's files, as the first architecture of txf.hf's
-  ``ARCHITECTURES`` that claims the run (an imported BERT, GPT-2 or T5, fine-tuned or not), else as
+  ``ARCHITECTURES`` that claims the run (an imported BERT, Llama, Qwen2, Mistral, GPT-2 or T5,
+  fine-tuned or not), else as
   Marian (``MarianMTModel``): an imported Marian, or a txf translation run with a SentencePiece
   tokenizer and Marian's options (sin_cos positions, layer_norm_eps=1e-5, post-LN). Anything else is
   refused with what stands in the way (docs/huggingface.md).
   """
-  flags.DEFINE_string("workdir", None, "run directory of a translation run (or of an imported BERT or GPT-2)", required=True,
+  flags.DEFINE_string("workdir", None, "run directory of a translation run (or of an imported BERT, GPT-2, T5 or Llama-family model)", required=True,
                       flag_values=fv)
   flags.DEFINE_string("output", None, "the new Hugging Face model directory (must not exist, or be empty)",
                       required=True, flag_values=fv)
@@ -366,9 +379,9 @@ COMMANDS = {
     "plan": Command("txf.commands.plan",
                     "size a job before launch: per-device memory and step time on N devices", plan),
     "import-hf": Command("txf.commands.import_hf",
-                         "import a Hugging Face Marian (OPUS-MT) or T5 model as a txf workdir", import_hf),
+                         "import a Hugging Face model (Marian, BERT, GPT-2, T5, Llama, Qwen2, Mistral) as a txf workdir", import_hf),
     "export-hf": Command("txf.commands.export_hf",
-                         "export a translation run as a Hugging Face Marian or T5 model", export_hf),
+                         "export a run as a Hugging Face model (Marian, BERT, GPT-2, T5, Llama, Qwen2, Mistral)", export_hf),
     "prepare-data": Command("txf.commands.prepare_data",
                             "download and prepare a tfds catalog dataset for offline use", prepare_data),
 }

@@ -57,7 +57,7 @@ def main(argv):
 
   def sample(prompts):
     return inference.sample_prompts(run, prompts, f.max_new_tokens, spec, f.seed, f.num_samples,
-                                    warn=terminal.warn_stderr)
+                                    warn=terminal.warn_stderr, start=f.start)
 
   if not f.prompt and terminal.from_terminal(f.input):
     print("txf generate: type a prompt per line (Ctrl-D ends)", file=sys.stderr, flush=True)

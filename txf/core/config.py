@@ -90,6 +90,12 @@ def base_config() -> ml_collections.ConfigDict:
   m.tie_output = True            # pre-softmax linear shares the target embedding: logits = h E^T
   m.positional = "sinusoidal"    # sinusoidal | learned | none (added to the embeddings) | rope | alibi | relative (inside self-attention), a name of txf.nn.positional.POSITIONAL
   m.rope_base = 10000.0          # positional=rope: theta_i = rope_base^(-2i/d_k), the rotation frequencies of the pairs (x_2i, x_2i+1)
+  m.rope_layout = "interleaved"  # positional=rope: which columns form a rotated pair: interleaved (x_2i, x_2i+1: the paper's, GPT-J) | half (x_i, x_i+d_k/2: Hugging Face Llama's rotate_half, GPT-NeoX)
+  m.rope_scaling = "none"        # positional=rope: rescaling of the frequencies theta_i: none | linear (theta_i / rope_scaling_factor) | llama3 (Llama 3.1's: low frequencies / factor, high ones kept, a smooth ramp between)
+  m.rope_scaling_factor = 1.0    # rope_scaling linear | llama3: the factor s the (low) frequencies are divided by
+  m.rope_low_freq_factor = 1.0   # rope_scaling=llama3: wavelengths above rope_original_max_len / this are divided by the factor
+  m.rope_high_freq_factor = 4.0  # rope_scaling=llama3: wavelengths below rope_original_max_len / this are kept
+  m.rope_original_max_len = 8192  # rope_scaling=llama3: the context the frequencies were trained for
   m.relative_buckets = 32        # positional=relative: rows of each layer's learned T5 bias table [buckets, h] (encoder: half per sign)
   m.relative_shared = False      # positional=relative: False = each self-attention layer has its own table; True = one table per stack (parameter relative_bias of the encoder / decoder), read by all its layers, as T5's
   m.relative_max_distance = 128  # positional=relative: distances >= this share the last (logarithmic) bucket
@@ -112,6 +118,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.position_offset = 0          # sinusoidal PE at position + this offset (Marian 0)
   m.embed_scale = True           # token embeddings times sqrt(d_model) (paper; Marian scale_embedding)
   m.attention_bias = False       # biases on the Q, K, V and output projections of attention (Marian: True)
+  m.attention_out_bias = True    # with attention_bias: also a bias on the output projection W^O (False: Q, K, V biases only, Qwen2's)
   m.logits_bias = False          # a vector added to the output logits (Marian's final_logits_bias)
   m.logits_scale = 1.0           # output logits = (logits_scale * h) W^T with h the final decoder states: 1.0 = none (the paper); T5 v1.0's tied head: d_model^-0.5
   m.decoder_start_id = 1         # id that starts every decoder input: BOS (1); an imported Marian model starts with its pad (0 in txf)
@@ -344,7 +351,9 @@ FIXED_CHOICES = {"model.dtype": ("auto", "prefer_bfloat16", "float32", "bfloat16
                  "data.spm_model_type": ("unigram", "bpe"),
                  "length_penalty": LENGTH_PENALTIES,
                  "decode_dtype": ("", "float32", "bfloat16"),
-                 "tracker": ("none", "wandb")}
+                 "tracker": ("none", "wandb"),
+                 "model.rope_layout": ("interleaved", "half"),
+                 "model.rope_scaling": ("none", "linear", "llama3")}
 
 _SECTIONS = {"c": "", "m": "model.", "o": "optimizer.", "d": "data.", "p": "pretrain."}
 _FIELD_LINE = re.compile(r'^\s+(?:(\w)\.(\w+) = |"(\w+)": )(.*?)\s+# (.*)$')

@@ -180,6 +180,13 @@ def positional_errors(m) -> List[str]:
     if not m.rope_base > 1:
       errors.append(f"model.rope_base={m.rope_base!r} must be > 1 (RoPE's frequencies "
                     f"theta_i = base^(-2i/d_k); the paper's is 10000)")
+    if m.rope_scaling != "none" and not m.rope_scaling_factor > 0:
+      errors.append(f"model.rope_scaling_factor={m.rope_scaling_factor!r} must be > 0")
+    if m.rope_scaling == "llama3" and not (
+        0 < m.rope_low_freq_factor < m.rope_high_freq_factor and m.rope_original_max_len > 0):
+      errors.append(f"model.rope_scaling=llama3 needs 0 < rope_low_freq_factor "
+                    f"({m.rope_low_freq_factor!r}) < rope_high_freq_factor "
+                    f"({m.rope_high_freq_factor!r}) and rope_original_max_len > 0")
   if kind == "relative":
     buckets, distance = m.relative_buckets, m.relative_max_distance
     if not isinstance(buckets, int) or buckets < 4 or buckets % 2:

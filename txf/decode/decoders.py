@@ -210,13 +210,15 @@ def compiled_ragged_sampler(model_cfg: TransformerConfig, rows: int, prompt_len:
   """jit'd (params, prompts int [rows, prompt_len] right-padded, lengths int [rows], keys [rows])
   -> int [rows, max_new_tokens]: row b continues ``prompts[b, :lengths[b]]`` drawing with its own
   key ``keys[b]`` (``txf.decode.sample`` with ``prompt_lengths``), so a row's tokens do not depend on
-  the other rows of the batch. Draws with ``spec``'s temperature, top_k and top_p."""
+  the other rows of the batch. Draws with ``spec``'s temperature, top_k and top_p. Every row
+  starts with ``model.decoder_start_id``, or with ``starts[b]`` (int [rows]) when given."""
 
-  def run_sampler(params, prompts, lengths, keys):
+  def run_sampler(params, prompts, lengths, keys, starts=None):
     cfg, params = decoding_model(model_cfg, params, spec)
     cache = init_cache(cfg, params, rows, prompt_len + max_new_tokens)
     return sample(text_logits_fn(make_logits_fn(cfg, params)), cache, prompts, keys,
                   max_new_tokens, temperature=spec.temperature, top_k=spec.top_k,
-                  top_p=spec.top_p, prompt_lengths=lengths, bos_id=model_cfg.decoder_start_id)
+                  top_p=spec.top_p, prompt_lengths=lengths,
+                  bos_id=model_cfg.decoder_start_id if starts is None else starts)
 
   return jax.jit(run_sampler)

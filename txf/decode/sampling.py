@@ -80,7 +80,8 @@ def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array,
     max_new_tokens: static int >= 1.
     temperature: static float >= 0; 0 means greedy (argmax, no randomness).
     top_k: static int >= 0 (0 = off); top_p: static float in (0, 1] (1 = off).
-    eos_id, bos_id: special ids.
+    eos_id, bos_id: special ids; ``bos_id`` may be int [B], each row's own first token (a prompt
+      that starts with its first token, as Hugging Face's generate continues ``tokenizer(P)``).
     prompt_lengths: int [B] with 0 <= length <= P, or None (every prompt is P tokens). When it is a
       concrete array the shortest prompt is prefilled in one call; under tracing only BOS is.
   Returns:
@@ -143,7 +144,8 @@ def sample(logits_fn: LogitsFn, cache: Any, prompt: jnp.ndarray, rng: jax.Array,
                                  lambda: (logits, cache))
     return step + 1, out, done, logits, cache
 
-  prefix = jnp.concatenate([jnp.full((batch, 1), bos_id, jnp.int32), prompt[:, :prefill]], axis=1)
+  starts = jnp.broadcast_to(jnp.asarray(bos_id, jnp.int32).reshape(-1, 1), (batch, 1))
+  prefix = jnp.concatenate([starts, prompt[:, :prefill]], axis=1)
   logits, cache = logits_fn(prefix, cache)
   state = (jnp.array(0, jnp.int32), jnp.zeros((batch, max_new_tokens), jnp.int32),
            jnp.zeros((batch,), bool), logits.astype(jnp.float32), cache)

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 from typing import Any, Callable, Dict
 
@@ -38,7 +39,13 @@ def read_state_dict(src: str) -> Dict[str, np.ndarray]:
   pytorch_model.bin only with torch installed)."""
   path = os.path.join(src, "model.safetensors")
   if os.path.isfile(path):
-    return safetensors_module().load_file(path)
+    reader = safetensors_module()
+    try:
+      return reader.load_file(path)
+    except Exception as e:  # safetensors' SafetensorError (truncated, not a safetensors file)
+      raise TxfError(f"{path} cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+                     f"the file is truncated or damaged; save the model again with "
+                     f"save_pretrained (or download it again)") from None
   path = os.path.join(src, "pytorch_model.bin")
   if os.path.isfile(path):
     try:
@@ -46,8 +53,12 @@ def read_state_dict(src: str) -> Dict[str, np.ndarray]:
     except ImportError:
       raise TxfError(f"{path} is a torch pickle and torch is not installed: install torch, or save "
                      f"the model with safetensors (save_pretrained's default)") from None
-    return {k: v.float().numpy() for k, v in torch.load(path, map_location="cpu",
-                                                         weights_only=True).items()}
+    try:
+      state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or damaged pickle
+      raise TxfError(f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): "
+                     f"the file is truncated or damaged; save the model again with save_pretrained") from None
+    return {k: v.float().numpy() for k, v in state.items()}
   raise TxfError(f"{src} has no model.safetensors or pytorch_model.bin: give a directory written "
                  f"by save_pretrained")
 
@@ -79,6 +90,11 @@ def resolve_source(src: str) -> str:
                                                 "model.safetensors"])
 
 
+def note(line: str) -> None:
+  """One ``txf: note:`` line on stderr (something an import or export left out, and why)."""
+  print(line, file=sys.stderr, flush=True)
+
+
 def read_json(path: str) -> Dict[str, Any]:
   with open(path) as f:
     return json.load(f)
@@ -108,11 +124,12 @@ def imported_config(name: str, data_config: str, fields: Dict[str, Any],
 
 def write_imported_run(workdir: str, config, codec: tok.Codec, params, task: Dict[str, Any]) -> None:
   """Write an imported run into ``workdir`` in one step (``staged_directory``): config.json, the
-  codec's tokenizer/, task.json (``task``: family, vocabulary sizes, classes, lengths) and
+  codec's tokenizer/ (none when ``codec`` is None), task.json (``task``: family, vocabulary sizes, classes, lengths) and
   params.msgpack."""
   with staged_directory(workdir, ".import-hf-") as tmp:
     workdir_lib.write_json(os.path.join(tmp, workdir_lib.CONFIG_FILE), workdir_lib.config_to_dict(config))
-    codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
+    if codec is not None:  # None: the weights came in without a tokenizer
+      codec.save(os.path.join(tmp, workdir_lib.TOKENIZER_DIR))
     workdir_lib.write_json(os.path.join(tmp, workdir_lib.TASK_FILE), task)
     workdir_lib.save_params(tmp, params)
 

@@ -97,10 +97,7 @@ def model_fields(hf: Dict[str, Any]) -> Dict[str, Any]:
                     f"source/target vocabularies)")
   if get("model_type") != "marian":
     problems.append(f"model_type={get('model_type')!r} (txf imports marian models)")
-  pad, start = get("pad_token_id"), get("decoder_start_token_id")
-  if start != pad:
-    problems.append(f"decoder_start_token_id={start} != pad_token_id={pad} (txf maps Marian's pad, "
-                    f"its decoder start, to id 0)")
+  pad = get("pad_token_id")
   if problems:
     raise UnsupportedMarianConfig("; ".join(problems))
   return {"family": "encoder_decoder", "d_model": int(get("d_model")),
@@ -293,7 +290,7 @@ def marian_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.
   source = tok.MarianTokenizer(protos[0], vocab, specials, size, clean_up=clean_up)
   target = tok.MarianTokenizer(protos[1], vocab, specials, size, decode_proto=protos[0],
                                clean_up=clean_up)
-  return tok.Codec(source, target, settings)
+  return tok.Codec(source, target, {**settings, "tokenizer_file": " + ".join(TOKENIZER_FILES)})
 
 
 def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_config: str,
@@ -314,6 +311,14 @@ def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_con
   config = common.import_config(hf, fields, name, data_config, max_len)
   config_lib.validate(config)
   codec = marian_codec(local, hf, {"tokenizer": "marian", "from": name})
+  # the decoder starts with Marian's pad (txf 0), or another id (a txf-trained run's BOS): its txf id
+  start = hf.get("decoder_start_token_id")
+  if start is not None and start != hf["pad_token_id"]:
+    if not 0 <= int(start) < len(codec.target.order):
+      raise TxfError(f"{config_path}: decoder_start_token_id={start} is not below vocab_size="
+                     f"{len(codec.target.order)}")
+    fields["decoder_start_id"] = int(np.flatnonzero(codec.target.order == int(start))[0])
+    config.model.decoder_start_id = fields["decoder_start_id"]
   params = params_from_state_dict(common.read_state_dict(local), fields, codec.target.order)
   common.write_imported_run(workdir, config, codec, params, common.translation_task(config, codec))
 
@@ -337,6 +342,7 @@ def export_run(workdir: str, config, output: str, params_name: Optional[str],
   vocab, order, ids, protos = _vocab_and_specials(codec)
   size = codec.target.vocab_size
   m = config.model
+  ids["start"] = int(order[m.decoder_start_id])  # the id the decoder starts with, Marian-numbered
   fields = m.to_dict()
   params = workdir_lib.load_params(workdir, params_name)
   sd = state_dict_from_params(params, fields, order, size)

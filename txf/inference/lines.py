@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf.data.base import UNK_ID, Task, pad_batch, truncate_keep_eos
+from txf.data.base import EOS_ID, UNK_ID, Task, pad_batch, truncate_keep_eos
 from txf.data.tokenizer import Codec
 from txf.core.errors import TxfError
 from txf.decode.sampling import row_keys
@@ -126,9 +126,27 @@ def _prompt_ids(run: Run, prompt: str, what: str, warn: Warn) -> np.ndarray:
   return ids
 
 
+# How a prompt P starts the decoder (``txf generate --start``): "text" = the ids of tokenizer(P) as
+# they are (the first one in the start position; the tokenizer's BOS only when its settings add
+# one), what Hugging Face's generate(**tokenizer(P)) continues; "bos" = model.decoder_start_id, then
+# the ids of P (a txf-trained LM's training rows, and the old start of an imported GPT-2:
+# <|endoftext|> + P); "auto" = "text" for an imported Hugging Face decoder (model.mask_special_logits),
+# "bos" otherwise.
+STARTS = ("auto", "text", "bos")
+
+
+def resolve_start(run: Run, start: str) -> str:
+  """``start`` ("auto", "text" or "bos", ``STARTS``) resolved for ``run``: "text" or "bos"."""
+  if start not in STARTS:
+    raise TxfError(f"--start={start!r} is not one of {', '.join(STARTS)}")
+  if start != "auto":
+    return start
+  return "text" if run.model_cfg.mask_special_logits else "bos"
+
+
 def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
                    spec: Optional[DecodingSpec] = None, seed: int = 0, num_samples: int = 1,
-                   warn: Warn = log_warning) -> List[List[str]]:
+                   warn: Warn = log_warning, start: str = "auto") -> List[List[str]]:
   """``num_samples`` continuations of each prompt (prompts of any lengths, one batch of
   len(prompts) * num_samples rows): per prompt, its samples as prompt + continuation, drawn with
   ``spec``'s temperature, top_k and top_p (default ``SAMPLING``: temperature 0.8, top_p 0.95).
@@ -136,26 +154,36 @@ def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
   Sample s of every prompt draws with the key ``fold_in(key(seed), s)``, so a prompt gets the same
   continuations in any batch as alone (``decode.sample`` with ``prompt_lengths``). The context is
   shared as in ``sample_texts``; ``max_new_tokens`` is lowered, with a warning, to what the longest
-  prompt leaves.
+  prompt leaves. ``start`` (``STARTS``): what the decoder starts with, ``model.decoder_start_id``
+  ("bos") or the prompt's own first token ("text"; an empty prompt starts with
+  ``model.decoder_start_id``).
   """
   require_family(run, "decoder_lm", "generate")
   spec = SAMPLING if spec is None else spec
   _check_sampling(max_new_tokens, spec, num_samples)
   if not prompts:
     return []
+  text_start = resolve_start(run, start) == "text"
   many = len(prompts) > 1
-  ids = [_prompt_ids(run, p, f"prompt {i + 1}" if many else "the prompt", warn)
-         for i, p in enumerate(prompts)]
+  full = [_prompt_ids(run, p, f"prompt {i + 1}" if many else "the prompt", warn)
+          for i, p in enumerate(prompts)]
+  first = np.full(len(full), run.model_cfg.decoder_start_id, np.int32)
+  if text_start:  # each prompt's own first token (its BOS when the tokenizer adds one) starts it
+    target = getattr(getattr(run.task, "codec", None), "target", None)
+    if getattr(target, "adds_bos", False):
+      full = [np.concatenate([[run.model_cfg.decoder_start_id], i]).astype(np.int32) for i in full]
+    first = np.asarray([i[0] if len(i) else s for i, s in zip(full, first)], np.int32)
+  ids = [i[1:] if text_start and len(i) else i for i in full]
   context, where = _context(run)
   longest = max(len(i) for i in ids)
   room = context - 1 - longest  # BOS + prompt + new tokens, minus the last one never fed
   if room < 1:
     which = f"prompt {[len(i) for i in ids].index(longest) + 1}" if many else "the prompt"
-    raise TxfError(f"{which} has {longest} tokens; the model's context is {where} tokens (BOS "
-                   f"included): shorten it")
+    raise TxfError(f"{which} has {longest + text_start} tokens; the model's context is {where} "
+                   f"tokens ({'' if text_start else 'BOS '}included): shorten it")
   if max_new_tokens > room + 1:
     warn(f"--max_new_tokens={max_new_tokens} does not fit the model's context ({where} tokens) "
-         f"with a {longest}-token prompt: generating at most {room + 1}")
+         f"with a {longest + text_start}-token prompt: generating at most {room + 1}")
     max_new_tokens = room + 1
   rows = [i for i in ids for _ in range(num_samples)]
   width = max(longest, 1)
@@ -163,14 +191,20 @@ def sample_prompts(run: Run, prompts: Sequence[str], max_new_tokens: int = 200,
   lengths = np.asarray([len(r) for r in rows], np.int32)
   keys = row_keys(jax.random.key(seed), num_samples)[np.tile(np.arange(num_samples), len(ids))]
   sampler = compiled_ragged_sampler(run.model_cfg, len(rows), width, max_new_tokens, spec)
-  new = np.asarray(sampler(run.params, jnp.asarray(batch), jnp.asarray(lengths), keys))
-  texts = [run.task.decode_target(np.concatenate([row, out])) for row, out in zip(rows, new)]
+  starts = np.repeat(first, num_samples) if text_start else None
+  new = np.asarray(sampler(run.params, jnp.asarray(batch), jnp.asarray(lengths), keys,
+                           None if starts is None else jnp.asarray(starts)))
+  # the text is the prompt's tokens and the new ones (a leading EOS, GPT-2's <|endoftext|>, dropped:
+  # decode_target ends the text at EOS)
+  heads = [i[1:] if len(i) and i[0] == EOS_ID else i for i in full] if text_start else ids
+  heads = [i for i in heads for _ in range(num_samples)]
+  texts = [run.task.decode_target(np.concatenate([row, out])) for row, out in zip(heads, new)]
   return [texts[p * num_samples:(p + 1) * num_samples] for p in range(len(ids))]
 
 
 def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200,
                  spec: Optional[DecodingSpec] = None, seed: int = 0, num_samples: int = 1,
-                 warn: Warn = log_warning) -> List[str]:
+                 warn: Warn = log_warning, start: str = "auto") -> List[str]:
   """``num_samples`` continuations of ``prompt`` from a decoder_lm run, each as prompt + continuation.
 
   Prompt and continuation share the context the model was trained on (BOS included): the
@@ -178,4 +212,4 @@ def sample_texts(run: Run, prompt: str, max_new_tokens: int = 200,
   training window were never seen (samples turn to noise there), so ``max_new_tokens`` is
   lowered, with a warning, to fit. This is ``sample_prompts`` with the one prompt.
   """
-  return sample_prompts(run, [prompt], max_new_tokens, spec, seed, num_samples, warn)[0]
+  return sample_prompts(run, [prompt], max_new_tokens, spec, seed, num_samples, warn, start)[0]

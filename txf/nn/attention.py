@@ -137,8 +137,8 @@ class MultiHeadAttention(nn.Module):
   def _weights(self):
     """The parameters, cast to the compute dtype: (W^Q [d_model, h, d_k], W^K, W^V [d_model, h_kv,
     d_k], W^O [h, d_v, d_model], (b_q [h, d_k], b_k, b_v [h_kv, d_k], b_o [d_model]) with
-    ``model.attention_bias`` (Marian/BART: Q = x W^Q + b_q, ..., out = Concat(...) W^O + b_o),
-    else four None)."""
+    ``model.attention_bias`` (Marian/BART: Q = x W^Q + b_q, ..., out = Concat(...) W^O + b_o;
+    b_o None with ``model.attention_out_bias`` False, Qwen2's), else four None)."""
     cfg = self.config
     h, dk, dt = cfg.num_heads, cfg.d_k, cfg.compute_dtype
     hk = cfg.num_kv_heads or h
@@ -154,7 +154,8 @@ class MultiHeadAttention(nn.Module):
     kv_axes = ("heads", "kv") if hk == h else ("kv_heads", "kv")
     return w_q, w_k, w_v, w_o, (
         bias("query_bias", (h, dk), ("heads", "kv")), bias("key_bias", (hk, dk), kv_axes),
-        bias("value_bias", (hk, dk), kv_axes), bias("out_bias", (cfg.d_model,), ("norm",)))
+        bias("value_bias", (hk, dk), kv_axes),
+        bias("out_bias", (cfg.d_model,), ("norm",)) if cfg.attention_out_bias else None)
 
   def _positions(self, length, positions):
     """The positions of the queries and of the keys they attend to, int [B|1, L_q] and [B|1, L_k],

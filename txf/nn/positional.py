@@ -48,10 +48,20 @@ def no_positions(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray,
 
 
 def rope_rotate(cfg: TransformerConfig, x: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
-  """RoPE: the pairs (x_2i, x_2i+1) of each head rotated by p * theta_i, theta_i =
-  rope_base^(-2i/d_k) (txf.ops.rope, interleaved pairs). x [B, h, L, d_k] (queries or keys);
-  positions int [B|1, L] -> [B, h, L, d_k]."""
-  return ops.rope(x, positions, cfg.rope_base)
+  """RoPE: the pairs of each head rotated by p * theta_i, theta_i = rope_base^(-2i/d_k).
+
+  ``model.rope_layout`` "interleaved" (the default): pairs (x_2i, x_2i+1) (txf.ops.rope); "half":
+  pairs (x_i, x_i+d_k/2) (txf.ops.rope_half, Hugging Face Llama's layout), whose frequencies
+  ``model.rope_scaling`` may rescale (txf.ops.rope_frequencies: linear, llama3). x [B, h, L, d_k]
+  (queries or keys); positions int [B|1, L] -> [B, h, L, d_k]."""
+  if cfg.rope_layout == "interleaved" and cfg.rope_scaling == "none":
+    return ops.rope(x, positions, cfg.rope_base)
+  theta = ops.rope_frequencies(x.shape[-1], cfg.rope_base, cfg.rope_scaling, cfg.rope_scaling_factor,
+                               cfg.rope_low_freq_factor, cfg.rope_high_freq_factor,
+                               cfg.rope_original_max_len)
+  if cfg.rope_layout == "half":
+    return ops.rope_half(x, positions, theta)
+  return ops.rope(x, positions, theta=theta)
 
 
 def alibi(module: nn.Module, cfg: TransformerConfig, q_positions: jnp.ndarray,

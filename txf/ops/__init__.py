@@ -18,4 +18,5 @@ from txf.ops.masking import allowed_random_ids, mlm_mask
 from txf.ops.norm import layer_norm, rms_norm
 from txf.ops.positional import (alibi_bias, alibi_slopes, positional_encoding_at,
                                 relative_position_bias, relative_position_bucket, rope,
+                                rope_frequencies, rope_half,
                                 sinusoidal_positional_encoding)

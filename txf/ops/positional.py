@@ -81,7 +81,60 @@ def positional_encoding_at(positions: jnp.ndarray, d_model: int, max_timescale: 
 
 # --- positions inside attention: RoPE, ALiBi, T5's relative bias -----------------------------
 
-def rope(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:
+def rope_frequencies(d_k: int, base: float = 10000.0, scaling: str = "none", factor: float = 1.0,
+                     low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                     original_max_len: int = 8192) -> np.ndarray:
+  r"""RoPE's frequencies theta_i = 1 / base^(2i/d_k), i < d_k/2, float32 [d_k/2] (computed in
+  float32 as Hugging Face does), rescaled by ``scaling``:
+
+  * "none": as they are;
+  * "linear": theta_i / s (s = ``factor``), the same as positions divided by s;
+  * "llama3": with wavelength lambda_i = 2 pi / theta_i, C = ``original_max_len``,
+    l = ``low_freq_factor``, u = ``high_freq_factor``: theta_i / s where lambda_i > C / l; theta_i
+    where lambda_i < C / u; between them (1 - g) theta_i / s + g theta_i with the ramp
+    g = (C / lambda_i - l) / (u - l).
+  """
+  half = np.arange(0, d_k, 2, dtype=np.int64).astype(np.float32) / np.float32(d_k)
+  theta = (np.float32(1.0) / np.power(np.float32(base), half)).astype(np.float32)
+  if scaling == "none":
+    return theta
+  if scaling == "linear":
+    return (theta / np.float32(factor)).astype(np.float32)
+  if scaling != "llama3":
+    raise ValueError(f"unknown RoPE scaling {scaling!r} (none, linear, llama3)")
+  wavelength = np.float32(2 * np.pi) / theta
+  low_wavelength = np.float32(original_max_len / low_freq_factor)
+  high_wavelength = np.float32(original_max_len / high_freq_factor)
+  scaled = np.where(wavelength > low_wavelength, theta / np.float32(factor), theta)
+  ramp = ((np.float32(original_max_len) / wavelength - np.float32(low_freq_factor))
+          / np.float32(high_freq_factor - low_freq_factor))
+  smoothed = (1 - ramp) * scaled / np.float32(factor) + ramp * scaled
+  medium = ~(wavelength < high_wavelength) & ~(wavelength > low_wavelength)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_half(x: jnp.ndarray, positions: jnp.ndarray, theta: np.ndarray) -> jnp.ndarray:
+  r"""RoPE with the half-split pairs (GPT-NeoX's and Hugging Face Llama's ``rotate_half``): column
+  i and column i + d_k/2 of a head form the pair rotated by p * theta_i:
+
+  $$x'_i = x_i \cos p\theta_i - x_{i+d_k/2} \sin p\theta_i, \qquad
+  x'_{i+d_k/2} = x_{i+d_k/2} \cos p\theta_i + x_i \sin p\theta_i$$
+
+  x [B, H, L, d_k] (d_k even); positions int [B|1, L]; theta float32 [d_k/2] (``rope_frequencies``)
+  -> [B, H, L, d_k] in x's dtype (angles and rotation in float32)."""
+  d_k = x.shape[-1]
+  if d_k % 2:
+    raise ValueError(f"RoPE rotates pairs of columns: d_k={d_k} must be even")
+  angles = positions.astype(jnp.float32)[:, None, :, None] * jnp.asarray(theta, jnp.float32)
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  xf = x.astype(jnp.float32)
+  first, second = xf[..., :d_k // 2], xf[..., d_k // 2:]
+  return jnp.concatenate([first * cos - second * sin, second * cos + first * sin],
+                         axis=-1).astype(x.dtype)
+
+
+def rope(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0,
+         theta=None) -> jnp.ndarray:
   r"""Rotary position embedding (Su et al. 2021), interleaved pairs: each pair of columns
   (x_{2i}, x_{2i+1}) of a head is rotated by the angle p * theta_i of its position p.
 
@@ -96,13 +149,16 @@ def rope(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.n
     x: [B, H, L, d_k] per-head queries or keys (d_k even).
     positions: int [B|1, L] absolute positions p.
     base: the base of theta_i (``model.rope_base``; 10000 in the paper).
+    theta: None, or the frequencies float32 [d_k/2] to use instead (``rope_frequencies``, rescaled).
   Returns:
     [B, H, L, d_k] in x's dtype (the angles and the rotation computed in float32).
   """
   d_k = x.shape[-1]
   if d_k % 2:
     raise ValueError(f"RoPE rotates pairs of columns: d_k={d_k} must be even")
-  theta = jnp.power(jnp.float32(base), -jnp.arange(0, d_k, 2, dtype=jnp.float32) / d_k)  # [d_k/2]
+  if theta is None:
+    theta = jnp.power(jnp.float32(base), -jnp.arange(0, d_k, 2, dtype=jnp.float32) / d_k)  # [d_k/2]
+  theta = jnp.asarray(theta, jnp.float32)
   angles = positions.astype(jnp.float32)[:, None, :, None] * theta  # [B|1, 1, L, d_k/2]
   cos, sin = jnp.cos(angles), jnp.sin(angles)
   pairs = x.astype(jnp.float32).reshape(x.shape[:-1] + (d_k // 2, 2))
