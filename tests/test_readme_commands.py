@@ -252,6 +252,11 @@ NOT_RUN = {
     "--source_len 24 --repeats 7 --num_kv_heads 4 2 1":
         "a benchmark: tests/test_bench.py runs its --num_kv_heads comparison",
     "python -m bench.memory": "a benchmark: tests/test_bench.py",
+    "python -m bench.chaos --short": "a chaos run of minutes: tests/test_chaos.py runs it (slow tier)",
+    "python -m bench.chaos": "a chaos run of 20 faults on 2 processes, many minutes (docs/checkpoints.md)",
+    "launch/requeue.sh python3 -m txf.cli train --config=experiments/copy.py "
+    "--workdir=runs/copy_requeued": "a loop around a whole training: tests/test_launchers.py runs "
+                                    "requeue.sh with a stand-in command",
     "python -m bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":
         "the peers' own venv with torch and a Flax WMT copy (BENCHMARKS.md)",
     "python -m bench.peers ... --systems txf,flax-wmt,torch-eager,marian,txf-bf16,torch-bf16,"
