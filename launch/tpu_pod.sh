@@ -21,11 +21,15 @@
 #       --config.mesh_shape='(1,-1,1)' --workdir=/mnt/shared/runs/pod
 #
 # Each worker runs, in $TXF_DIR:
-#   setsid nohup env TXF_DISTRIBUTED=auto ... $TXF_PYTHON -m txf.cli train FLAGS > logs/txf-HOST.log
+#   setsid nohup env TXF_DISTRIBUTED=auto ... bash launch/requeue.sh $TXF_PYTHON -m txf.cli train FLAGS \
+#       > logs/txf-HOST.log
 # in the background and returns: nohup makes the run ignore SIGHUP (the end of the SSH session),
-# setsid takes it out of the session's process group; SIGTERM (from --stop, or a maintenance
-# event) still reaches txf, which finishes its step, writes a checkpoint and exits. Its pid is in
-# logs/txf.pid. TXF_DISTRIBUTED=auto makes txf call jax.distributed.initialize() with no
+# setsid takes it out of the session's process group. launch/requeue.sh starts `txf train` again
+# whenever it ends with status 75 (a lost or hung worker, a full disk: txf.core.errors) or by a
+# signal (kill -9, the OOM killer), so a job whose worker died comes back on every worker and
+# resumes from its last checkpoint by itself; 0, 1 and 2 end it. SIGTERM (from --stop, or a
+# maintenance event) reaches requeue.sh, which passes it to txf (it finishes its step, writes a
+# checkpoint and exits) and does not start it again. The loop's pid is in logs/txf.pid. TXF_DISTRIBUTED=auto makes txf call jax.distributed.initialize() with no
 # arguments, which reads the topology (and the slices of a multislice queued resource) from the
 # TPU metadata. Only process 0 prints and writes logs/metrics; every process writes its shards of
 # the checkpoints, so --workdir must be storage all workers share (an NFS/Filestore mount or a
@@ -39,7 +43,7 @@
 #   TPU_PROJECT  passed as --project if set
 #   TXF_HEARTBEAT_TIMEOUT  forwarded: seconds until a silent worker counts as dead (default 100)
 set -euo pipefail
-usage() { sed -n '2,42p' "$0"; exit 2; }
+usage() { sed -n '2,44p' "$0"; exit 2; }
 
 DRY=${TXF_DRY_RUN:-}; QUEUED=""; TYPE=""; VERSION=""; SPOT=""; SLICES=1; MODE=run
 while [ $# -gt 0 ]; do
@@ -110,7 +114,7 @@ fi
 
 TRAIN=$(printf ' %q' "${FLAGS[@]+"${FLAGS[@]}"}")
 REMOTE="cd $DIR && mkdir -p logs && setsid nohup env TXF_DISTRIBUTED=auto \
-TXF_HEARTBEAT_TIMEOUT=${TXF_HEARTBEAT_TIMEOUT:-100} ${TXF_PYTHON:-python3} -m txf.cli train${TRAIN} \
+TXF_HEARTBEAT_TIMEOUT=${TXF_HEARTBEAT_TIMEOUT:-100} bash launch/requeue.sh ${TXF_PYTHON:-python3} -m txf.cli train${TRAIN} \
 > logs/txf-\$(hostname).log 2>&1 < /dev/null & echo \$! > logs/txf.pid; \
 echo \"\$(hostname): txf train started (pid \$(cat logs/txf.pid)), log: $DIR/logs/txf-\$(hostname).log\""
 run "${SSH[@]}" --command="$REMOTE"

@@ -8,6 +8,9 @@ tests run ``python -m tests.faults <txf command and flags>`` with ``FAULT_NAN_AT
 (the disk fills in orbax's background write) and/or ``FAULT_DISK_FULL_FOR=NAME`` (files named
 ``*NAME*`` cannot be written) in the environment: this
 installs the faults, then runs ``txf`` as usual.
+``FAULT_EVAL_DELAY_S=s`` announces each in-loop evaluation and waits before it;
+``FAULT_SAVE_FROM_STEP`` / ``FAULT_EVAL_FROM_STEP=k``: only from step k on. ``FAULT_SUPERVISED=1``:
+one process of several runs under txf's supervising parent, as ``txf`` itself does.
 ``FAULT_SIGNAL_AT_STEP=k`` (with ``FAULT_SIGNAL=TERM|INT``, ``FAULT_SIGNAL_PROCESS=i``,
 ``FAULT_SIGNAL_WHEN_PIPE_CLOSED=1``) and ``FAULT_SIGNAL_IN_FINISH=TERM`` likewise; every
 subprocess run also writes ``process i: the loop ended after step n`` to stderr when training ends.
@@ -58,18 +61,35 @@ def nan_at_step(monkeypatch, k: int) -> None:
   monkeypatch.setattr(loop, "make_runner", make_faulty_runner)
 
 
-def slow_saves(monkeypatch, delay_s: float) -> None:
-  """Every checkpoint's ``meta`` item waits ``delay_s`` inside orbax's background write, after
-  writing ``<step>: slow save started`` to stderr, so a test can kill a process mid-save."""
+def slow_saves(monkeypatch, delay_s: float, from_step: int = 0) -> None:
+  """Every checkpoint's ``meta`` item (of step ``from_step`` on) waits ``delay_s`` inside orbax's
+  background write, after writing ``<step>: slow save started`` to stderr, so a test can kill a
+  process mid-save."""
   save = ocp.handlers.JsonCheckpointHandler._save_fn
 
   async def slow_save(self, x, directory):
-    if isinstance(x, dict) and "data_iterator" in x:
+    if isinstance(x, dict) and "data_iterator" in x and int(x.get("step", 0)) >= from_step:
       os.write(2, f"{x.get('step')}: slow save started\n".encode())
       await asyncio.sleep(delay_s)
     await save(self, x, directory)
 
   monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "_save_fn", slow_save)
+
+
+def slow_evaluations(monkeypatch, delay_s: float, from_step: int = 0) -> None:
+  """Every in-loop evaluation (of step ``from_step`` on) writes ``<step>: evaluation started`` to
+  stderr, then waits ``delay_s`` before it evaluates, so a test can kill a process while it
+  evaluates."""
+  evaluate = loop.evaluate
+
+  def slow_evaluate(run, state, is_last):
+    every = run.config.eval_every
+    if ((every and state.step % every == 0) or is_last) and state.step >= from_step:
+      os.write(2, f"{state.step}: evaluation started\n".encode())
+      time.sleep(delay_s)
+    return evaluate(run, state, is_last)
+
+  monkeypatch.setattr(loop, "evaluate", slow_evaluate)
 
 
 def signal_at_step(monkeypatch, k: int, signum: int, process: int = -1,
@@ -209,6 +229,15 @@ def hide_checkpoint(monkeypatch, step: int, process: int) -> None:
   monkeypatch.setattr(name_format, "_glob_step_paths", without_step)
 
 
+def supervised(args) -> None:
+  """As ``txf`` itself runs one process of several: under its supervising parent
+  (txf.runtime.supervise), whose child runs this module again, with the same faults. Returns in
+  the child, or at once when the job has one process; the parent exits with the child."""
+  from txf.runtime import process as runtime_process, supervise
+  runtime_process.txf_argv = lambda argv: [sys.executable, "-m", "tests.faults", *argv]
+  supervise.supervise(["txf", *args])
+
+
 class _Patch:
   """The part of pytest's monkeypatch that the faults use, for a subprocess."""
 
@@ -225,8 +254,14 @@ if __name__ == "__main__":
     disk_full_in_async_save(_Patch(), int(os.environ["FAULT_DISK_FULL_IN_ASYNC_SAVE"]))
   if os.environ.get("FAULT_DISK_FULL_FOR"):
     disk_full_for(_Patch(), os.environ["FAULT_DISK_FULL_FOR"])
+  if os.environ.get("FAULT_SUPERVISED"):
+    supervised(sys.argv[1:])
   if os.environ.get("FAULT_SAVE_DELAY_S"):
-    slow_saves(_Patch(), float(os.environ["FAULT_SAVE_DELAY_S"]))
+    slow_saves(_Patch(), float(os.environ["FAULT_SAVE_DELAY_S"]),
+               int(os.environ.get("FAULT_SAVE_FROM_STEP", "0")))
+  if os.environ.get("FAULT_EVAL_DELAY_S"):
+    slow_evaluations(_Patch(), float(os.environ["FAULT_EVAL_DELAY_S"]),
+                     int(os.environ.get("FAULT_EVAL_FROM_STEP", "0")))
   if os.environ.get("FAULT_SIGNAL_AT_STEP"):
     signal_at_step(_Patch(), int(os.environ["FAULT_SIGNAL_AT_STEP"]),
                    getattr(signal, "SIG" + os.environ.get("FAULT_SIGNAL", "TERM")),
@@ -239,5 +274,6 @@ if __name__ == "__main__":
                   os.environ.get("FAULT_ERROR", "data"), int(os.environ.get("FAULT_ERROR_PROCESS", "-1")))
   if os.environ.get("FAULT_HIDE_CHECKPOINT"):  # STEP:PROCESS
     hide_checkpoint(_Patch(), *map(int, os.environ["FAULT_HIDE_CHECKPOINT"].split(":")))
-  report_end(_Patch())
+  if not os.environ.get("FAULT_QUIET_END"):
+    report_end(_Patch())
   cli.main(["txf"] + sys.argv[1:])

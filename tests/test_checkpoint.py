@@ -22,7 +22,8 @@ import pytest
 
 from tests.conftest import ROOT
 from txf.runtime import workdir as workdir_lib
-from txf.train.checkpoint import Checkpointer, CheckpointFallbackWarning, average_checkpoints
+from txf.train.checkpoint import (Checkpointer, CheckpointFallbackWarning, CheckpointSpec,
+                                  average_checkpoints)
 from txf.core.config import base_config
 from txf.train.steps import TrainState, create_train_state
 from tests import faults
@@ -50,6 +51,11 @@ def _config(**kw):
   return c
 
 
+def _spec(**kw) -> CheckpointSpec:
+  """The checkpointer's spec (``base_config``'s defaults but for ``kw``)."""
+  return CheckpointSpec(**kw)
+
+
 def _assert_tree_equal(a, b):
   la, ta = jax.tree_util.tree_flatten(a)
   lb, tb = jax.tree_util.tree_flatten(b)
@@ -59,14 +65,14 @@ def _assert_tree_equal(a, b):
 
 
 def test_save_restore_roundtrip_with_data_and_loop_state(tmp_path):
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=3))
   saved = _state(1.5, 20)
   assert ck.save(20, saved, {"next_index": 20, "epoch": 0}, {"loss": 2.5},
                  {"pending": [{"loss": [1.25, "float32"]}]})
   assert not ck.save(20, saved, {"next_index": 20})  # an existing step is never overwritten
   ck.close()
 
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))  # a new process
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=3))  # a new process
   restored = ck.restore_latest(_template())
   ck.close()
   assert isinstance(restored.state, TrainState) and restored.step == 20
@@ -80,14 +86,14 @@ def test_save_restore_roundtrip_with_data_and_loop_state(tmp_path):
 
 
 def test_no_checkpoint_restores_none(tmp_path):
-  ck = Checkpointer(str(tmp_path), _config())
+  ck = Checkpointer(str(tmp_path), _spec())
   assert ck.restore_latest(_template()) is None
   ck.close()
 
 
 @pytest.mark.parametrize("mode, best", [("max", 40), ("min", 20)])
 def test_keeps_last_n_plus_best(tmp_path, mode, best):
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=2, best_metric="bleu", best_mode=mode))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=2, best_metric="bleu", best_mode=mode))
   bleu = {20: 10.0, 40: 30.0, 60: 20.0, 80: None, 100: None}
   for step, b in bleu.items():  # no eval at 80 and 100: never "best"
     ck.save(step, _state(step, step), {"next_index": step},
@@ -100,7 +106,7 @@ def test_keeps_last_n_plus_best(tmp_path, mode, best):
 
 
 def test_keep_without_best_metric_keeps_last_n(tmp_path):
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=2))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=2))
   for step in (10, 20, 30):
     ck.save(step, _state(step, step), {"next_index": step}, {"loss": 1.0 / step})
   ck.close()
@@ -112,7 +118,7 @@ def test_keep_without_best_metric_keeps_last_n(tmp_path):
 def test_save_is_asynchronous(tmp_path, monkeypatch):
   """save() returns while the write is still going on; wait() finishes it."""
   faults.slow_saves(monkeypatch, 1.0)
-  ck = Checkpointer(str(tmp_path), _config())
+  ck = Checkpointer(str(tmp_path), _spec())
   ck.save(10, _state(1.0, 10), {"next_index": 10})
   assert "10" not in os.listdir(tmp_path / "checkpoints")  # returned before the write ended
   # the write is under way in the background: its temporary directory appears (orbax's thread
@@ -132,13 +138,13 @@ def test_unfinished_save_is_not_a_checkpoint(tmp_path):
 
   (test_checkpoint_resume.py kills a real ``txf train`` during a save.)
   """
-  ck = Checkpointer(str(tmp_path), _config())
+  ck = Checkpointer(str(tmp_path), _spec())
   ck.save(10, _state(1.0, 10), {"next_index": 10})
   ck.close()
   partial = tmp_path / "checkpoints" / "20.orbax-checkpoint-tmp-1234"
   (partial / "state").mkdir(parents=True)
   (partial / "state" / "half_written").write_bytes(b"\0" * 10)
-  ck = Checkpointer(str(tmp_path), _config())
+  ck = Checkpointer(str(tmp_path), _spec())
   assert ck.all_steps() == [10]
   assert ck.restore_latest(_template()).step == 10
   ck.close()
@@ -153,13 +159,13 @@ def _truncate_files(directory):
 
 
 def test_unreadable_latest_falls_back_to_previous_with_warning(tmp_path):
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=5))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=5))
   for step in (10, 20, 30):
     ck.save(step, _state(step, step), {"next_index": step})
   ck.close()
   _truncate_files(tmp_path / "checkpoints" / "30" / "state")       # truncated array files
   os.remove(tmp_path / "checkpoints" / "20" / "meta" / "metadata")  # a missing file
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=5))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=5))
   with pytest.warns(CheckpointFallbackWarning) as record:
     restored = ck.restore_latest(_template())
   assert restored.step == 10 and restored.data_state == {"next_index": 10}
@@ -176,11 +182,11 @@ def test_unreadable_latest_falls_back_to_previous_with_warning(tmp_path):
 
 def test_checkpoint_that_does_not_fit_the_target_is_kept_and_refused(tmp_path):
   """A readable checkpoint is never moved aside because the new run's state has another shape."""
-  ck = Checkpointer(str(tmp_path), _config())
+  ck = Checkpointer(str(tmp_path), _spec())
   ck.save(10, _state(1.0, 10), {"next_index": 10})
   ck.close()
   wider = _template().replace(params={**_template().params, "embed": jnp.zeros((5, 3))})
-  ck = Checkpointer(str(tmp_path), _config())
+  ck = Checkpointer(str(tmp_path), _spec())
   with pytest.raises(ValueError, match="step 10 .* is readable but does not fit"):
     ck.restore_latest(wider)
   assert ck.all_steps() == [10] and not (tmp_path / "checkpoints-unreadable").exists()
@@ -188,7 +194,7 @@ def test_checkpoint_that_does_not_fit_the_target_is_kept_and_refused(tmp_path):
 
 
 def test_restore_params_only_and_average(tmp_path):
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=4))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=4))
   for step in (10, 20, 30, 40):
     ck.save(step, _state(step / 7, step), {"next_index": step})
   ck.close()
@@ -214,7 +220,7 @@ def test_restore_params_only_and_average(tmp_path):
 @pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_restore_onto_another_device_count(tmp_path):
   """Saved from one device; restored in a process with 4 CPU devices onto a sharded mesh target."""
-  ck = Checkpointer(str(tmp_path), _config())
+  ck = Checkpointer(str(tmp_path), _spec())
   ck.save(10, _state(3.0, 10), {"next_index": 10})
   ck.close()
   script = textwrap.dedent(f"""
@@ -360,7 +366,7 @@ def test_export_best_latest_and_numbered_checkpoint(tmp_path):
   """'best' is the checkpoint orbax keeps as best (the eval metric saved with it), 'latest' the
   newest, a number that step."""
   config = _config(keep_checkpoints=2, best_metric="accuracy")
-  ck = Checkpointer(str(tmp_path), config)
+  ck = Checkpointer(str(tmp_path), CheckpointSpec.from_config(config))
   for step, accuracy in ((10, 0.5), (20, 0.8), (30, 0.7), (40, 0.6)):
     ck.save(step, _state(step / 7, step), {"next_index": step}, {"accuracy": accuracy})
   ck.close()
@@ -378,7 +384,7 @@ def test_export_best_latest_and_numbered_checkpoint(tmp_path):
 
 def test_average_reads_one_array_at_a_time(tmp_path, monkeypatch):
   """Averaging never restores a whole checkpoint (or its whole params): every read is one array."""
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=3))
   for step in (1, 2):
     ck.save(step, _state(step * 0.5, step), {"next_index": step})
   ck.close()
@@ -404,7 +410,7 @@ def test_average_shard_by_shard_over_four_devices(tmp_path):
   float64 mean of the checkpoints (to float32 rounding), and one exported step exactly."""
   rng = np.random.default_rng(0)
   states = []
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=3))
   for step in (1, 2, 3):
     state = _state(step * 0.25, step)
     params = jax.tree_util.tree_map(lambda x: (x + rng.normal(size=x.shape)).astype(np.float32),

@@ -141,9 +141,9 @@ def test_info_is_quiet_by_default_and_logs_with_v():
 
 @pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_average_checkpoints_has_no_orbax_read_only_warning(tmp_path):
-  from tests.test_checkpoint import _config, _state
+  from tests.test_checkpoint import _spec, _state
   from txf.train.checkpoint import Checkpointer
-  ck = Checkpointer(str(tmp_path), _config(keep_checkpoints=3))
+  ck = Checkpointer(str(tmp_path), _spec(keep_checkpoints=3))
   for step in (10, 20):
     ck.save(step, _state(step / 7, step), {"next_index": step})
   ck.close()
@@ -196,7 +196,7 @@ FLAGS_BEFORE = {
              "vocab_size": ("int", 0), "device_peak_tflops": ("float", 0.0), "mfu": ("float", 0.4),
              "hosts": ("int", 0), "json": ("string", ""), "topology": ("string", "")},
     "import-hf": {"workdir": ("string", None, REQUIRED), "data_config": ("string", None),
-                  "max_len": ("int", 128)},
+                  "max_len": ("int", 128), "plugins": ("string", "")},
     "export-hf": {"workdir": ("string", None, REQUIRED), "output": ("string", None, REQUIRED),
                   "params": ("string", None)},
     "prepare-data": {"data_dir": ("string", "")},

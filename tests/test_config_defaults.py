@@ -13,7 +13,7 @@ from txf.core import config as config_lib
 from txf.core.config import base_config, complete, mesh_axis_sizes, validate, vocab_splits
 from txf.decode import DecodingSpec
 from txf.runtime import workdir as workdir_lib
-from txf.train.optimizer import make_optimizer
+from txf.train.optimizer import make_optimizer, optimizer_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,7 +84,10 @@ def test_an_experiment_file_that_leaves_fields_out_loads_complete(tmp_path):
 def test_a_section_built_by_hand_gets_that_sections_defaults():
   opt = ml_collections.ConfigDict({"name": "muon", "schedule": "constant", "learning_rate": 0.02})
   make_optimizer(opt, d_model=16)  # reads momentum and muon_adam_lr_ratio it was not given
-  assert (opt.momentum, opt.muon_adam_lr_ratio, opt.b2) == (0.95, 0.1, 0.98)
+  spec = optimizer_spec(opt)
+  assert (spec.name, spec.learning_rate, spec.momentum, spec.muon_adam_lr_ratio, spec.b2) == (
+      "muon", 0.02, 0.95, 0.1, 0.98)
+  assert "momentum" not in opt  # read, not written: the section is the caller's
   spec = DecodingSpec.from_config({"beam_size": 4})
   assert (spec.beam_size, spec.alpha, spec.length_penalty, spec.max_extra) == (4, 0.6, "gnmt", 50)
 

@@ -9,7 +9,7 @@ import pytest
 
 from txf.core import config as config_lib
 from txf.data import global_batches, pipeline
-from txf.data.base import EOS_ID, RowLayout, data_spec
+from txf.data.base import EOS_ID, RowLayout, DataSpec
 from txf.data.real import make_real_task
 from txf.data.base import DataError
 from txf.models import build_model, init_params, model_inputs
@@ -86,7 +86,7 @@ def test_shapes_are_fixed_per_mode(dirs):
 
 def _order_of(count, seed, n):
   """The first ``n`` record indices the global engine walks (plain batches of one row)."""
-  spec = pipeline.BatchSpec.of(data_spec(config_lib.base_config()), {"inputs": 4}, 1)
+  spec = pipeline.BatchSpec.of(DataSpec.from_config(config_lib.base_config().data), {"inputs": 4}, 1)
   read = lambda indices: [{"inputs": np.array([i + 1], np.int32)} for i in indices]
   it = global_batches.IndexBatchIterator(np.ones((count, 1), np.int32), spec, seed,
                                          RowLayout(), read, False, "fp")
@@ -94,7 +94,7 @@ def _order_of(count, seed, n):
 
 
 def test_no_example_within_the_lengths_is_one_error_not_an_endless_search():
-  spec = pipeline.BatchSpec.of(data_spec(config_lib.base_config()), {"inputs": 4}, 1)
+  spec = pipeline.BatchSpec.of(DataSpec.from_config(config_lib.base_config().data), {"inputs": 4}, 1)
   lengths = np.full((3, 1), 6, np.int32)
   read = lambda indices: [{"inputs": np.ones(lengths[i, 0], np.int32)} for i in indices]
   with pytest.raises(DataError, match=r"train: every one of the 3 examples is longer than the "

@@ -215,3 +215,30 @@ def test_tinyshakespeare_char_vocabulary(tmp_path, monkeypatch):
   assert task.vocab_size == 65 + 4
   assert task.stream("train").shape == (int(1115394 * 0.9),)
   assert next(task.train_iterator(4, 0))["targets"].shape == (4, 256)
+
+
+@pytest.mark.slow  # two processes that each import tfds
+def test_two_processes_preparing_the_same_new_data_at_once_take_turns(tmp_path):
+  """A sweep's runs start together on a dataset no run has prepared yet: one prepares it, the
+  other waits for the lock and opens it (without the lock both prepare and one fails to rename
+  its copy into place)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  data = parallel_dir(tmp_path / "par")
+  spec = builders.local_spec(data, "parallel", ["train", "val", "test"], "en", "de", 1000, 0.9)
+  go = tmp_path / "go"   # both processes import everything, then start preparing together
+  code = ("import json, os, sys, time\nfrom txf.data import builders\n"
+          "open(sys.argv[2], 'w').close()\n"
+          f"while not os.path.exists({str(go)!r}):\n  time.sleep(0.01)\n"
+          f"p = builders.prepare_local({data!r}, json.loads(sys.argv[1]), {str(tmp_path / 'tfds')!r})\n"
+          "print(int(p.prepared_now), len(p.sources['train']))\n")
+  ready = [str(tmp_path / f"ready-{i}") for i in range(2)]
+  procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(spec), ready[i]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  deadline = time.time() + 240
+  while not all(os.path.exists(r) for r in ready) and time.time() < deadline:
+    time.sleep(0.05)
+  go.touch()
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  assert sorted(out.split() for out, _ in outs) == [["0", "240"], ["1", "240"]]

@@ -118,9 +118,7 @@ def test_orbax_background_failure_of_a_full_disk_is_a_disk_error_and_its_logs_ar
   from tests import faults
   from txf.runtime import process as runtime
   from txf.runtime import workdir as workdir_lib
-  from txf.train.checkpoint import Checkpointer
-  from txf.core.config import base_config
-
+  from txf.train.checkpoint import Checkpointer, CheckpointSpec
   records = []
 
   class Keep(logging.Handler):
@@ -132,9 +130,7 @@ def test_orbax_background_failure_of_a_full_disk_is_a_disk_error_and_its_logs_ar
   logging.getLogger().addHandler(handler)
   try:
     faults.disk_full_in_async_save(monkeypatch, 4)
-    config = base_config()
-    config.keep_checkpoints = 0
-    ckpt = Checkpointer(str(tmp_path), config)
+    ckpt = Checkpointer(str(tmp_path), CheckpointSpec(keep_checkpoints=0))
     state = {"w": np.arange(6, dtype=np.float32), "step": np.int32(0)}
     ckpt.save(2, state, {"position": 2})
     ckpt.wait()

@@ -8,6 +8,7 @@ show a console error here.
 """
 
 import functools
+import html.parser
 import http.server
 import json
 import os
@@ -186,8 +187,10 @@ def test_notebook_page_has_a_download_link_and_no_machine_path(server, browser, 
   assert nb["cells"] and all(not c.get("outputs") for c in nb["cells"]), url
   text = page.inner_text("article")
   assert "/tmp/" not in text and ROOT not in text, [l for l in text.splitlines() if "/tmp/" in l or ROOT in l]
-  if name == "03_ablations":  # the site's copy runs in small mode: it says so, and shows a full study
-    assert "Reduced run" in text and "A measured study" in text, text[:2000]
+  if name == "03_ablations":  # the site's copy runs in small mode: it says so, and shows the full
+    # grid's stored results (when and on what CPU they were run) and a study run with txf sweep
+    assert "Reduced run" in text and "The full grid, stored" in text and "A measured study" in text, \
+        text[:2000]
   assert not errors
 
 
@@ -277,3 +280,54 @@ def test_pages_read_for_a_reader_not_as_a_development_log(server, browser, path)
     assert -1 not in order and order == sorted(order), toc
     history, _, _ = _open(browser, server + "/benchmarks-history/")
     assert "Benchmark history" in history.inner_text("article")
+
+
+NUMBER = re.compile(r"^[-+]?\d+(?:\.\d+)?(?:\s*±\s*\d+(?:\.\d+)?)?%?$")
+
+
+class _Tables(html.parser.HTMLParser):
+  """The tables of a page: each a list of rows, each row a list of its cells' text."""
+
+  def __init__(self):
+    super().__init__()
+    self.tables, self.cell = [], None
+
+  def handle_starttag(self, tag, attrs):
+    if tag == "table":
+      self.tables.append([])
+    elif tag == "tr" and self.tables:
+      self.tables[-1].append([])
+    elif tag in ("td", "th") and self.tables and self.tables[-1]:
+      self.cell = ""
+
+  def handle_endtag(self, tag):
+    if tag in ("td", "th") and self.cell is not None:
+      self.tables[-1][-1].append(self.cell.strip())
+      self.cell = None
+
+  def handle_data(self, data):
+    if self.cell is not None:
+      self.cell += data
+
+
+def zero_columns(rows):
+  """The headers of the columns in which every cell is a number (at least 3) and every one is 0."""
+  found = []
+  for i, header in enumerate(rows[0] if rows else []):
+    cells = [r[i] for r in rows[1:] if i < len(r)]
+    if len(cells) >= 3 and all(NUMBER.match(c) for c in cells) and \
+        not any(float(re.split(r"\s*±", c)[0].rstrip("%")) for c in cells):
+      found.append(header)
+  return found
+
+
+def test_no_page_shows_a_table_column_whose_every_value_is_zero():
+  """A column of results that are all zero (a smoke run's exact match, say) reads as a result;
+  no page of the built site shows one."""
+  offenders = []
+  for path in _pages():
+    parser = _Tables()
+    with open(os.path.join(SITE, path.strip("/"), "index.html"), encoding="utf-8") as f:
+      parser.feed(f.read())
+    offenders += [f"{path}: column {c!r}" for rows in parser.tables for c in zero_columns(rows)]
+  assert not offenders, "\n".join(offenders)

@@ -328,3 +328,54 @@ def test_cli_import_and_generate(saved, tmp_path):
   if EOS in theirs:
     theirs = theirs[:theirs.index(EOS)]
   assert gen.stdout.split() == [str(i) for i in [1, 5, 17] + theirs]
+
+
+def _llama_with_tokenizer(root):
+  """A small Llama whose tokenizer (a Llama-2-style SentencePiece BPE with byte fallback and a
+  <s> template, trained here) is saved beside it by transformers 5, as a Hub checkpoint is."""
+  from tests.test_hf_tokenizer_json import llama2
+  tok, names = llama2(root)
+  fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **names)
+  shape = dict(SHAPE, vocab_size=tok.get_vocab_size(), bos_token_id=tok.token_to_id("<s>"),
+               eos_token_id=tok.token_to_id("</s>"))
+  torch.manual_seed(3)
+  model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      p.copy_((1 + 0.3 * torch.randn_like(p)) if "norm" in name else 0.3 * torch.randn_like(p))
+  directory = str(root / "llama-tok")
+  model.eval().save_pretrained(directory)
+  fast.save_pretrained(directory)
+  return directory, model, transformers.AutoTokenizer.from_pretrained(directory)
+
+
+def test_a_llama_with_its_tokenizer_json_generates_text_as_transformers(tmp_path):
+  """A Llama saved with its tokenizer.json: ``txf import-hf`` reads the tokenizer (and says which
+  file), ``txf generate --prompt P --temperature 0`` prints transformers'
+  ``decode(generate(**tokenizer(P)))`` (the tokenizer adds <s>, so txf starts with it), and the
+  export writes the tokenizer back, which transformers loads with the same ids."""
+  directory, model, tokenizer = _llama_with_tokenizer(tmp_path)
+  assert tokenizer("the cat")["input_ids"][0] == tokenizer.bos_token_id  # the template adds <s>
+  workdir, cli = str(tmp_path / "w"), [sys.executable, "-m", "txf.cli"]
+  imp = subprocess.run(cli + ["import-hf", directory, "--workdir", workdir], capture_output=True,
+                       text=True, env=ENV, timeout=300)
+  assert imp.returncode == 0 and "tokenizer: tokenizer.json" in imp.stdout, imp.stderr
+  run = load_run(workdir)
+  from txf.inference import sample_prompts
+  prompts = ["the cat sat", "A small house, by the river."]
+  greedy = DecodingSpec(temperature=0.0, top_k=0, top_p=1.0)
+  ours = sample_prompts(run, prompts, 12, greedy)
+  for prompt, (text,) in zip(prompts, ours):
+    with torch.no_grad():
+      out = model.generate(**tokenizer(prompt, return_tensors="pt"), do_sample=False,
+                           max_new_tokens=12, pad_token_id=tokenizer.eos_token_id)
+    assert text == tokenizer.decode(out[0], skip_special_tokens=True)
+  gen = subprocess.run(cli + ["generate", "--workdir", workdir, "--prompt", prompts[0],
+                              "--max_new_tokens", "12", "--temperature", "0"],
+                       capture_output=True, text=True, env=ENV, timeout=300)
+  assert gen.returncode == 0 and gen.stdout.strip() == ours[0][0].strip(), gen.stderr
+  out = str(tmp_path / "exported")
+  hf.export_hf(workdir, out)
+  again = transformers.AutoTokenizer.from_pretrained(out)
+  for prompt in prompts:
+    assert again(prompt)["input_ids"] == tokenizer(prompt)["input_ids"]

@@ -48,6 +48,9 @@ def test_tpu_pod_dry_run_queued_multislice_runs_detached_on_every_worker():
                        "--workdir=/mnt/runs/1b"]
   assert "--config.dcn_mesh_shape=(2,1,1)" in train  # data parallel over the 2 slices
   assert "logs/txf-$(hostname).log" in remote and "logs/txf.pid" in remote
+  # each worker's txf runs under the requeue loop (a lost worker's job comes back by itself)
+  assert words[words.index("txf.cli") - 4:words.index("txf.cli")] == [
+      "bash", "launch/requeue.sh", "python3", "-m"]
 
 
 def test_tpu_pod_single_slice_and_stop():
@@ -186,3 +189,42 @@ def test_slurm_script_requeues_only_a_run_stopped_by_sigterm(tmp_path):
   assert calls.read_text().split() == ["requeue", "4242"]  # not called again
   rows = [json.loads(line) for line in metrics.read_text().splitlines()]
   assert max(r["step"] for r in rows) == steps[0] + 2
+
+
+FAKE = """#!/bin/bash
+# ends in turn as $FAKE_ENDS says (a status, k9: killed by SIGKILL, term: waits for SIGTERM and
+# exits 75 on it, as txf under a requeueing launcher does), and logs each start
+n=$(cat "$FAKE_STATE" 2>/dev/null || echo 0); echo $((n + 1)) > "$FAKE_STATE"
+set -- $FAKE_ENDS; shift $n; end=${1:-0}
+echo "start $((n + 1)) requeue=$TXF_EXIT_RESUMABLE_ON_SIGNAL"
+if [ "$end" = k9 ]; then kill -9 $$; fi
+if [ "$end" = term ]; then trap 'exit 75' TERM; echo waiting; sleep 60 & wait; fi
+exit $end
+"""
+
+
+@pytest.mark.parametrize("ends,status,starts", [("75 k9 75 0", 0, 4), ("75 2 0", 2, 2),
+                                                ("1", 1, 1), ("75 75 75 75 75", 75, 4)])
+def test_requeue_starts_again_on_75_or_a_signal_only(tmp_path, ends, status, starts):
+  fake = tmp_path / "fake.sh"
+  fake.write_text(FAKE)
+  env = dict(os.environ, FAKE_STATE=str(tmp_path / "n"), FAKE_ENDS=ends, TXF_REQUEUE_DELAY="0",
+             TXF_REQUEUE_MAX="3")
+  env.pop("TXF_EXIT_RESUMABLE_ON_SIGNAL", None)
+  r = subprocess.run(["bash", os.path.join(LAUNCH, "requeue.sh"), "bash", str(fake)], env=env,
+                     capture_output=True, text=True, timeout=60)
+  assert r.returncode == status, r.stderr
+  assert r.stdout.splitlines() == [f"start {i + 1} requeue=1" for i in range(starts)], r.stdout
+
+
+def test_requeue_passes_sigterm_on_and_stops(tmp_path):
+  fake = tmp_path / "fake.sh"
+  fake.write_text(FAKE)
+  env = dict(os.environ, FAKE_STATE=str(tmp_path / "n"), FAKE_ENDS="term 0", TXF_REQUEUE_DELAY="0")
+  proc = subprocess.Popen(["bash", os.path.join(LAUNCH, "requeue.sh"), "bash", str(fake)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  assert proc.stdout.readline() == "start 1 requeue=1\n"
+  assert proc.stdout.readline() == "waiting\n"
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=30)
+  assert proc.returncode == 75 and out == ""  # the run checkpointed, and was not started again

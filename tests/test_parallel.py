@@ -30,11 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.core.config import base_config
 from txf.models import init_params, param_axes
 from txf.nn import TransformerConfig
-from txf.parallel import distributed, make_runner, sharding
-from txf.train.optimizer import make_optimizer
+from txf.parallel import ParallelSpec, distributed, make_runner, sharding
+from txf.train.optimizer import OptimizerSpec, make_optimizer
 from txf.train.steps import create_train_state, make_eval_step, make_train_step
 
 BATCH, STEPS = 16, 3
@@ -64,15 +63,13 @@ def _train(model_cfg, parallelism="single", mesh_shape=(-1, 1, 1), accum=1, batc
   """(losses per step, host params, eval sums or None, runner, placed state); ``rules``: sharding
   rules over the defaults."""
   batches = batches or _batches()
-  config = base_config()
-  config.sharding_rules.update(rules or {})
-  config.batch_size, config.parallelism, config.grad_accum_steps = BATCH, parallelism, accum
-  config.mesh_shape = mesh_shape or (-1, 1, 1)
-  config.optimizer.warmup_steps = 10
-  tx = make_optimizer(config.optimizer, model_cfg.d_model)
+  layout = ParallelSpec(parallelism=parallelism, mesh_shape=mesh_shape or (-1, 1, 1),
+                        sharding_rules={**ParallelSpec().sharding_rules, **(rules or {})},
+                        batch_size=BATCH, grad_accum_steps=accum)
+  tx = make_optimizer(OptimizerSpec(warmup_steps=10), model_cfg.d_model)
   if params is None:
     params = jax.device_get(init_params(model_cfg, jax.random.key(0), batches[0]))
-  runner = make_runner(config, lambda ax: make_train_step(model_cfg, tx, 0.1, None, ax, accum),
+  runner = make_runner(layout, lambda ax: make_train_step(model_cfg, tx, 0.1, None, ax, accum),
                        lambda ax: make_eval_step(model_cfg, 0.1, ax), param_axes(model_cfg, batches[0]))
   state = runner.place_state(create_train_state(params, tx))
   losses = []
@@ -146,8 +143,7 @@ def _born_sharded() -> dict:
   from txf.parallel import sharding as sh
   cfg = _model(family="encoder_decoder", share_embeddings=False, tie_output=False, target_vocab_size=48)
   batch = _batches(n=1)[0]
-  config = base_config()
-  tx = make_optimizer(config.optimizer, cfg.d_model)
+  tx = make_optimizer(OptimizerSpec(), cfg.d_model)
   init = lambda rng: create_train_state(init_params(cfg, rng, batch), tx)
   mesh = sh.make_mesh((2, 2, 2))
   state = sh.init_sharded(init, mesh, None, param_axes(cfg, batch), jax.random.key(3))
@@ -170,13 +166,12 @@ def _born_sharded() -> dict:
 
 def _constraints(cfg) -> dict:
   """Whether the traced step carries sharding constraints: on a mesh yes, on one device none."""
-  config = base_config()
-  config.batch_size, config.parallelism, config.mesh_shape = BATCH, "mesh", (2, 2, 2)
-  tx = make_optimizer(config.optimizer, cfg.d_model)
+  layout = ParallelSpec(parallelism="mesh", mesh_shape=(2, 2, 2), batch_size=BATCH)
+  tx = make_optimizer(OptimizerSpec(), cfg.d_model)
   batch = _batches(n=1)[0]
   params = init_params(cfg, jax.random.key(0), batch)
   steps = (lambda ax: make_train_step(cfg, tx, 0.1, None, ax), lambda ax: make_eval_step(cfg, 0.1, ax))
-  runner = make_runner(config, *steps, param_axes(cfg, batch))
+  runner = make_runner(layout, *steps, param_axes(cfg, batch))
   state = runner.place_state(create_train_state(params, tx))
   mesh_text = runner._train.lower(state, runner.local_batch(batch),
                                   runner._key_data(jax.random.key(0))).as_text()
@@ -351,7 +346,7 @@ def test_partition_specs_follow_the_declared_axes_and_the_rules():
   from txf.train.optimizer import make_optimizer as opt
   cfg = _model(family="encoder_decoder")
   params, axes = _abstract_params(family="encoder_decoder")
-  state = jax.eval_shape(lambda: create_train_state(params, opt(base_config().optimizer, 32)))
+  state = jax.eval_shape(lambda: create_train_state(params, opt(OptimizerSpec(), 32)))
   sizes = {"data": 2, "fsdp": 2, "tensor": 2}
   specs = sharding.partition_specs(state, axes, None, sizes)
   P = jax.sharding.PartitionSpec

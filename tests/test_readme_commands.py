@@ -129,6 +129,21 @@ NOT_RUN = {
         "formula registered the same way through a built model)",
     "txf translate --workdir runs/experiment --input in.txt":
         "a recipe's serving step: tests/test_recipes.py translates with each recipe's run",
+    "txf train --config.plugins=my_family.py --config.model.family=bigram":
+        "a recipe: tests/test_recipes.py writes my_family.py into a temporary folder, trains the "
+        "family and evaluates the run (test_recipe_model_family_trains_and_is_served)",
+    "txf eval --workdir runs/experiment --split test":
+        "a recipe's serving step: tests/test_recipes.py evaluates the model family recipe's run",
+    "txf train --config.plugins=my_loss.py --config.model.family=translation_nll":
+        "a recipe: tests/test_recipes.py writes my_loss.py into a temporary folder, trains and "
+        "translates with it (test_recipe_loss_trains_and_translates)",
+    "txf import-hf tiny-gpt --workdir runs/tiny-gpt --plugins my_hf_arch.py":
+        "a recipe: tests/test_recipe_hf.py writes my_hf_arch.py and a small GPT-2 saved as tiny_gpt "
+        "into a temporary folder, imports, generates with and exports it",
+    'txf generate --workdir runs/tiny-gpt --prompt "the big cat" --temperature 0':
+        "a recipe's serving step: tests/test_recipe_hf.py (greedy ids against transformers' generate)",
+    "txf export-hf --workdir runs/tiny-gpt --output exported/tiny-gpt":
+        "a recipe: tests/test_recipe_hf.py exports the imported tiny_gpt run",
     "txf train --config.plugins=my_jsonl.py --config.data.source=text:corpus --config.data.format=jsonl "
     "--config.data.tokenizer=char --config.data.test_split=val":
         "a recipe: tests/test_recipes.py writes my_jsonl.py and a jsonl corpus into a temporary "
@@ -237,6 +252,11 @@ NOT_RUN = {
     "--source_len 24 --repeats 7 --num_kv_heads 4 2 1":
         "a benchmark: tests/test_bench.py runs its --num_kv_heads comparison",
     "python -m bench.memory": "a benchmark: tests/test_bench.py",
+    "python -m bench.chaos --short": "a chaos run of minutes: tests/test_chaos.py runs it (slow tier)",
+    "python -m bench.chaos": "a chaos run of 20 faults on 2 processes, many minutes (docs/checkpoints.md)",
+    "launch/requeue.sh python3 -m txf.cli train --config=experiments/copy.py "
+    "--workdir=runs/copy_requeued": "a loop around a whole training: tests/test_launchers.py runs "
+                                    "requeue.sh with a stand-in command",
     "python -m bench.peers --harness ../shared/bench-peers --peers_venv VENV --flaxwmt DIR":
         "the peers' own venv with torch and a Flax WMT copy (BENCHMARKS.md)",
     "python -m bench.peers ... --systems txf,flax-wmt,torch-eager,marian,txf-bf16,torch-bf16,"
@@ -275,6 +295,11 @@ NOT_RUN = {
     "TXF_DATA=../shared/data txf sweep experiments/sweeps/multi30k_kv_heads.py":
         "9 Multi30k runs (about 85 minutes on 2 cores); the sweep runner is tested by "
         "tests/test_sweep.py",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/table3.py --parallel 2":
+        "51 Multi30k runs (an estimated 9 hours on 2 cores); the multi-metric report beside a "
+        "reference is tested by tests/test_sweep_reference.py",
+    "txf sweep report runs/sweeps/table3": "needs the 51 runs of the Table 3 sweep; "
+        "tests/test_sweep_reference.py reports a tiny two-metric sweep beside a reference",
     "pip install 'txf[wandb]'": "an optional extra from PyPI: tests/test_sweep.py runs the tracker "
                                 "offline when wandb is installed",
     "WANDB_MODE=offline txf train --config experiments/copy.py --config.tracker=wandb":

@@ -1,11 +1,15 @@
 """The recipes of docs/extending.md, each done as the page says: a plugin file written into
-a temporary folder (the page names exactly the files each test writes), then the run through the
-ordinary entry points (``txf train`` and the serving command where they apply: the ``slow`` tier).
+a temporary folder, then the run through the ordinary entry points (``txf train`` and the serving
+command; for a Hugging Face architecture ``txf import-hf``, the serving command and ``txf export-hf``:
+the ``slow`` tier). Each recipe's files go into one folder (``mine``), and the test checks that
+they are exactly the files its section of the page names in its "Files:" line, and that each
+plugin is the page's code block, character for character.
 
 Each plugin registers into a process-wide table, so every test takes its names out again."""
 
 import json
 import os
+import re
 import textwrap
 
 import jax
@@ -28,12 +32,45 @@ TINY = ["--config", "default", "--progress=false", "--config.model.d_model=16",
         "--config.decode_examples=0", "--config.eval_batches=1", "--config.optimizer.warmup_steps=2"]
 
 
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                    "extending.md")
+FILE_NAME = re.compile(r"`((?:[\w.-]+/)*[\w-]+\.(?:py|jsonl|json|txt|safetensors))`")
+
+
+def page_sections():
+  """{heading: text} of the page's ``## `` sections."""
+  with open(PAGE, encoding="utf-8") as f:
+    parts = re.split(r"^## (.+)$", f.read(), flags=re.M)
+  return dict(zip(parts[1::2], parts[2::2]))
+
+
+def page_files(heading: str) -> list:
+  """The files the reader writes for the recipe ``heading``: the file names of its "Files:"
+  paragraph, up to "Inside txf" (what a change inside txf would touch instead)."""
+  text = page_sections()[heading]
+  paragraph = text[text.index("Files:"):].split("\n\n", 1)[0].split("Inside txf", 1)[0]
+  return sorted(FILE_NAME.findall(paragraph))
+
+
+def written(folder) -> list:
+  """Every file under ``folder``, relative to it."""
+  return sorted(os.path.relpath(os.path.join(d, n), str(folder)).replace(os.sep, "/")
+                for d, _, names in os.walk(str(folder)) for n in names)
+
+
 def write(folder, name: str, text: str) -> str:
-  """Write ``folder/name`` (dedented) and return its path."""
+  """Write ``folder/name`` (dedented; the folders made) and return its path."""
   path = os.path.join(str(folder), name)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     f.write(textwrap.dedent(text).lstrip())
   return path
+
+
+@pytest.fixture
+def mine(tmp_path):
+  """The folder of the files a recipe's reader writes (its plugin, its data)."""
+  return tmp_path / "mine"
 
 
 def load(path: str):
@@ -89,21 +126,25 @@ def write_jsonl_data(folder, pairs, bad_line: bool = False):
     write(folder, f"{split}.jsonl", "\n".join(rows) + "\n")
 
 
+JSONL = "A local data format read from a `jsonl` file"  # its section of the page
+
+
 @pytest.fixture
-def jsonl_plugin(tmp_path):
-  path = write(tmp_path, "my_jsonl.py", JSONL_PLUGIN)
+def jsonl_plugin(mine):
+  path = write(mine, "my_jsonl.py", JSONL_PLUGIN)
   yield path
   formats.unregister("jsonl")
 
 
-def test_recipe_data_format_reads_jsonl_into_parallel_records(tmp_path, jsonl_plugin):
+def test_recipe_data_format_reads_jsonl_into_parallel_records(tmp_path, mine, jsonl_plugin):
   load(jsonl_plugin)
   assert "jsonl" in config_lib.allowed_values("data.format")
   pairs = [("a b c", "x y"), ("d e", "z w v")]
-  write_jsonl_data(tmp_path / "corpus", pairs)
-  spec = builders.local_spec(str(tmp_path / "corpus"), "jsonl", ["train", "val", "test"], "en",
+  write_jsonl_data(mine / "corpus", pairs)
+  assert written(mine) == page_files(JSONL)
+  spec = builders.local_spec(str(mine / "corpus"), "jsonl", ["train", "val", "test"], "en",
                              "de", 1000, 0.9)
-  prepared = builders.prepare_local(str(tmp_path / "corpus"), spec, str(tmp_path / "tfds"))
+  prepared = builders.prepare_local(str(mine / "corpus"), spec, str(tmp_path / "tfds"))
   got = [(r["source"].decode(), r["target"].decode()) for r in prepared.sources["train"]]
   assert got == pairs
   # a malformed line is one error naming the file and line
@@ -115,19 +156,20 @@ def test_recipe_data_format_reads_jsonl_into_parallel_records(tmp_path, jsonl_pl
 
 
 @pytest.mark.slow
-def test_recipe_data_format_jsonl_trains_and_translates(tmp_path, txf_cli, jsonl_plugin):
+def test_recipe_data_format_jsonl_trains_and_translates(tmp_path, mine, txf_cli, jsonl_plugin):
   rng = np.random.default_rng(0)
   words = [f"w{i}" for i in range(12)]
   pairs = [(" ".join(rng.choice(words, 4)), " ".join(rng.choice(words, 3))) for _ in range(40)]
-  write_jsonl_data(tmp_path / "corpus", pairs)
+  write_jsonl_data(mine / "corpus", pairs)
+  assert written(mine) == page_files(JSONL)
   workdir, _ = train_and_translate(
       txf_cli, tmp_path, f"--config.plugins={jsonl_plugin}",
-      f"--config.data.source=text:{tmp_path / 'corpus'}", "--config.data.format=jsonl",
+      f"--config.data.source=text:{mine / 'corpus'}", "--config.data.format=jsonl",
       "--config.data.tokenizer=char", f"--config.data.data_dir={tmp_path / 'tfds'}",
       "--config.data.test_split=val", lines=("w1 w2 w3",))
   assert json.load(open(os.path.join(workdir, "config.json")))["data"]["format"] == "jsonl"
   bad = txf_cli("train", *TINY, "--workdir", str(tmp_path / "bad"),
-                f"--config.data.source=text:{tmp_path / 'corpus'}", "--config.data.format=jsonl")
+                f"--config.data.source=text:{mine / 'corpus'}", "--config.data.format=jsonl")
   # without the plugin the format is unknown: the config's error, exit 2
   assert bad.returncode == 2 and bad.stderr.startswith("txf: error: invalid config")
   assert "data.format='jsonl' is not one of" in bad.stderr
@@ -172,18 +214,20 @@ NORM_PLUGIN = '''
     NORMS.register("gain_only", gain_only)
 '''
 
-VARIANTS = {  # recipe: (plugin file, its text, table, name, config field)
-    "attention": ("my_attention.py", ATTENTION_PLUGIN, ATTENTION, "cosine", "model.attention"),
+VARIANTS = {  # recipe: (plugin file, its text, table, name, config field, its section of the page)
+    "attention": ("my_attention.py", ATTENTION_PLUGIN, ATTENTION, "cosine", "model.attention",
+                  "An attention formula"),
     "activation": ("my_activation.py", ACTIVATION_PLUGIN, ACTIVATIONS, "squared_relu",
-                   "model.activation"),
-    "norm": ("my_norm.py", NORM_PLUGIN, NORMS, "gain_only", "model.norm"),
+                   "model.activation", "An activation"),
+    "norm": ("my_norm.py", NORM_PLUGIN, NORMS, "gain_only", "model.norm", "A norm"),
 }
 
 
 @pytest.fixture(params=sorted(VARIANTS))
-def variant(request, tmp_path):
-  filename, text, table, name, field = VARIANTS[request.param]
-  path = write(tmp_path, filename, text)
+def variant(request, mine):
+  filename, text, table, name, field, heading = VARIANTS[request.param]
+  path = write(mine, filename, text)
+  assert written(mine) == page_files(heading)
   yield path, table, name, field
   if name in table:
     table.unregister(name)
@@ -250,8 +294,9 @@ DECODING_PLUGIN = '''
 '''
 
 
-def test_recipe_decoding_strategy_gets_its_spec_field(tmp_path):
-  path = write(tmp_path, "my_search.py", DECODING_PLUGIN)
+def test_recipe_decoding_strategy_gets_its_spec_field(mine):
+  path = write(mine, "my_search.py", DECODING_PLUGIN)
+  assert written(mine) == page_files("A decoding strategy with a new spec field")
   load(path)
   try:
     import txf_plugin_my_search as plugin  # pylint: disable=import-outside-toplevel,import-error
@@ -279,3 +324,26 @@ def test_recipe_decoding_strategy_gets_its_spec_field(tmp_path):
     assert all(a != b for a, b in zip(ids[0][:-1], ids[0][1:]) if a != 2), ids
   finally:
     decoders.SEARCHES.pop("no_repeat", None)
+
+
+# ----------------------------------------------------------------------------- the page itself
+
+def test_each_plugin_is_the_pages_code_block_as_written():
+  from tests.test_recipe_families import FAMILY_PLUGIN, LOSS_PLUGIN  # pylint: disable=import-outside-toplevel
+  from tests.test_recipe_hf import HF_PLUGIN  # pylint: disable=import-outside-toplevel
+  plugins = {"my_jsonl.py": JSONL_PLUGIN, "my_attention.py": ATTENTION_PLUGIN,
+             "my_activation.py": ACTIVATION_PLUGIN, "my_norm.py": NORM_PLUGIN,
+             "my_search.py": DECODING_PLUGIN, "my_family.py": FAMILY_PLUGIN,
+             "my_loss.py": LOSS_PLUGIN, "my_hf_arch.py": HF_PLUGIN}
+  with open(PAGE, encoding="utf-8") as f:
+    blocks = re.findall(r"^```python\n(.*?)^```", f.read(), flags=re.M | re.S)
+  shown = {re.match(r"# (\w+\.py):", b).group(1): b for b in blocks if re.match(r"# \w+\.py:", b)}
+  assert sorted(shown) == sorted(plugins)
+  for name, text in plugins.items():
+    assert shown[name] == textwrap.dedent(text).lstrip(), f"docs/extending.md's {name} differs from the test's"
+  # every recipe names its files; each is one of the plugins above or the data a test writes
+  for heading in ("A model family", "An attention formula", "An activation", "A norm",
+                  "A decoding strategy with a new spec field", JSONL, "A loss",
+                  "A Hugging Face architecture"):
+    files = page_files(heading)
+    assert files and [f for f in files if f.endswith(".py")][0] in plugins, heading

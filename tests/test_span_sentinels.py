@@ -6,7 +6,7 @@ import pytest
 
 from txf.core import config as config_lib
 from txf.data import sentinels, tokenizer
-from txf.data.base import DataError, data_spec
+from txf.data.base import DataError, DataSpec
 from txf.data.sources import _tokenizer_settings
 
 TEXT = ["a man rides a bike on the street .", "two dogs are playing in the park .",
@@ -48,7 +48,7 @@ def test_split_sentinels_hand_worked():
 
 
 def test_other_families_tokenizer_settings_unchanged():
-  d = data_spec(config_lib.base_config())
+  d = DataSpec.from_config(config_lib.base_config().data)
   assert "sentinels" not in _tokenizer_settings(d)
   assert _tokenizer_settings(d, 100) == {**_tokenizer_settings(d), "sentinels": 100}
 

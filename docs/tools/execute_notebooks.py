@@ -4,8 +4,9 @@
     TXF_DOCS_EXECUTE=0 mkdocs build      # a quick preview: the notebooks without outputs
 
 ``mkdocs build`` runs this first (docs/tools/hooks.py). A copy is executed again only when its key
-changed: the SHA-256 of the notebook, of every ``.py`` file under txf/ and experiments/, and of this
-file. Each runs as tests/test_notebooks.py runs it: nbclient on the ``python3`` kernel,
+changed: the SHA-256 of the notebook, of every ``.py`` file under txf/ and experiments/, of its
+stored results under docs/results/NN_name*.json (a full run's, which it shows in small mode), and
+of this file. Each runs as tests/test_notebooks.py runs it: nbclient on the ``python3`` kernel,
 TXF_NOTEBOOK_SMALL=1, TXF_DATA unset, in a temporary working directory; its figures go to
 docs/notebooks/figures/NN_name/, so tests/test_notebooks.py can check a current copy instead of
 executing the notebook a second time.
@@ -23,6 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 OUT = os.path.join(ROOT, "docs", "notebooks")
+RESULTS = os.path.join(ROOT, "docs", "results")  # full runs' results a notebook shows in small mode
 KEY = "txf_docs_key"
 CELL_TIMEOUT_S = 600
 
@@ -40,6 +42,7 @@ def key(name):
   paths = [os.path.join(NOTEBOOKS, f"{name}.ipynb"), os.path.abspath(__file__)]
   for folder in ("txf", "experiments"):
     paths += sorted(glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True))
+  paths += sorted(glob.glob(os.path.join(RESULTS, f"{name}*.json")))  # the stored full run it shows
   for path in paths:
     h.update(os.path.relpath(path, ROOT).encode())
     with open(path, "rb") as f:

@@ -8,7 +8,7 @@ import traceback
 
 from absl import flags
 
-from txf.core.errors import EXIT_USER, TxfError, error_line  # noqa: F401  (error_line: re-exported)
+from txf.core.errors import EXIT_USER, TxfError, error_line, exit_status  # noqa: F401  (error_line: re-exported)
 from txf.core.config import experiment_path
 
 flags.DEFINE_bool("verbose_errors", False, "show the full traceback of user errors")
@@ -36,20 +36,21 @@ def show_preparations(stream=None) -> None:
   logger.propagate = False  # not again through the root handlers
 
 
-def fail(message: str, verbose_errors: bool = False) -> None:
+def fail(message: str, verbose_errors: bool = False, status: int = EXIT_USER) -> None:
   """Print one ``txf: error: MESSAGE`` line on stderr (after the traceback of the exception being
-  handled when ``verbose_errors``) and exit with status 2 (``EXIT_USER``): the one place txf prints
-  a user error."""
+  handled when ``verbose_errors``) and exit with ``status``, 2 (``EXIT_USER``) unless told: the one
+  place txf prints a user error."""
   if verbose_errors:
     traceback.print_exc()
   print(error_line(message), file=sys.stderr)
-  sys.exit(EXIT_USER)
+  sys.exit(status)
 
 
 def guarded(fn):
   """Run a command's main; a ``txf.core.errors.TxfError`` (bad input) becomes one ``txf: error:`` line
-  on stderr and exit status 2. Every other exception is a bug and keeps its traceback. In a job of
-  several processes every process stops with the same line and status
+  on stderr and exit status 2 (75 for a resumable one under a requeueing launcher:
+  ``txf.core.errors.exit_status``). Every other exception is a bug and keeps its traceback. In a
+  job of several processes every process stops with the same line and status
   (``txf.parallel.distributed.stop_all``)."""
 
   @functools.wraps(fn)
@@ -59,8 +60,9 @@ def guarded(fn):
     except TxfError as e:
       if flags.FLAGS.verbose_errors:
         traceback.print_exc()
-      _distributed().stop_all(error_line(e), EXIT_USER)  # several processes: all stop with it
-      fail(str(e))
+      status = exit_status(e)
+      _distributed().stop_all(error_line(e), status)  # several processes: all stop with it
+      fail(str(e), status=status)
     except Exception as e:  # pylint: disable=broad-except
       _distributed().fail(e)  # several processes: a lost peer (exit 75) or a bug stops them all
       raise

@@ -317,6 +317,9 @@ def import_hf(fv: flags.FlagValues) -> None:
                        "GPT-2, Llama, Qwen2, Mistral: data.max_target_len, the context of txf generate "
                        "and eval (at most n_positions / max_position_embeddings; a Mistral "
                        "sliding_window must be at least this)", flag_values=fv)
+  flags.DEFINE_string("plugins", "", "Python files or modules (comma-separated) imported first: each "
+                      "may register an architecture (txf.hf.register); the run's config.plugins "
+                      "keeps them, for export-hf and the serving commands", flag_values=fv)
 
 
 def export_hf(fv: flags.FlagValues) -> None:

@@ -16,6 +16,8 @@ def main(argv):
   f = flags.FLAGS
   if f.max_len < 2:
     raise TxfError(f"--max_len={f.max_len} must be >= 2")
-  out = hf.import_hf(argv[1], f.workdir, f.data_config, f.max_len)
+  out = hf.import_hf(argv[1], f.workdir, f.data_config, f.max_len, f.plugins)
   family = families.get(workdir_lib.load_config(out).model.family)
-  print(f"imported {argv[1]} -> {out} ({family.command} --workdir {out})")
+  used = hf.imported_tokenizer_file(out)
+  print(f"imported {argv[1]} -> {out} ({f'tokenizer: {used}; ' if used else ''}"
+        f"{family.command} --workdir {out})")

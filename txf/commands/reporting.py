@@ -16,9 +16,12 @@ import os
 import re
 import sys
 import threading
+import warnings
 from typing import Dict, Optional
 
 from tqdm import tqdm
+
+from txf.core.errors import disk_errno_of
 
 from txf.train.logs import log_line
 from txf.train.report import Reporter
@@ -162,6 +165,36 @@ class _WithoutClosedLoopNoise:
 
   def __getattr__(self, name):
     return getattr(self._stream, name)
+
+
+def one_line_warnings(categories) -> None:
+  """From now on a warning of one of ``categories`` (txf's own, e.g. an unreadable checkpoint
+  moved aside) is one ``txf: warning: MESSAGE`` line on stderr, not Python's two lines naming the
+  source; every other warning is shown as before."""
+  shown = warnings.showwarning
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    if isinstance(message, tuple(categories)) or (isinstance(category, type)
+                                                 and issubclass(category, tuple(categories))):
+      print(f"txf: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+      return
+    shown(message, category, filename, lineno, file, line)
+
+  warnings.showwarning = show
+
+
+def quiet_full_disk_in_threads() -> None:
+  """From now on a background thread that dies of a full disk (TensorBoard's event writer) says
+  nothing: the same disk fails txf's own next write (a metrics row, a checkpoint), which is the
+  run's one ``txf: error:`` line. Any other exception in a thread is shown as before."""
+  previous = threading.excepthook
+
+  def hook(args) -> None:
+    if args.exc_value is not None and disk_errno_of(args.exc_value) in (errno.ENOSPC, errno.EDQUOT):
+      return
+    previous(args)
+
+  threading.excepthook = hook
 
 
 def drop_closed_loop_noise() -> None:

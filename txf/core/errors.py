@@ -4,7 +4,7 @@
 ``NonFiniteLossError``, ...) means the input is at fault: a config that cannot work, a missing or
 malformed file, an occupied workdir. ``txf`` prints such an error as one ``txf: error: ...`` line
 naming the problem and the fix, and exits with status 2. Every other exception is a bug inside txf
-and keeps its traceback. This module imports nothing, so every layer may raise it.
+and keeps its traceback. This module imports only the standard library, so every layer may raise it.
 
 Exit statuses of ``txf`` (a scheduler may act on them):
   0   done, or stopped by a signal after writing its checkpoint (run it again to go on)
@@ -12,10 +12,25 @@ Exit statuses of ``txf`` (a scheduler may act on them):
   2   ``TxfError``: fix the input (config, data, workdir) and run again
   75  ``EXIT_RESUMABLE`` (EX_TEMPFAIL): the run stopped before its end and its last checkpoint is
       intact (a lost peer process, a requested requeue): run the same command again to resume
+
+Under a launcher that requeues on 75 (it sets ``TXF_EXIT_RESUMABLE_ON_SIGNAL=1``: launch/slurm.sbatch,
+launch/tpu_pod.sh, launch/gke_jobset.sh), a run stopped by a signal exits 75 instead of 0, and so
+does a ``TxfError`` whose cause passes by itself with the checkpoints intact (``resumable``: a full
+disk), instead of 2 (``exit_status``).
 """
+
+import os
+from typing import Mapping
 
 EXIT_USER = 2
 EXIT_RESUMABLE = 75
+# set to 1 by a launcher that requeues a job on EXIT_RESUMABLE
+REQUEUE_ENV = "TXF_EXIT_RESUMABLE_ON_SIGNAL"
+
+
+def requeued(environ: Mapping[str, str] = os.environ) -> bool:
+  """Whether a launcher that requeues on ``EXIT_RESUMABLE`` runs this process (``REQUEUE_ENV``)."""
+  return environ.get(REQUEUE_ENV, "").strip() not in ("", "0")
 
 # The start of the one line that reports an error on stderr; every process of txf writes it with
 # error_line (the commands, the workers of a multi-process job, the jax-free supervising parent) and
@@ -35,7 +50,18 @@ def is_error_line(line) -> bool:
 
 
 class TxfError(Exception):
-  """Bad input, found on purpose by txf: the message names the problem and the fix."""
+  """Bad input, found on purpose by txf: the message names the problem and the fix.
+
+  ``resumable``: the run's checkpoints are intact and the same command goes on once the cause has
+  passed by itself (a full disk that another job frees); a requeueing launcher requeues it."""
+
+  resumable = False
+
+
+def exit_status(error: BaseException, environ: Mapping[str, str] = os.environ) -> int:
+  """The exit status for a ``TxfError``: ``EXIT_RESUMABLE`` when it is ``resumable`` and a
+  requeueing launcher runs the process (``requeued``), else ``EXIT_USER``."""
+  return EXIT_RESUMABLE if getattr(error, "resumable", False) and requeued(environ) else EXIT_USER
 
 
 class ConfigError(TxfError, ValueError):

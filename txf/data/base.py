@@ -17,23 +17,50 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from txf.core.config import base_config
+from txf.core import specs
 from txf.core.errors import TxfError
 from txf.core.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401  (re-exported)
 
 # DataSpec: ``config.data`` read once, frozen. Its fields, types and defaults are those of
 # ``txf.core.config.base_config().data`` (declared there only, with their comments); tasks hold one.
-DataSpec = dataclasses.make_dataclass(
-    "DataSpec", [(name, type(value), dataclasses.field(default=value))
-                 for name, value in base_config().data.items()], frozen=True)
-DataSpec.__doc__ = "The data settings of a run (``config.data``), read once: see txf/core/config.py."
+DataSpec = specs.section_spec(
+    "DataSpec", "data", "The data settings of a run (``config.data``), read once: see txf/core/config.py.")
+
+# PretrainSpec: ``config.pretrain`` read once (the pretraining tasks' noise, spans and masking).
+PretrainSpec = specs.section_spec(
+    "PretrainSpec", "pretrain",
+    "The pretraining objective's settings of a run (``config.pretrain``), read once: see "
+    "txf/core/config.py.")
 
 
-def data_spec(config) -> "DataSpec":
-  """``config.data`` as a frozen DataSpec (fields txf does not know are ignored); the only place
-  data/ reads ``config.data``."""
-  names = {f.name for f in dataclasses.fields(DataSpec)}
-  return DataSpec(**{k: v for k, v in config.data.items() if k in names})
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """What the data layer reads of a run config, read once (defaults: ``base_config``'s).
+
+  Attributes:
+    data: the ``config.data`` section (DataSpec).
+    family: the model family the batches are for (``model.family``).
+    seed: the run's seed (synthetic tasks draw their examples from it).
+    pretrain: the ``config.pretrain`` section (PretrainSpec).
+  """
+  data: DataSpec = dataclasses.field(default_factory=DataSpec)
+  family: str = specs.field("model.family")
+  seed: int = specs.field("seed")
+  pretrain: PretrainSpec = dataclasses.field(default_factory=PretrainSpec)
+
+  @classmethod
+  def from_config(cls, config) -> "TaskSpec":
+    """The spec of a run config (``config.data``, ``model.family``, ``seed``, ``config.pretrain``)."""
+    return cls(data=DataSpec.from_config(config.data), family=config.model.family, seed=int(config.seed),
+               pretrain=PretrainSpec.from_config(config.pretrain))
+
+
+def task_spec(spec_or_config) -> TaskSpec:
+  """A TaskSpec as it is; a run config (a notebook's ``base_config()``) read into one."""
+  if isinstance(spec_or_config, TaskSpec):
+    return spec_or_config
+  return TaskSpec.from_config(spec_or_config)
+
 
 
 class DataError(TxfError, ValueError):

@@ -1,8 +1,9 @@
 """GPT-2's byte-level BPE tokenizer (Hugging Face ``GPT2TokenizerFast``) with txf's special ids.
 
-The tokenization itself is the ``tokenizers`` library's, read from the checkpoint's files
-(tokenizer.json, or vocab.json + merges.txt with a byte-level pre-tokenizer and decoder, as
-``GPT2TokenizerFast`` builds it), so ids are Hugging Face's exactly. GPT-2 has one special token,
+The tokenization is txf's reader of Hugging Face tokenizer files (txf.data.tokjson), over the
+checkpoint's tokenizer.json, or vocab.json + merges.txt under a byte-level pre-tokenizer and
+decoder (the tokenizer.json ``GPT2TokenizerFast`` builds from them), so ids are Hugging Face's
+exactly. GPT-2 has one special token,
 ``<|endoftext|>`` (its BOS = EOS = UNK), and no padding; txf keeps PAD 0 / BOS 1 / EOS 2 / UNK 3
 inside, so the txf vocabulary is the Hugging Face one plus three rows (``gpt2_order``):
   txf 0 (PAD), 1 (BOS), 3 (UNK): rows of their own, no Hugging Face token (the model masks their
@@ -18,8 +19,8 @@ import os
 from typing import Any, Dict, List, Sequence
 
 import numpy as np
-import tokenizers
 
+from txf.data import tokjson
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError
 
 # rows txf adds to a GPT-2 vocabulary: ids with no Hugging Face token (txf.nn.layers.MASKED_IDS,
@@ -49,30 +50,59 @@ def gpt2_order(hf_size: int, eos: int) -> np.ndarray:
   return np.asarray([hf_size, hf_size + 1, eos, hf_size + 2] + rest, np.int64)
 
 
-def tokenizer_from_files(directory: str, eos_token: str, add_prefix_space: bool = False):
-  """The ``tokenizers.Tokenizer`` of a GPT-2 checkpoint directory: its tokenizer.json, else
-  vocab.json + merges.txt under a byte-level pre-tokenizer and decoder with ``eos_token`` as a
-  special token (GPT2TokenizerFast's construction). DataError when neither is there."""
+def byte_level_bpe_json(vocab: Dict[str, int], merges: List[str], eos_token: str,
+                       add_prefix_space: bool = False) -> str:
+  """The tokenizer.json text of a byte-level BPE over ``vocab`` (token -> id) and ``merges``
+  ("a b" lines, in rank order), ``eos_token`` a special token (the next id when the vocabulary
+  lacks it): GPT2TokenizerFast's pipeline (byte-level pre-tokenizer with GPT-2's regex, byte-level
+  decoder, no normalizer)."""
+  eos_id = vocab.get(eos_token, max(vocab.values(), default=-1) + 1)
+  byte_level = {"type": "ByteLevel", "add_prefix_space": bool(add_prefix_space),
+                "trim_offsets": True, "use_regex": True}
+  spec = {"version": "1.0", "truncation": None, "padding": None,
+          "added_tokens": [{"id": int(eos_id), "content": eos_token, "single_word": False,
+                            "lstrip": False, "rstrip": False, "normalized": False,
+                            "special": True}],
+          "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
+          "decoder": {**byte_level, "add_prefix_space": True},
+          "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                    "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": False,
+                    "byte_fallback": False, "ignore_merges": False, "vocab": vocab,
+                    "merges": [m.split(" ", 1) for m in merges]}}
+  return json.dumps(spec, ensure_ascii=False)
+
+
+def tokenizer_from_files(directory: str, eos_token: str,
+                         add_prefix_space: bool = False) -> tokjson.TokenizerJson:
+  """The tokenizer of a GPT-2 checkpoint directory: its tokenizer.json, else vocab.json +
+  merges.txt (``byte_level_bpe_json``). DataError when neither is there or they are malformed."""
   path = os.path.join(directory, TOKENIZER_FILE)
   if os.path.isfile(path):
-    return tokenizers.Tokenizer.from_file(path)
+    with open(path, encoding="utf-8") as f:
+      return tokjson.TokenizerJson(f.read(), where=path)
   vocab_path, merges_path = (os.path.join(directory, n) for n in ("vocab.json", "merges.txt"))
   if not (os.path.isfile(vocab_path) and os.path.isfile(merges_path)):
     raise DataError(f"{directory} has no tokenizer.json and no vocab.json + merges.txt: txf imports "
                     f"GPT-2 with its byte-level BPE tokenizer files")
-  vocab, merges = tokenizers.models.BPE.read_file(vocab_path, merges_path)
-  tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(
-      vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-      end_of_word_suffix="", fuse_unk=False))
-  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
-  tokenizer.decoder = tokenizers.decoders.ByteLevel()
-  tokenizer.add_special_tokens([tokenizers.AddedToken(eos_token, special=True, normalized=False)])
-  return tokenizer
+  try:
+    with open(vocab_path, encoding="utf-8") as f:
+      vocab = json.load(f)
+  except json.JSONDecodeError as e:
+    raise DataError(f"{vocab_path} is not valid JSON ({e})") from None
+  with open(merges_path, encoding="utf-8") as f:
+    merges = [line.rstrip("\r\n") for line in f]
+  merges = [m for m in merges if m and not m.startswith("#version")]
+  bad = next((m for m in merges if len(m.split(" ")) != 2), None)
+  if bad is not None:
+    raise DataError(f"{merges_path}: the line {bad!r} is not two tokens separated by one space")
+  return tokjson.TokenizerJson(byte_level_bpe_json(vocab, merges, eos_token, add_prefix_space),
+                               where=merges_path)
 
 
 class GPT2Tokenizer:
-  """Text <-> txf ids through a ``tokenizers`` byte-level BPE (``serialized``: its tokenizer.json
-  text) of ``hf_size`` ids whose ``<|endoftext|>`` is ``eos``; txf ids are ``gpt2_order``'s.
+  """Text <-> txf ids through a byte-level BPE (``serialized``: its tokenizer.json text, run by
+  txf.data.tokjson) of ``hf_size`` ids whose ``<|endoftext|>`` is ``eos``; txf ids are
+  ``gpt2_order``'s.
   ``decode`` drops the special ids (``skip_special_tokens``) and applies ``CLEAN_UP`` when
   ``clean_up`` (tokenizer_config.json's clean_up_tokenization_spaces)."""
   kind = "gpt2"
@@ -80,7 +110,7 @@ class GPT2Tokenizer:
   def __init__(self, serialized: str, hf_size: int, eos: int, clean_up: bool = False):
     self.serialized, self.hf_size, self.eos = serialized, int(hf_size), int(eos)
     self.clean_up = bool(clean_up)
-    self._tok = tokenizers.Tokenizer.from_str(serialized)
+    self._tok = tokjson.TokenizerJson(serialized)
     self.order = gpt2_order(self.hf_size, self.eos)
     self._txf_of = np.empty(self.hf_size + len(EXTRA_IDS), np.int64)
     self._txf_of[self.order] = np.arange(len(self.order))
@@ -95,11 +125,10 @@ class GPT2Tokenizer:
 
   def encode(self, text: str) -> List[int]:
     """text -> txf ids (no BOS/EOS added; an ``<|endoftext|>`` in the text is EOS)."""
-    return self.to_txf(self._tok.encode(text, add_special_tokens=False).ids).tolist()
+    return self.to_txf(self._tok.encode(text)).tolist()
 
   def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
-    return [self.to_txf(e.ids).tolist()
-            for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+    return [self.encode(t) for t in texts]
 
   def decode(self, ids: Sequence[int]) -> str:
     """txf ids -> text, PAD/BOS/EOS/UNK dropped."""

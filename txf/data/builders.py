@@ -17,13 +17,15 @@ dataset's metadata. No TensorFlow is imported: array_record is written and read 
 Python writers and ``ArrayRecordDataSource``.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging as std_logging
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
@@ -278,21 +280,44 @@ def say_prepared(name: str, sources: Mapping[str, Sequence[Any]], path: str) -> 
   PREPARED_LOG.info("txf: prepared %s: %s examples -> %s", name, counts, path)
 
 
+LOCKS_DIR = "txf_locks"   # under data_dir: one lock file per dataset being prepared
+
+
+@contextlib.contextmanager
+def prepare_lock(lock: str) -> Iterator[None]:
+  """Hold an exclusive lock (``fcntl.flock`` on the file ``lock``) while a dataset is checked and
+  prepared: processes that open the same new dataset at once (a sweep's runs) take turns, the
+  first prepares it and the others find it prepared, instead of racing to rename their copies
+  into place. A bucket path (``gs://...``) takes no lock."""
+  if "://" in lock:
+    yield
+    return
+  os.makedirs(os.path.dirname(lock) or ".", exist_ok=True)
+  with open(lock, "a", encoding="utf-8") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepared:
   """Prepare (once) and open the local text in ``directory`` as tfds array_record data sources."""
   cls = BUILDERS[formats.get(spec["kind"]).kind]
   fingerprint = _fingerprint(spec, cls)
   slug = re.sub(r"[^a-z0-9]+", "_", os.path.basename(os.path.normpath(directory)).lower()).strip("_")
-  config = LocalTextConfig(name=f"{slug or 'data'}_{fingerprint}", spec_json=json.dumps(spec),
-                           description=f"{spec['kind']} text from {os.path.abspath(directory)}")
-  path = os.path.join(data_dir, cls.name, config.name, str(cls.VERSION))
-  prepared_now = not os.path.isfile(os.path.join(path, "dataset_info.json"))
-  if prepared_now:
-    logging.info("preparing %s (%s) as array_record under %s", directory, spec["kind"], data_dir)
-  builder = tfds.builder(cls.name, data_dir=data_dir, config=config, file_format=FILE_FORMAT)
-  if not builder.is_prepared():   # prepared once, then every split is opened
-    quiet_prepare(builder, file_format=FILE_FORMAT,
-                  download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  builder_config = LocalTextConfig(name=f"{slug or 'data'}_{fingerprint}", spec_json=json.dumps(spec),
+                                   description=f"{spec['kind']} text from {os.path.abspath(directory)}")
+  path = os.path.join(data_dir, cls.name, builder_config.name, str(cls.VERSION))
+  lock = os.path.join(data_dir, LOCKS_DIR, f"{cls.name}-{builder_config.name}.lock")
+  with prepare_lock(lock):        # runs started together (a sweep's): one prepares, the others wait
+    prepared_now = not os.path.isfile(os.path.join(path, "dataset_info.json"))
+    if prepared_now:
+      logging.info("preparing %s (%s) as array_record under %s", directory, spec["kind"], data_dir)
+    builder = tfds.builder(cls.name, data_dir=data_dir, config=builder_config, file_format=FILE_FORMAT)
+    if not builder.is_prepared():   # prepared once, then every split is opened
+      quiet_prepare(builder, file_format=FILE_FORMAT,
+                    download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   sources = {str(k): v for k, v in builder.as_data_source().items()}
   if prepared_now:
     say_prepared(slug or directory, sources, path)

@@ -149,8 +149,3 @@ class StreamMLMTask(StreamLMTask):
     """A text to fill: its ids (no EOS; a mask token where the text says ``<mask>`` / [MASK]),
     the first ``max_input_len``."""
     return np.asarray(self.codec.source.encode(text)[:self.max_input_len], np.int32)
-
-
-def whole_word(config) -> bool:
-  """``config.pretrain.whole_word``."""
-  return bool(config.pretrain.whole_word)

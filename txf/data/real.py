@@ -26,8 +26,8 @@ from absl import logging
 
 from txf.core import families
 from txf.data import builders, tokenizer
-from txf.data.base import DataError, DataSpec, Task, data_spec
-from txf.data.pretraining import SpanCorruptionTask, StreamMLMTask, whole_word  # noqa: F401  (re-exported)
+from txf.data.base import DataError, DataSpec, Task, task_spec
+from txf.data.pretraining import SpanCorruptionTask, StreamMLMTask  # noqa: F401  (re-exported)
 from txf.data.sources import build_codec, open_source
 from txf.data.tasks import (ClassificationTask, ExampleTask, SentenceLMTask,  # noqa: F401
                             StreamLMTask, TranslationTask)
@@ -76,14 +76,16 @@ def data_kind_for(family: str, kind: str, source: str) -> str:
                   f"cannot use: set model.family={users[0]!r} (or another data.format / source)")
 
 
-def make_real_task(config, workdir: str = "") -> Task:
-  """The Task of ``config.data.source`` (text:... or tfds:...) for ``config.model.family``.
+def make_real_task(spec, workdir: str = "") -> Task:
+  """The Task of ``spec.data.source`` (text:... or tfds:...) for ``spec.family``; ``spec`` a
+  TaskSpec (a run config is read into one).
 
   The tokenizer is read from ``workdir/tokenizer`` if the run has one, else trained (or taken
   from the cache); the training loop saves it into the run once (``txf.runtime.workdir.save_task``), so
   every later use of the run sees the same ids. Nothing is written to ``workdir`` here.
   """
-  d, family = data_spec(config), config.model.family
+  spec = task_spec(spec)
+  d, family = spec.data, spec.family
   if d.tokenizer not in ("sentencepiece", "char"):
     raise DataError(f"data.tokenizer={d.tokenizer!r} is for synthetic tasks; real text needs "
                     f"'sentencepiece' or 'char'")
@@ -98,11 +100,11 @@ def make_real_task(config, workdir: str = "") -> Task:
   fingerprint = f"{fingerprint}|{d.tokenizer}|{d.max_input_len}|{d.max_target_len}"
   spans = record.pieces == "sentinels"
   codec = build_codec(d, workdir, kind, sources[d.train_split], adapt, fingerprint, data_dir,
-                      sentinels=config.pretrain.num_sentinels if spans else 0,
+                      sentinels=spec.pretrain.num_sentinels if spans else 0,
                       mask_token=record.pieces == "mask")
   task = new_task(family, d, sources, adapt, codec,
                   fingerprint + "|" + json.dumps(codec.settings, sort_keys=True),
                   sentences=from_catalog, num_classes=num_classes,
-                  pretrain=config.pretrain, whole_word=whole_word(config))
+                  pretrain=spec.pretrain, whole_word=bool(spec.pretrain.whole_word))
   logging.info("real task %s: %s", type(task).__name__, task.describe())
   return task

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 from txf.runtime import storage
 from txf.runtime import workdir as workdir_lib
 from txf.data import builders, real, tokenizer
-from txf.data.base import DataError, DataSpec, Task, data_spec
+from txf.data.base import DataError, DataSpec, Task, task_spec
 from txf.data.sources import open_source
 
 class LazySources(collections.abc.Mapping):
@@ -55,14 +55,16 @@ class LazySources(collections.abc.Mapping):
     return len(self._open())
 
 
-def task_from_workdir(config, workdir: str) -> Optional[Task]:
+def task_from_workdir(spec, workdir: str) -> Optional[Task]:
   """The real-data Task of a trained run from its workdir, without reading its data.
 
   Returns None when the run is not a real-data run with a saved tokenizer and task.json (synthetic
   tasks need no data: ``make_task`` builds them). The family and sizes come from task.json; a
-  mismatch with the config (an edited config.json) raises DataError naming both.
+  mismatch with the config (an edited config.json) raises DataError naming both. ``spec``: the
+  run's TaskSpec (a run config is read into one).
   """
-  d = data_spec(config)
+  spec = task_spec(spec)
+  d = spec.data
   scheme = d.source.partition(":")[0]
   if scheme not in ("text", "tfds"):
     return None
@@ -70,7 +72,7 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
   sizes = workdir_lib.read_task_json(workdir)
   if codec is None or sizes is None:
     return None
-  family = config.model.family
+  family = spec.family
   if sizes.get("family", family) != family:
     raise DataError(f"{workdir}: task.json says family {sizes['family']!r} but config.json says "
                     f"model.family={family!r}: restore the run's own config.json")
@@ -81,7 +83,7 @@ def task_from_workdir(config, workdir: str) -> Optional[Task]:
   return real.new_task(family, d, sources, sources.adapt, codec,
                        f"workdir:{storage.absolute(workdir)}", sentences=scheme == "tfds",
                        num_classes=int(sizes.get("num_classes", 0)),
-                       whole_word=real.whole_word(config), pretrain=config.pretrain)
+                       whole_word=bool(spec.pretrain.whole_word), pretrain=spec.pretrain)
 
 
 

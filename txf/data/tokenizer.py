@@ -28,12 +28,13 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import sentencepiece as spm
-import tokenizers
 
 from txf.runtime import storage
 from txf.data.base import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DataError, truncate_keep_eos
 from txf.data.bpe import GPT2Tokenizer, clean_up_spaces
 from txf.data.hf_ids import HFIdsTokenizer
+from txf.data.tokjson import TokenizerJson
+from txf.data.tokjson_codec import JsonTokenizer
 
 NUM_SPECIALS = 4
 _SPECIAL_SET = (PAD_ID, BOS_ID, EOS_ID)
@@ -68,6 +69,9 @@ class Tokenizer(abc.ABC):
 
 # an imported GPT-2's byte-level BPE (txf.data.bpe, which cannot import this module) is a Tokenizer
 Tokenizer.register(GPT2Tokenizer)
+# a Hugging Face tokenizer.json read by txf itself (txf.data.tokjson_codec), likewise
+Tokenizer.register(JsonTokenizer)
+# an import without a tokenizer file txf reads: ids only (txf.data.hf_ids)
 Tokenizer.register(HFIdsTokenizer)
 
 
@@ -230,10 +234,11 @@ def special_order(vocab_size: int, specials: Dict[int, int]) -> np.ndarray:
 
 
 class WordPieceTokenizer(Tokenizer):
-  """BERT's WordPiece tokenizer: a ``tokenizers`` pipeline (tokenizer.json: normalizer,
-  pre-tokenizer, WordPiece model) whose ids are permuted to txf's by ``order`` ([PAD] 0, [CLS] =
-  BOS 1, [SEP] = EOS 2, [UNK] 3, the rest in BERT's order). ``encode`` starts every text with
-  [CLS] (BOS) and the task appends EOS ([SEP]): the input is BERT's [CLS] text [SEP].
+  """BERT's WordPiece tokenizer: a Hugging Face pipeline (tokenizer.json: normalizer,
+  pre-tokenizer, WordPiece model, run by txf.data.tokjson) whose ids are permuted to txf's by
+  ``order`` ([PAD] 0, [CLS] = BOS 1, [SEP] = EOS 2, [UNK] 3, the rest in BERT's order).
+  ``encode`` starts every text with [CLS] (BOS) and the task appends EOS ([SEP]): the input is
+  BERT's [CLS] text [SEP].
   ``decode`` drops the specials and joins the pieces with the pipeline's decoder (and Hugging
   Face's clean-up of spaces when ``clean_up``)."""
   kind = "wordpiece"
@@ -241,9 +246,7 @@ class WordPieceTokenizer(Tokenizer):
   def __init__(self, pipeline_json: str, specials: Dict[str, int], vocab_size: int,
                clean_up: bool = False):
     self.pipeline_json, self.specials, self.clean_up = pipeline_json, dict(specials), bool(clean_up)
-    self._tok = tokenizers.Tokenizer.from_str(pipeline_json)
-    self._tok.no_truncation()
-    self._tok.no_padding()
+    self._tok = TokenizerJson(pipeline_json)
     self._size = int(vocab_size)
     self.order = special_order(self._size, {PAD_ID: specials["pad"], BOS_ID: specials["cls"],
                                             EOS_ID: specials["sep"], UNK_ID: specials["unk"]})
@@ -256,12 +259,8 @@ class WordPieceTokenizer(Tokenizer):
     return self._size
 
   def encode(self, text: str) -> List[int]:
-    ids = self._tok.encode(text, add_special_tokens=False).ids
+    ids = self._tok.encode(text)
     return [BOS_ID] + [int(self._txf_of[i]) for i in ids]
-
-  def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
-    out = self._tok.encode_batch(list(texts), add_special_tokens=False)
-    return [[BOS_ID] + self._txf_of[e.ids].tolist() for e in out]
 
   def decode(self, ids: Sequence[int]) -> str:
     keep = [int(self.order[int(i)]) for i in ids
@@ -398,6 +397,8 @@ def _tokenizer_from_json(directory: str, desc: Dict[str, Any]) -> Tokenizer:
     return HFIdsTokenizer.from_json(directory, desc)
   if desc["kind"] == GPT2Tokenizer.kind:  # an imported GPT-2's byte-level BPE (txf.data.bpe)
     return GPT2Tokenizer.from_json(directory, desc)
+  if desc["kind"] == JsonTokenizer.kind:  # a Hugging Face tokenizer.json (txf.data.tokjson_codec)
+    return JsonTokenizer.from_json(directory, desc)
   if desc["kind"] == "char":
     return CharTokenizer(desc["chars"])
   if desc["kind"] in ("marian", "t5"):

@@ -34,7 +34,7 @@ def word_start_table(tok: Tokenizer) -> np.ndarray:
                        for i in range(tok.vocab_size)], bool)
   if isinstance(tok, WordPieceTokenizer):
     starts = np.ones(tok.vocab_size, bool)
-    for piece, i in tok._tok.get_vocab().items():
+    for piece, i in tok._tok.token_to_id.items():
       if 0 <= i < tok.vocab_size and piece.startswith("##"):
         starts[int(tok._txf_of[i])] = False
     return starts

@@ -34,9 +34,9 @@ tokenizer.json and/or vocab.txt with tokenizer_config.json) and writes a txf wor
   (``BertForMaskedLM``, ``BertForPreTraining``): family ``encoder_mlm`` (logits per position;
   no txf task trains or evaluates it yet).
 
-The WordPiece tokenizer is the checkpoint's own (``tokenizers``; tokenizer.json, else built from
-vocab.txt and tokenizer_config.json as BertTokenizer does); txf's ids are BERT's permuted so that
-``[PAD]`` ``[CLS]`` ``[SEP]`` ``[UNK]`` are txf's PAD BOS EOS UNK, and a text becomes ``[CLS]``
+The WordPiece tokenizer is the checkpoint's own (read by txf.data.tokjson; tokenizer.json, else
+built from vocab.txt and tokenizer_config.json as BertTokenizer does); txf's ids are BERT's
+permuted so that ``[PAD]`` ``[CLS]`` ``[SEP]`` ``[UNK]`` are txf's PAD BOS EOS UNK, and a text becomes ``[CLS]``
 pieces ``[SEP]``, exactly the ids BertTokenizer gives. Token types are all 0 (one segment). Export
 writes the inverse: ``BertForSequenceClassification`` or ``BertForMaskedLM`` with safetensors
 weights, tokenizer.json, vocab.txt and tokenizer_config.json.
@@ -47,13 +47,12 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from txf.core import config as config_lib
 from txf.core.errors import TxfError
 from txf.data import tokenizer as tok
 from txf.hf import common
+from txf.hf import tokenizer_json
 from txf.runtime import workdir as workdir_lib
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -279,19 +278,38 @@ def _pipeline_from_vocab(vocab_path: str, tconf: Dict[str, Any], names: Dict[str
     raise TxfError(f"{vocab_path} lacks the special tokens {', '.join(missing)}: give a BERT "
                    f"vocabulary (or its tokenizer.json)")
   lower = bool(tconf.get("do_lower_case", True))
-  pipeline = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token=names["unk"],
-                                                   max_input_chars_per_word=100))
-  pipeline.normalizer = normalizers.BertNormalizer(
-      clean_text=True, handle_chinese_chars=bool(tconf.get("tokenize_chinese_chars", True)),
-      strip_accents=tconf.get("strip_accents"), lowercase=lower)
-  pipeline.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-  pipeline.decoder = decoders.WordPiece(prefix="##")
   cls, sep = names["cls"], names["sep"]
-  pipeline.post_processor = processors.TemplateProcessing(
-      single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-      special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
-  pipeline.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in names.values()])
-  return pipeline.to_str()
+  added, next_id = [], len(pieces)
+  for t in names.values():  # a special token missing from vocab.txt gets the next id
+    if t not in vocab and all(a["content"] != t for a in added):
+      vocab_id, next_id = next_id, next_id + 1
+    else:
+      vocab_id = vocab.get(t, next((a["id"] for a in added if a["content"] == t), None))
+    if all(a["content"] != t for a in added):
+      added.append({"id": vocab_id, "content": t, "single_word": False, "lstrip": False,
+                    "rstrip": False, "normalized": False, "special": True})
+
+  def part(kind, name, type_id):
+    return {kind: {"id": name, "type_id": type_id}}
+  spec = {
+      "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+      "normalizer": {"type": "BertNormalizer", "clean_text": True,
+                     "handle_chinese_chars": bool(tconf.get("tokenize_chinese_chars", True)),
+                     "strip_accents": tconf.get("strip_accents"), "lowercase": lower},
+      "pre_tokenizer": {"type": "BertPreTokenizer"},
+      "post_processor": {
+          "type": "TemplateProcessing",
+          "single": [part("SpecialToken", cls, 0), part("Sequence", "A", 0),
+                     part("SpecialToken", sep, 0)],
+          "pair": [part("SpecialToken", cls, 0), part("Sequence", "A", 0),
+                   part("SpecialToken", sep, 0), part("Sequence", "B", 1),
+                   part("SpecialToken", sep, 1)],
+          "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in (cls, sep)}},
+      "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+      "model": {"type": "WordPiece", "unk_token": names["unk"], "continuing_subword_prefix": "##",
+                "max_input_chars_per_word": 100,
+                "vocab": dict(sorted(vocab.items(), key=lambda kv: kv[1]))}}
+  return json.dumps(spec, ensure_ascii=False)
 
 
 def wordpiece_codec(src: str, vocab_size: int) -> Tuple[tok.Codec, Dict[str, Any]]:
@@ -303,23 +321,25 @@ def wordpiece_codec(src: str, vocab_size: int) -> Tuple[tok.Codec, Dict[str, Any
   if os.path.isfile(json_path):
     with open(json_path, encoding="utf-8") as f:
       pipeline = f.read()
+    used = "tokenizer.json"
   elif os.path.isfile(vocab_path):
     pipeline = _pipeline_from_vocab(vocab_path, tconf, names)
+    used = "vocab.txt"
   else:
     raise TxfError(f"{src} has no tokenizer.json or vocab.txt: txf imports BERT models with their "
                    f"WordPiece tokenizer (save the tokenizer with save_pretrained beside the model)")
-  probe = tokenizers.Tokenizer.from_str(pipeline)
-  ids = {k: probe.token_to_id(t) for k, t in names.items()}
+  probe = tokenizer_json.TokenizerJson(pipeline, where=os.path.join(src, used))
+  ids = {k: probe.token_to_id.get(t) for k, t in names.items()}
   missing = [names[k] for k, i in ids.items() if i is None and k != "mask"]
   if missing:
     raise TxfError(f"{src}: the tokenizer has no {', '.join(missing)} token")
-  if probe.get_vocab_size(with_added_tokens=True) > vocab_size:
-    raise TxfError(f"{src}: the tokenizer has {probe.get_vocab_size(with_added_tokens=True)} "
+  if probe.vocab_size > vocab_size:
+    raise TxfError(f"{src}: the tokenizer has {probe.vocab_size} "
                    f"tokens, more than the model's vocab_size={vocab_size}")
   specials = {k: int(i) for k, i in ids.items() if i is not None}
   clean_up = bool(tconf.get("clean_up_tokenization_spaces", False))
   wordpiece = tok.WordPieceTokenizer(pipeline, specials, vocab_size, clean_up=clean_up)
-  return tok.Codec(wordpiece, wordpiece, {"tokenizer": "wordpiece"}), tconf
+  return tok.Codec(wordpiece, wordpiece, {"tokenizer": "wordpiece", "tokenizer_file": used}), tconf
 
 
 def _head_family(sd: Dict[str, np.ndarray], data_config: str) -> str:
@@ -470,9 +490,9 @@ def export_run(workdir: str, config, output: str, params_name: Optional[str],
     classes = int(np.shape(params["classifier"]["bias"])[0])
     hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(classes)}
     hf_config["label2id"] = {f"LABEL_{i}": i for i in range(classes)}
-  pipeline = tokenizers.Tokenizer.from_str(wordpiece.pipeline_json)
-  vocab = sorted(pipeline.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-  names = {k: pipeline.id_to_token(i) for k, i in wordpiece.specials.items()}
+  pipeline = tokenizer_json.TokenizerJson(wordpiece.pipeline_json)
+  vocab = sorted(pipeline.token_to_id.items(), key=lambda kv: kv[1])
+  names = {k: pipeline.id_to_token[i] for k, i in wordpiece.specials.items()}
   tconf = {"tokenizer_class": "BertTokenizer", "model_max_length": m.max_len,
            "clean_up_tokenization_spaces": wordpiece.clean_up,
            **{_CONFIG_TOKEN_KEYS[k]: t for k, t in names.items()}}

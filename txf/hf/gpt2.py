@@ -230,19 +230,22 @@ def _codec(local: str, hf: Dict[str, Any], source: str) -> tok.Codec:
     eos_token = eos_token.get("content", EOS_TOKEN)
   try:
     tokenizer = bpe.tokenizer_from_files(local, eos_token, bool(conf.get("add_prefix_space", False)))
-  except Exception as e:  # DataError (no files) or the tokenizers library refusing them
+  except TxfError as e:  # no files, or files txf cannot read
     raise TxfError(f"{local}: cannot read GPT-2's tokenizer: {e}") from None
   hf = with_defaults(hf)
   size, eos = int(hf["vocab_size"]), int(hf["eos_token_id"])
-  if tokenizer.get_vocab_size() > size:
-    raise TxfError(f"{local}: the tokenizer has {tokenizer.get_vocab_size()} tokens, the model's "
+  if tokenizer.vocab_size > size:
+    raise TxfError(f"{local}: the tokenizer has {tokenizer.vocab_size} tokens, the model's "
                    f"vocab_size is {size}: give the tokenizer saved with this model")
-  if tokenizer.token_to_id(eos_token) != eos:
-    raise TxfError(f"{local}: the tokenizer's {eos_token} is id {tokenizer.token_to_id(eos_token)}, "
-                   f"config.json's eos_token_id is {eos}: give the tokenizer saved with this model")
-  target = bpe.GPT2Tokenizer(tokenizer.to_str(), size, eos,
+  if tokenizer.token_to_id.get(eos_token) != eos:
+    raise TxfError(f"{local}: the tokenizer's {eos_token} is id "
+                   f"{tokenizer.token_to_id.get(eos_token)}, config.json's eos_token_id is {eos}: "
+                   f"give the tokenizer saved with this model")
+  target = bpe.GPT2Tokenizer(tokenizer.text, size, eos,
                              bool(conf.get("clean_up_tokenization_spaces", False)))
-  return tok.Codec(target, target, {"tokenizer": "gpt2", "from": source})
+  used = (bpe.TOKENIZER_FILE if os.path.isfile(os.path.join(local, bpe.TOKENIZER_FILE))
+          else "vocab.json + merges.txt")
+  return tok.Codec(target, target, {"tokenizer": "gpt2", "from": source, "tokenizer_file": used})
 
 
 def import_config(fields: Dict[str, Any], vocab_size: int, name: str, data_config: str,

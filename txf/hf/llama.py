@@ -27,13 +27,12 @@ from txf 4 on. The checkpoint's BOS (when it has one) is an ordinary token for t
 decoder input starts with it (``model.decoder_start_id``); without a BOS the decoder starts with
 EOS as GPT-2's.
 
-Tokenizer: ``read_tokenizer`` (tokenizer.json through txf.hf.tokenizer_json when txf has it). When
+Tokenizer: ``read_tokenizer`` (tokenizer.json, read by txf: txf.hf.tokenizer_json). When
 the checkpoint has no tokenizer txf can read, the weights are imported with txf.data.hf_ids's
 stand-in (text is the model's ids in decimal: ``txf generate --prompt "1 15 7"`` continues those
 ids and prints ids) and ``import_run`` says so in one ``txf: note:`` line.
 """
 
-import importlib
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -44,8 +43,9 @@ from txf.core.errors import TxfError
 from txf.data import bpe
 from txf.data import tokenizer as tok
 from txf.data.hf_ids import HFIdsTokenizer
+from txf.data.tokjson_codec import JsonTokenizer
 from txf.decode.spec import DecodingSpec
-from txf.hf import common
+from txf.hf import common, tokenizer_json
 from txf.nn.layers import MASKED_IDS as EXTRA_IDS  # txf's rows with no Hugging Face token
 from txf.runtime import workdir as workdir_lib
 
@@ -242,43 +242,33 @@ def state_dict_from_params(params: Dict[str, Any], fields: Dict[str, Any], order
 
 # the experiment whose data fields (Tiny Shakespeare) an imported run gets by default
 DEFAULT_DATA_CONFIG = "shakespeare_char"
-TOKENIZER_MODULE = "txf.hf.tokenizer_json"
 
 
-def read_tokenizer(local: str):
-  """The tokenizer of the checkpoint folder ``local``: its tokenizer.json, read by
-  ``txf.hf.tokenizer_json.read(path)``. Raises TxfError naming what is missing: the file, or
-  txf's support for it (the module txf.hf.tokenizer_json).
-
-  What the rest of this module uses of the result (a txf.data.tokenizer.Codec, or one tokenizer
-  that becomes a joint one): the Tokenizer interface in txf ids (``kind``, ``vocab_size``,
-  ``encode``, ``decode``, ``to_json``; ids numbered by ``vocab_order``, as txf.data.hf_ids's),
-  ``hf_size`` and ``eos`` (the export's mapping back), ``adds_bos`` (``txf generate``'s text start
-  puts ``model.decoder_start_id`` first when True), and optionally ``save_hf(folder)``, which the
-  export calls to write tokenizer.json and tokenizer_config.json."""
-  path = os.path.join(local, "tokenizer.json")
+def read_tokenizer(local: str, hf_size: int, eos: int) -> JsonTokenizer:
+  """The tokenizer of the checkpoint folder ``local``: its tokenizer.json (and
+  tokenizer_config.json), read by txf (``txf.hf.tokenizer_json``), as txf ids numbered by
+  ``vocab_order(hf_size, eos)``: the checkpoint's EOS at txf 2, txf's PAD, BOS and UNK rows of their
+  own after the checkpoint's ids. Its ``adds_bos`` says whether the tokenizer's own template puts
+  the BOS first (``txf generate``'s text start); its ``save_hf(folder)`` writes the files back for
+  the export. TxfError when there is no tokenizer.json or txf cannot read it."""
+  path = os.path.join(local, tokenizer_json.TOKENIZER_FILE)
   if not os.path.isfile(path):
-    raise TxfError(f"{local} has no tokenizer.json")
-  try:
-    reader = importlib.import_module(TOKENIZER_MODULE)
-  except ModuleNotFoundError:
-    raise TxfError(f"{path}: this txf cannot read tokenizer.json files yet (no "
-                   f"{TOKENIZER_MODULE})") from None
-  return reader.read(path)
+    raise TxfError(f"{local} has no {tokenizer_json.TOKENIZER_FILE}")
+  return JsonTokenizer(tokenizer_json.read(local), hf_size, {"eos": eos}, extra_rows=True)
 
 
 def _codec(local: str, name: str, hf_size: int, eos: int, say: Callable[[str], None]) -> tok.Codec:
   """The txf codec of the checkpoint's tokenizer (``read_tokenizer``); without one it can read,
   txf.data.hf_ids's stand-in (text = Hugging Face ids in decimal), and ``say`` hears why."""
   try:
-    tokenizer = read_tokenizer(local)
+    tokenizer = read_tokenizer(local, hf_size, eos)
+    used = tokenizer_json.TOKENIZER_FILE
   except TxfError as e:
     say(f"txf: note: imported the weights without a tokenizer ({e}): the workdir reads and writes "
         f"token ids as text, e.g. txf generate --prompt \"15 7 42\"")
-    tokenizer = HFIdsTokenizer(hf_size, eos)
-  if isinstance(tokenizer, tok.Codec):
-    return tokenizer
-  return tok.Codec(tokenizer, tokenizer, {"tokenizer": tokenizer.kind, "from": name})
+    tokenizer, used = HFIdsTokenizer(hf_size, eos), "none (token ids as text)"
+  return tok.Codec(tokenizer, tokenizer, {"tokenizer": tokenizer.kind, "from": name,
+                                          "tokenizer_file": used})
 
 
 def import_config(fields: Dict[str, Any], vocab_size: int, name: str, data_config: str,

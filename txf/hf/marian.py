@@ -290,7 +290,7 @@ def marian_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.
   source = tok.MarianTokenizer(protos[0], vocab, specials, size, clean_up=clean_up)
   target = tok.MarianTokenizer(protos[1], vocab, specials, size, decode_proto=protos[0],
                                clean_up=clean_up)
-  return tok.Codec(source, target, settings)
+  return tok.Codec(source, target, {**settings, "tokenizer_file": " + ".join(TOKENIZER_FILES)})
 
 
 def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_config: str,

@@ -28,10 +28,13 @@ is T5's (txf.hf.t5: pre-LN RMSNorm, unscaled attention, one relative bias table 
 head width d_kv, ReLU or gated tanh-GELU FFN, no biases, tied head with the d_model^-0.5 scale or
 an untied one) and whose tokenizer is the checkpoint's SentencePiece model with T5's ``extra_ids``
 sentinels ``<extra_id_N>`` at the top of the vocabulary (id V_spm + extra_ids - 1 - N; config
-vocab_size may exceed that: the extra rows are kept, never produced by the tokenizer). Text is
+vocab_size may exceed that: the extra rows are kept, never produced by the tokenizer), or, for a
+checkpoint without spiece.model (transformers 5 saves ``tokenizer.json`` and
+``tokenizer_config.json`` only), its tokenizer.json read by txf (txf.data.tokjson). Text is
 encoded as it is: a task prefix such as "translate English to German: " is part of the source
 line, and the source gets EOS appended as T5's tokenizer does. Export writes the inverse, for
-``T5ForConditionalGeneration.from_pretrained`` and ``T5Tokenizer.from_pretrained``.
+``T5ForConditionalGeneration.from_pretrained`` and ``T5Tokenizer.from_pretrained`` (spiece.model,
+or the tokenizer.json the run was imported with).
 
 Decoding settings of an imported run are those of Hugging Face's ``generate(num_beams=K,
 length_penalty=1.0, early_stopping=True)`` as for Marian (txf.hf's docstring).
@@ -46,8 +49,10 @@ import sentencepiece as spm
 from txf.core import config as config_lib
 from txf.core.errors import TxfError
 from txf.data import tokenizer as tok
+from txf.data import tokjson_codec
 from txf.decode.spec import DecodingSpec
 from txf.hf import common
+from txf.hf import tokenizer_json
 from txf.runtime import workdir as workdir_lib
 
 # Hugging Face's activation name (T5Config.dense_act_fn) -> txf's, dense and gated
@@ -285,11 +290,15 @@ def _extra_ids(tconf: Dict[str, Any]) -> int:
 def t5_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.Codec:
   """The Codec of a T5 directory: spiece.model for both sides (one vocabulary), its pieces at
   their SentencePiece ids and the sentinels ``<extra_id_N>`` at V_spm + extra_ids - 1 - N, special
-  ids pad and EOS from the model config, UNK from the SentencePiece model."""
+  ids pad and EOS from the model config, UNK from the SentencePiece model; without spiece.model,
+  its tokenizer.json (``json_codec``). ``settings["tokenizer_file"]`` names the file used."""
   path = os.path.join(src, SPM_FILE)
   if not os.path.isfile(path):
-    raise TxfError(f"{src} has no {SPM_FILE}: txf imports T5 models with their SentencePiece "
-                   f"tokenizer (save the tokenizer with save_pretrained next to the model)")
+    if os.path.isfile(os.path.join(src, tokenizer_json.TOKENIZER_FILE)):
+      return json_codec(src, hf, settings)
+    raise TxfError(f"{src} has no {SPM_FILE} and no {tokenizer_json.TOKENIZER_FILE}: txf imports "
+                   f"T5 models with their tokenizer (save the tokenizer with save_pretrained next "
+                   f"to the model)")
   with open(path, "rb") as f:
     proto = f.read()
   tconf_path = os.path.join(src, "tokenizer_config.json")
@@ -307,7 +316,21 @@ def t5_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.Code
               "unk": int(sp.unk_id())}
   side = tok.T5Tokenizer(proto, vocab, specials, size,
                          clean_up=bool(tconf.get("clean_up_tokenization_spaces", False)))
-  return tok.Codec(side, side, {**settings, "extra_ids": extra})
+  return tok.Codec(side, side, {**settings, "extra_ids": extra, "tokenizer_file": SPM_FILE})
+
+
+def json_codec(src: str, hf: Dict[str, Any], settings: Dict[str, Any]) -> tok.Codec:
+  """The Codec of a T5 directory's tokenizer.json (and tokenizer_config.json): ids as
+  ``t5_codec``'s (pad and EOS from the model config, UNK the tokenizer's; the sentinels where the
+  file puts them)."""
+  tokenizer = tokenizer_json.read(src)
+  specials = {"pad": int(hf["pad_token_id"]), "eos": int(hf["eos_token_id"]),
+              "unk": tokenizer.unk_id}
+  try:
+    side = tokjson_codec.JsonTokenizer(tokenizer, int(hf["vocab_size"]), specials)
+  except TxfError as e:
+    raise TxfError(f"{src}: {e}") from None
+  return tok.Codec(side, side, {**settings, "tokenizer_file": tokenizer_json.TOKENIZER_FILE})
 
 
 def import_run(local: str, hf: Dict[str, Any], workdir: str, name: str, data_config: str,
@@ -375,7 +398,7 @@ def export_problems(config, codec: Optional[tok.Codec]) -> list:
   if m.decoder_start_id != 0 or m.forbid_pad:
     problems.append(f"model.decoder_start_id={m.decoder_start_id} / forbid_pad={m.forbid_pad} "
                     f"(T5 starts with its pad, id 0, and may generate it)")
-  if (codec is None or not isinstance(codec.target, tok.T5Tokenizer)
+  if (codec is None or not isinstance(codec.target, (tok.T5Tokenizer, tokjson_codec.JsonTokenizer))
       or codec.settings.get("tokenizer") != "t5"):
     kind = "none" if codec is None else codec.target.kind
     problems.append(f"its tokenizer ({kind}): export-hf writes the spiece.model of a T5 model "
@@ -418,6 +441,9 @@ def export_run(workdir: str, config, output: str, params_name: Optional[str],
     workdir_lib.write_json(os.path.join(tmp, "generation_config.json"), generation)
     common.safetensors_module().save_file(sd, os.path.join(tmp, "model.safetensors"),
                                     metadata={"format": "pt"})
+    if isinstance(target, tokjson_codec.JsonTokenizer):  # imported from tokenizer.json: as read
+      target.tokenizer.save(tmp)
+      return output
     with open(os.path.join(tmp, SPM_FILE), "wb") as f:
       f.write(target.model_proto)
     workdir_lib.write_json(os.path.join(tmp, "tokenizer_config.json"), {

@@ -16,7 +16,7 @@ from flax import traverse_util
 from txf.core import families
 from txf.runtime import storage
 from txf.runtime import workdir as workdir_lib
-from txf.data import make_task, saved
+from txf.data import TaskSpec, make_task, saved
 from txf.data.base import Task
 from txf.core.errors import TxfError
 from txf.models import init_params, model_config_from
@@ -101,9 +101,10 @@ def load_task(config, workdir: str) -> Task:
   """A trained run's task: from the workdir alone (tokenizer/, task.json) when the run has them, so
   the training data is not needed until a split is read; else rebuilt from the data (older runs,
   synthetic tasks)."""
-  task = saved.task_from_workdir(config, workdir)
+  spec = TaskSpec.from_config(config)
+  task = saved.task_from_workdir(spec, workdir)
   if task is None:
-    task = make_task(config, workdir)
+    task = make_task(spec, workdir)
   return task
 
 

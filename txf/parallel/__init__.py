@@ -10,3 +10,4 @@ from txf.parallel.mesh_runner import MeshRunner
 from txf.parallel.placed import DeviceParams
 from txf.parallel.pmap_runner import PmapRunner
 from txf.parallel.runners import SingleDeviceRunner, make_runner
+from txf.parallel.spec import ParallelSpec

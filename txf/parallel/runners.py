@@ -19,8 +19,8 @@ Runner API (numpy host batches in, the same pure step function inside every runn
   host_state(state) -> the state as checkpoints take it (single/pmap: one host copy; mesh: the
       sharded global arrays, which orbax writes from every process)
 
-``make_runner`` picks one by ``config.parallelism``: single (txf.parallel.runners), pmap
-(txf.parallel.pmap_runner) or mesh (txf.parallel.mesh_runner).
+``make_runner`` picks one by ``layout.parallelism`` (a ``ParallelSpec``, txf/parallel/spec.py):
+single (txf.parallel.runners), pmap (txf.parallel.pmap_runner) or mesh (txf.parallel.mesh_runner).
 """
 
 from typing import Callable
@@ -34,6 +34,7 @@ from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
 from txf.parallel.placed import DeviceParams
 from txf.parallel.pmap_runner import PmapRunner
+from txf.parallel.spec import ParallelSpec
 
 
 class SingleDeviceRunner:
@@ -85,15 +86,16 @@ class SingleDeviceRunner:
     return jax.device_get(state)
 
 
-def make_runner(config, make_train_step: Callable, make_eval_step: Callable, param_axes=None):
-  """The runner for ``config.parallelism``; ``make_*_step(axis_name)`` build the pure steps.
+def make_runner(layout: ParallelSpec, make_train_step: Callable, make_eval_step: Callable,
+                param_axes=None):
+  """The runner for ``layout.parallelism``; ``make_*_step(axis_name)`` build the pure steps.
 
   ``param_axes``: the model's logical axes (``txf.models.param_axes``), needed by ``mesh``.
   Checks up front that ``batch_size`` (and its ``grad_accum_steps`` micro-batches) split evenly
   over the processes and devices of the chosen layout.
   """
-  kind = config.parallelism
-  processes, accum = jax.process_count(), config.grad_accum_steps
+  kind = layout.parallelism
+  processes, accum = jax.process_count(), layout.grad_accum_steps
   if kind == "single":
     if processes > 1:
       raise ConfigError(f"parallelism='single' uses one device, but this is one of {processes} "
@@ -101,18 +103,19 @@ def make_runner(config, make_train_step: Callable, make_eval_step: Callable, par
     return SingleDeviceRunner(make_train_step(None), make_eval_step(None))
   if kind == "pmap":
     shards = processes * jax.local_device_count()
-    _check_batch(config.batch_size, shards, accum, f"{shards} devices ({processes} process(es) x "
+    _check_batch(layout.batch_size, shards, accum, f"{shards} devices ({processes} process(es) x "
                  f"{jax.local_device_count()})")
     return PmapRunner(make_train_step(PmapRunner.axis_name), make_eval_step(PmapRunner.axis_name))
   if kind == "mesh":
-    mesh = sharding_lib.make_mesh(config.mesh_shape, dcn_mesh_shape=config.dcn_mesh_shape)
-    rules = dict(config.sharding_rules.items())
-    spec = sharding_lib.batch_spec(rules, dict(mesh.shape))
-    axes = () if not len(spec) else (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
+    mesh = sharding_lib.make_mesh(layout.mesh_shape, dcn_mesh_shape=layout.dcn_mesh_shape)
+    rules = dict(layout.sharding_rules)
+    batch_axes = sharding_lib.batch_spec(rules, dict(mesh.shape))
+    axes = (() if not len(batch_axes) else (batch_axes[0],) if isinstance(batch_axes[0], str)
+            else tuple(batch_axes[0]))
     shards = 1
     for a in axes:
       shards *= mesh.shape[a]
-    _check_batch(config.batch_size, max(shards, processes), accum,
+    _check_batch(layout.batch_size, max(shards, processes), accum,
                  f"mesh {dict(mesh.shape)}: batch over {axes or 'nothing'}, {processes} process(es)")
     return MeshRunner(make_train_step(None), make_eval_step(None), mesh, rules, param_axes)
   raise ConfigError(f"parallelism={kind!r} is not one of 'single', 'pmap', 'mesh'")

@@ -128,18 +128,18 @@ def _dimension_sizes(abstract_params, param_axes) -> Dict[str, set]:
   return sizes
 
 
-def check_splits(config, abstract_params, param_axes, num_devices: int) -> None:
-  """One ConfigError, before anything compiles, if the mesh of ``config`` (parallelism="mesh")
-  splits a model dimension into pieces of unequal size: it names each dimension, its size, the
-  mesh axes and their size, and suggests a mesh_shape over ``num_devices`` devices that divides
-  every dimension (and ``batch_size`` over data x fsdp). ``abstract_params``: the parameters (or
-  their ShapeDtypeStructs); ``param_axes``: their logical axes (``txf.models.param_axes``).
-  The vocabulary's rows are padded to divide (``model.vocab_multiple``); only an explicit
-  multiple that does not can fail here."""
-  if config.parallelism != "mesh":
+def check_splits(layout, abstract_params, param_axes, num_devices: int) -> None:
+  """One ConfigError, before anything compiles, if the mesh of ``layout`` (a ``ParallelSpec``,
+  parallelism="mesh") splits a model dimension into pieces of unequal size: it names each
+  dimension, its size, the mesh axes and their size, and suggests a mesh_shape over
+  ``num_devices`` devices that divides every dimension (and ``batch_size`` over data x fsdp).
+  ``abstract_params``: the parameters (or their ShapeDtypeStructs); ``param_axes``: their logical
+  axes (``txf.models.param_axes``). The vocabulary's rows are padded to divide
+  (``vocab_multiple``); only an explicit multiple that does not can fail here."""
+  if layout.parallelism != "mesh":
     return
-  rules = parse_rules(dict(config.sharding_rules))
-  axis_sizes = config_lib.mesh_axis_sizes(config, num_devices)
+  rules = parse_rules(dict(layout.sharding_rules))
+  axis_sizes = config_lib.mesh_axis_sizes(layout, num_devices)
   problems = {}
   for leaf, names in zip(jax.tree_util.tree_leaves(abstract_params),
                          jax.tree_util.tree_leaves(param_axes,
@@ -158,24 +158,24 @@ def check_splits(config, abstract_params, param_axes, num_devices: int) -> None:
   advice = []
   if any(logical == "vocab" for logical, _ in problems):
     advice.append("set model.vocab_multiple=0 (auto: pads the vocabulary to divide)")
-  mesh = suggest_mesh_shape(config, _dimension_sizes(abstract_params, param_axes), rules,
+  mesh = suggest_mesh_shape(layout, _dimension_sizes(abstract_params, param_axes), rules,
                             num_devices)
   if mesh:
     advice.append(f"use e.g. --config.mesh_shape=\"{mesh}\" on {num_devices} devices")
   advice.append("or set sharding_rules.<axis>='' to replicate that axis")
-  shape = tuple(config.mesh_shape)
+  shape = tuple(layout.mesh_shape)
   raise ConfigError(f"mesh_shape={shape}: " + "; ".join(parts) + ": " + ", ".join(advice))
 
 
-def suggest_mesh_shape(config, dimension_sizes: Mapping[str, set], rules, num_devices: int
+def suggest_mesh_shape(layout, dimension_sizes: Mapping[str, set], rules, num_devices: int
                        ) -> Optional[Tuple[int, int, int]]:
-  """The (data, fsdp, tensor) over ``num_devices`` closest to ``config.mesh_shape`` (tensor, then
-  fsdp, nearest; smaller first) that divides every dimension in ``dimension_sizes`` (logical name
-  -> sizes; the vocabulary is skipped when ``model.vocab_multiple`` is auto: it is padded to fit)
-  and ``batch_size`` over its batch axes; None if there is none."""
-  want = [int(x) if int(x) > 0 else 1 for x in tuple(config.mesh_shape)]
-  auto_vocab = not config.model.vocab_multiple
-  batch = config.batch_size
+  """The (data, fsdp, tensor) over ``num_devices`` closest to ``layout.mesh_shape`` (a
+  ``ParallelSpec``; tensor, then fsdp, nearest; smaller first) that divides every dimension in
+  ``dimension_sizes`` (logical name -> sizes; the vocabulary is skipped when ``vocab_multiple`` is
+  auto: it is padded to fit) and ``batch_size`` over its batch axes; None if there is none."""
+  want = [int(x) if int(x) > 0 else 1 for x in tuple(layout.mesh_shape)]
+  auto_vocab = not layout.vocab_multiple
+  batch = layout.batch_size
   best = None
   for tensor in range(1, num_devices + 1):
     for fsdp in range(1, num_devices // tensor + 1):

@@ -21,7 +21,9 @@ the argument shapes, so a warm start skips tracing as well) in the ``programs`` 
 the same bound.
 
 A cache that cannot be used is never a failed run: an unwritable folder is one ``txf: warning:``
-line and compiling as usual; so is a corrupt entry (jax recompiles the program and writes it again).
+line and compiling as usual. A corrupt entry (jax's, or a program kept whole) is compiled again and
+replaced in the run that finds it (``txf.runtime.cache_repair``), so the next run reads it back
+without a word; however many entries were bad, a process says so in one line (``entry_problem``).
 
 This module never imports jax (the CLI sets the cache up through jax's environment variables
 before jax starts); ``jax_options`` gives the same settings for ``jax.config.update`` when jax is
@@ -171,6 +173,26 @@ def warn(message: str) -> None:
     print(f"txf: warning: compilation cache: {message}", file=sys.stderr, flush=True)
 
 
+_entry_said = False
+
+
+def entry_problem(message: str) -> None:
+  """The one ``txf: warning: compilation cache: ...`` line of a process about its entries (one
+  that could not be read, or written): the first problem is said, every later one is not, however
+  many entries of jax's cache or of the kept programs it meets."""
+  global _entry_said
+  if not _entry_said:
+    _entry_said = True
+    warn(message)
+
+
+def unreadable_entry(reason: str) -> None:
+  """An entry could not be read (``reason``: one phrase): said once (``entry_problem``); the
+  caller compiles the program again and puts the new entry in its place."""
+  reason = " ".join(str(reason).split())[:160]
+  entry_problem(f"an entry could not be read ({reason}): compiled again and replaced")
+
+
 def usable(path: str) -> Optional[str]:
   """None when ``path`` can hold the cache (created if missing), else why not (one phrase)."""
   try:
@@ -242,16 +264,15 @@ _original_showwarning = None
 
 
 def _showwarning(message, category, filename, lineno, file=None, line=None):
-  """jax's warning about an unreadable or unwritable entry as one txf line (once a process);
-  every other warning as Python shows it."""
+  """jax's warning about an unreadable or unwritable entry as the process's one entry line
+  (``entry_problem``); every other warning as Python shows it."""
   text = str(message)
   if any(text.startswith(w) for w in _JAX_CACHE_WARNINGS):
-    if not getattr(_showwarning, "said", False):
-      _showwarning.said = True
-      what = "reading" if "reading" in text.split(" entry", 1)[0] else "writing"
-      reason = text.split("': ", 1)[-1].splitlines()[0][:160]
-      warn(f"an entry could not be {'read' if what == 'reading' else 'written'} ({reason}): "
-           "compiled as usual")
+    reason = text.split("': ", 1)[-1].splitlines()[0][:160]
+    if "reading" in text.split(" entry", 1)[0]:
+      unreadable_entry(reason)
+    else:
+      entry_problem(f"an entry could not be written ({reason}): compiled as usual")
     return
   _original_showwarning(message, category, filename, lineno, file, line)
 

@@ -27,8 +27,8 @@ function) is not seen: turn the cache off for such experiments (``TXF_COMPILE_CA
 Not cached here, compiled as ``jax.jit`` would: a function whose closure holds something the
 fingerprint cannot describe (an object of unknown kind, a live tracer), multi-process runs, and
 arguments sharded over several devices. A kept program is loaded onto the one device it was
-compiled for. A corrupt or unreadable entry is one warning line and a normal compile. The folder
-is bounded by the compile cache's size bound (least recently used entries go first). It is off
+compiled for. A corrupt or unreadable entry is compiled again by XLA and kept in its place, with
+the process's one cache line (``txf.runtime.cache_repair``). The folder is bounded by the compile cache's size bound (least recently used entries go first). It is off
 whenever the compile cache is off.
 
 Loading is C++ work that releases the GIL: ``CachedJit.prefetch`` starts it on a thread, so a
@@ -36,6 +36,7 @@ program loads while the caller builds its inputs (the train loop loads its step 
 parameters are initialised).
 """
 
+import contextlib
 import copyreg
 import dataclasses
 import functools
@@ -51,7 +52,7 @@ import jax
 import numpy as np
 from jax.experimental import serialize_executable
 
-from txf.runtime import compile_cache
+from txf.runtime import cache_repair, compile_cache
 from txf.runtime.fingerprint import (Unfingerprintable, closure_fingerprint, code_fingerprint,
                              environment_fingerprint)
 
@@ -89,6 +90,7 @@ def _keep_auto_layout_singleton() -> None:
 
 
 _keep_auto_layout_singleton()
+cache_repair.install()  # a corrupt entry of jax's cache is replaced in the run that finds it
 _SUFFIXES = (".program", ".shapes")  # whole programs; the results of eval_shape
 
 
@@ -245,8 +247,8 @@ class CachedJit:
     if program.compiled is None:
       loaded = program.pending.result() if program.pending is not None else None
       program.pending = None
-      if loaded is None:
-        loaded = self._compile_and_store(args, program.path)
+      if loaded is None or loaded is _UNREADABLE:
+        loaded = self._compile_and_store(args, program.path, replace=loaded is _UNREADABLE)
       program.compiled = loaded
     return program.compiled
 
@@ -267,8 +269,11 @@ class CachedJit:
                       environment_fingerprint()])
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
-  def _compile_and_store(self, args, path: str):
-    compiled, fresh = _compile(self._jit.lower(*args))
+  def _compile_and_store(self, args, path: str, replace: bool = False):
+    """Compiles (``replace``: by XLA, never read back from jax's cache, so that it can be kept in
+    place of an unreadable entry) and keeps the program at ``path`` where it can."""
+    with cache_repair.compiling_fresh() if replace else contextlib.nullcontext():
+      compiled, fresh = _compile(self._jit.lower(*args))
     if not fresh:  # read back from jax's cache: such a program serialises incomplete
       return compiled
     devices = {d.id for sharding in jax.tree_util.tree_leaves((compiled.input_shardings,
@@ -282,8 +287,8 @@ class CachedJit:
     except (ValueError, NotImplementedError, TypeError, pickle.PicklingError, AttributeError):
       pass  # a program jax cannot serialise (closed-over constants): kept in this process only
     except OSError as e:
-      compile_cache.warn(f"a compiled program could not be written ({e.strerror or e}): "
-                         "it is compiled again next time")
+      compile_cache.entry_problem(f"a compiled program could not be written ({e.strerror or e}): "
+                                  "it is compiled again next time")
     return compiled
 
 
@@ -324,16 +329,16 @@ def cached_eval_shape(fun: Callable, *args):
     kept = _read(path)
     if kept is not None:
       return kept
-  except Exception as e:  # pylint: disable=broad-except  # an unreadable entry: trace instead
-    compile_cache.warn(f"kept shapes could not be read ({type(e).__name__}: {str(e)[:120]}): "
-                       "traced as usual")
+  except Exception as e:  # pylint: disable=broad-except  # an unreadable entry: traced, replaced
+    compile_cache.unreadable_entry(f"{type(e).__name__}: {e}")
   out = jax.eval_shape(fun, *args)
   try:
     _write(path, out)
   except (pickle.PicklingError, TypeError, AttributeError):
     pass  # a result pickle cannot keep: traced again next time
   except OSError as e:
-    compile_cache.warn(f"shapes could not be written ({e.strerror or e}): traced again next time")
+    compile_cache.entry_problem(f"shapes could not be written ({e.strerror or e}): traced again "
+                                "next time")
   return out
 
 
@@ -364,8 +369,12 @@ def _same(a: Tuple, b: Tuple) -> bool:
   return len(a) == len(b) and all(x is y or x == y for x, y in zip(a, b))
 
 
+_UNREADABLE = "unreadable"  # what _load returns for an entry it could not read (removed)
+
+
 def _load(path: str):
-  """The compiled program kept at ``path``, or None (a warning line when it is unreadable)."""
+  """The compiled program kept at ``path``, None when there is none, or ``_UNREADABLE`` (the
+  entry is removed, and the process's one cache line says so)."""
   try:
     entry = _read(path)
     if entry is None:
@@ -377,13 +386,12 @@ def _load(path: str):
     return serialize_executable.deserialize_and_load(
         payload, in_tree, out_tree, execution_devices=[by_id[i] for i in device_ids])
   except Exception as e:  # pylint: disable=broad-except  # any unreadable entry: compile instead
-    compile_cache.warn(f"a kept program could not be read ({type(e).__name__}: {str(e)[:120]}): "
-                       "compiled as usual")
+    compile_cache.unreadable_entry(f"{type(e).__name__}: {e}")
     try:
       os.remove(path)
     except OSError:
       pass
-    return None
+    return _UNREADABLE
 
 
 @functools.lru_cache(maxsize=1)

@@ -188,7 +188,9 @@ def disk_errors(path: str, what: str = "writing", need_bytes: Optional[int] = No
         steps = sorted((int(n) for n in os.listdir(path) if n.isdigit()), reverse=True) \
             if os.path.isdir(path) else []
         need_bytes = _size_of(os.path.join(path, str(steps[0]))) if steps else _size_of(path)
-      raise DiskError(f"{what} {path}: {full_disk_message(path, need_bytes, elsewhere)}") from e
+      full = DiskError(f"{what} {path}: {full_disk_message(path, need_bytes, elsewhere)}")
+      full.resumable = True  # the checkpoints written are intact: once space is back, it goes on
+      raise full from e
     raise DiskError(f"{what} {path}: {problem}; {fix}") from e
 
 

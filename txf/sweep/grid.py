@@ -11,6 +11,11 @@ the same dict (see docs/sweeps.md):
   seeds      a count K (seeds 0..K-1) or a list of seeds; each arm runs once per seed
   baseline   the arm the others are compared with (default: the first)
   metric     what is compared: SPLIT/KEY of metrics.jsonl rows, e.g. eval/loss, eval/bleu
+  metrics    more than one: a list of SPLIT/KEY, each compared in the report (the first is the
+             metric, unless metric is given too; then metric comes first)
+  reference  published differences to the baseline, {arm: {SPLIT/KEY: delta, "params": N,
+             "row": label}} with "_source" naming where they come from: the report puts them
+             beside the sweep's own differences (txf.sweep.reference)
   mode       final (the value at the last step) | min | max (the best over the run)
   steps      num_train_steps of every run (default: the experiment's); the same as
              overrides {"num_train_steps": N}
@@ -37,7 +42,7 @@ from txf.train import tables
 from txf.core.errors import TxfError
 
 SPEC_FIELDS = ("config", "overrides", "arms", "grid", "seeds", "baseline", "metric", "mode", "steps",
-               "name")
+               "name", "metrics", "reference")
 MODES = ("final", "min", "max")
 METRIC_SPLITS = ("eval", "train")   # the ``split`` of the metrics.jsonl rows a metric is read from
 SWEEP_FILE = "sweep.json"            # the expanded sweep, written under the root: what `report` reads
@@ -79,6 +84,14 @@ class Sweep:
   steps: Optional[int]              # the file's steps (in overrides as num_train_steps)
   root: str = ""
   runs: List[Run] = dataclasses.field(default_factory=list)
+  metrics: List[str] = dataclasses.field(default_factory=list)   # every metric compared (metric first)
+  reference: Dict[str, Any] = dataclasses.field(default_factory=dict)  # published deltas, per arm
+
+  @property
+  def compared(self) -> List[str]:
+    """The metrics the report compares: ``metric``, then the other ``metrics`` (a sweep.json
+    written before ``metrics`` existed compares its one metric)."""
+    return [self.metric] + [m for m in self.metrics if m != self.metric]
 
   def to_dict(self) -> Dict[str, Any]:
     return dataclasses.asdict(self)
@@ -293,13 +306,20 @@ def load_sweep(path: str, root: Optional[str] = None, sets: Optional[Dict[str, A
   baseline = spec.get("baseline", next(iter(arms)))
   if baseline not in arms:
     raise SweepError(f"unknown baseline arm {baseline!r}: the arms are {', '.join(arms)}")
-  metric, mode = spec.get("metric", "eval/loss"), spec.get("mode", "final")
+  listed = spec.get("metrics", [])
+  if not isinstance(listed, (list, tuple)) or not all(isinstance(m, str) for m in listed):
+    raise SweepError(f"{path}: metrics must be a list of SPLIT/KEY names, e.g. "
+                     f"[\"eval/bleu\", \"eval/perplexity\"]")
+  metric = spec.get("metric", listed[0] if listed else "eval/loss")
+  mode = spec.get("mode", "final")
   if mode not in MODES:
     raise SweepError(f"{path}: mode={mode!r} is not one of {', '.join(MODES)}")
   name = str(spec.get("name") or os.path.splitext(os.path.basename(path))[0])
   experiment = _resolve_experiment(str(spec.get("config", "default")),
                                    os.path.dirname(os.path.abspath(path)))
   sweep = Sweep(name, experiment, overrides, arms, seeds, baseline, str(metric), mode, steps)
+  sweep.metrics = [sweep.metric] + [m for m in listed if m != sweep.metric] if listed else []
+  sweep.reference = check_reference(spec.get("reference", {}) or {}, arms, sweep.compared, path)
   sweep.root = root or os.path.join("runs", "sweeps", name)
   if "://" in sweep.root:
     raise SweepError(f"--root {sweep.root}: a sweep's root is a local (or shared) folder")
@@ -309,7 +329,8 @@ def load_sweep(path: str, root: Optional[str] = None, sets: Optional[Dict[str, A
       tables.validate(config)
     except config_lib.ConfigError as e:
       raise SweepError(f"arm {arm!r}: {e}") from e
-    check_metric(sweep.metric, config)
+    for metric in sweep.compared:
+      check_metric(metric, config)
     for seed in seeds:
       workdir = os.path.join(sweep.root, arm, f"seed-{seed}")
       sweep.runs.append(Run(len(sweep.runs), arm, seed, workdir, workdir + ".log",
@@ -329,6 +350,34 @@ def check_metric(metric: str, config: ml_collections.ConfigDict) -> None:
     if key not in logged:
       raise SweepError(f"metric {metric!r} is never logged by this sweep's runs: their evaluations "
                        f"log {', '.join('eval/' + k for k in logged)}")
+
+
+def check_reference(reference: Any, arms: Dict[str, Dict[str, Any]], metrics: List[str],
+                    path: str) -> Dict[str, Any]:
+  """The sweep file's ``reference``, checked: a dict of arm -> {metric: delta (a number or None),
+  "params": a count or None, "row": a label}, every arm one of the sweep's, every metric one it
+  compares; "_source" (a string) says where the numbers come from."""
+  if not isinstance(reference, dict):
+    raise SweepError(f"{path}: reference must be a dict of arm -> {{metric: delta}}")
+  for arm, entry in reference.items():
+    if arm == "_source":
+      if not isinstance(entry, str):
+        raise SweepError(f"{path}: reference _source must be a string naming the numbers' source")
+      continue
+    if arm not in arms:
+      raise SweepError(f"{path}: reference names arm {arm!r}, which the sweep does not have (its "
+                       f"arms: {', '.join(arms)})")
+    if not isinstance(entry, dict):
+      raise SweepError(f"{path}: reference[{arm!r}] must be a dict of metric -> delta")
+    for key, value in entry.items():
+      if key == "row":
+        continue
+      if key != "params" and key not in metrics:
+        raise SweepError(f"{path}: reference[{arm!r}] gives {key!r}, not a compared metric (the "
+                         f"sweep compares {', '.join(metrics)}; add it to metrics) nor params/row")
+      if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise SweepError(f"{path}: reference[{arm!r}][{key!r}] = {value!r} must be a number or None")
+  return dict(reference)
 
 
 def write_sweep(sweep: Sweep) -> str:

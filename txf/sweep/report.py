@@ -17,11 +17,13 @@ import numpy as np
 
 from txf.train import viz
 from txf.runtime import workdir as workdir_lib
+from txf.sweep import reference
 from txf.sweep.grid import Run, Sweep
 from txf.sweep.runner import is_complete
 from txf.sweep.stats import CONFIDENCE, Summary, Welch, summarize, welch
 
 REPORT_MD, REPORT_CSV, REPORT_PNG = "report.md", "report.csv", "report.png"
+REPORT_METRICS_CSV = "report_metrics.csv"   # a sweep of several metrics: all of them, one CSV
 CSV_COLUMNS = ("arm", "n", "mean", "std", "ci_low", "ci_high", "diff", "diff_ci_low", "diff_ci_high",
                "t", "dof", "p", "missing", "values")
 
@@ -84,14 +86,16 @@ class ArmReport:
   test: Optional[Welch]
 
 
-def build(sweep: Sweep) -> List[ArmReport]:
-  """Each arm's values, summary and Welch test against ``sweep.baseline``, in the sweep's order."""
+def build(sweep: Sweep, metric: Optional[str] = None) -> List[ArmReport]:
+  """Each arm's values of ``metric`` (default: the sweep's metric), summary and Welch test against
+  ``sweep.baseline``, in the sweep's order."""
+  metric = metric or sweep.metric
   values: Dict[str, Dict[int, float]] = {arm: {} for arm in sweep.arms}
   missing: Dict[str, Dict[int, str]] = {arm: {} for arm in sweep.arms}
   for run in sweep.runs:
-    value, why = run_value(run, sweep.metric, sweep.mode)
+    value, why = run_value(run, metric, sweep.mode)
     if value is None or not math.isfinite(value):
-      missing[run.arm][run.seed] = why or f"{sweep.metric} is {value}"
+      missing[run.arm][run.seed] = why or f"{metric} is {value}"
     else:
       values[run.arm][run.seed] = value
   base = list(values[sweep.baseline].values())
@@ -108,15 +112,27 @@ def _interval(lo: float, hi: float) -> str:
   return "n/a" if math.isnan(lo) else f"[{_num(lo)}, {_num(hi)}]"
 
 
+WHAT = {"final": "at the last step", "min": "minimum over the run", "max": "maximum over the run"}
+
+
 def markdown(sweep: Sweep, arms: Sequence[ArmReport]) -> str:
   """The report as Markdown: a heading, the table (one row per arm) and the missing runs."""
-  what = {"final": "at the last step", "min": "minimum over the run", "max": "maximum over the run"}
   pct = f"{CONFIDENCE:.0%}"
-  lines = [f"# Sweep {sweep.name}: {sweep.metric} ({what[sweep.mode]})", "",
+  lines = [f"# Sweep {sweep.name}: {sweep.metric} ({WHAT[sweep.mode]})", "",
            f"{len(sweep.arms)} arm(s) x {len(sweep.seeds)} seed(s) ({', '.join(map(str, sweep.seeds))}); "
            f"baseline `{sweep.baseline}`. std: sample (ddof=1); {pct} CI: Student t, n-1 dof; "
-           f"diff and p: Welch's t-test against the baseline (two-sided).", "",
-           f"| arm | n | mean | std | {pct} CI | diff vs baseline | {pct} CI of diff | p |",
+           f"diff and p: Welch's t-test against the baseline (two-sided).", ""]
+  lines += table_lines(arms)
+  gaps = [f"- {a.arm}/seed-{seed}: {why}" for a in arms for seed, why in sorted(a.missing.items())]
+  if gaps:
+    lines += ["", f"Missing ({len(gaps)} of {len(sweep.runs)} runs, left out of the statistics):"] + gaps
+  return "\n".join(lines) + "\n"
+
+
+def table_lines(arms: Sequence[ArmReport]) -> List[str]:
+  """The Markdown table of one metric: one row per arm (n, mean, std, CI, Welch diff, its CI, p)."""
+  pct = f"{CONFIDENCE:.0%}"
+  lines = [f"| arm | n | mean | std | {pct} CI | diff vs baseline | {pct} CI of diff | p |",
            "|---|---|---|---|---|---|---|---|"]
   for a in arms:
     s = a.summary
@@ -127,10 +143,28 @@ def markdown(sweep: Sweep, arms: Sequence[ArmReport]) -> str:
                           _num(a.test.p, 3))
     lines.append(f"| {a.arm} | {s.n} | {_num(s.mean)} | {_num(s.std)} | "
                  f"{_interval(s.ci_low, s.ci_high)} | {diff} | {diff_ci} | {p} |")
-  gaps = [f"- {a.arm}/seed-{seed}: {why}" for a in arms for seed, why in sorted(a.missing.items())]
-  if gaps:
-    lines += ["", f"Missing ({len(gaps)} of {len(sweep.runs)} runs, left out of the statistics):"] + gaps
-  return "\n".join(lines) + "\n"
+  return lines
+
+
+def more_metrics(sweep: Sweep, by_metric: Dict[str, Sequence[ArmReport]]) -> str:
+  """The tables of the sweep's other compared metrics (``metrics`` after the first), one section
+  each; '' for a sweep of one metric."""
+  out = []
+  for metric in sweep.compared[1:]:
+    out += ["", f"## {metric} ({WHAT[sweep.mode]})", ""] + table_lines(by_metric[metric])
+  return "\n".join(out) + "\n" if out else ""
+
+
+def metrics_csv_text(by_metric: Dict[str, Sequence[ArmReport]]) -> str:
+  """Every compared metric's report as one CSV: a ``metric`` column, then CSV_COLUMNS."""
+  out = io.StringIO()
+  for i, (metric, arms) in enumerate(by_metric.items()):
+    rows = list(csv.reader(io.StringIO(csv_text(arms))))
+    writer = csv.writer(out, lineterminator="\n")
+    for j, row in enumerate(rows):
+      if j or not i:
+        writer.writerow(["metric" if not j else metric, *row])
+  return out.getvalue()
 
 
 def csv_text(arms: Sequence[ArmReport]) -> str:
@@ -189,11 +223,22 @@ def plot(sweep: Sweep, arms: Sequence[ArmReport], path: str) -> str:
 
 def write_report(sweep: Sweep) -> Tuple[str, Dict[str, str]]:
   """Build the report of ``sweep`` and write report.md, report.csv and report.png under its root;
-  returns (the Markdown, {"md" | "csv" | "png": path})."""
-  arms = build(sweep)
-  text = markdown(sweep, arms)
+  returns (the Markdown, {"md" | "csv" | "png": path}). A sweep of several metrics adds a table
+  per further metric to report.md and writes report_metrics.csv (every metric); a sweep with a
+  ``reference`` adds the comparison with it and its figure (txf.sweep.reference)."""
+  by_metric = {metric: build(sweep, metric) for metric in sweep.compared}
+  arms = by_metric[sweep.metric]
+  text = markdown(sweep, arms) + more_metrics(sweep, by_metric)
   paths = {kind: os.path.join(sweep.root, name)
            for kind, name in (("md", REPORT_MD), ("csv", REPORT_CSV), ("png", REPORT_PNG))}
+  if len(by_metric) > 1:
+    paths["metrics_csv"] = os.path.join(sweep.root, REPORT_METRICS_CSV)
+    with open(paths["metrics_csv"], "w", encoding="utf-8") as f:
+      f.write(metrics_csv_text(by_metric))
+  if sweep.reference:
+    ref_text, ref_paths = reference.write(sweep, by_metric)
+    text += ref_text
+    paths.update(ref_paths)
   with open(paths["md"], "w", encoding="utf-8") as f:
     f.write(text)
   with open(paths["csv"], "w", encoding="utf-8") as f:

@@ -5,7 +5,7 @@ One checkpoint per saved step ``<workdir>/checkpoints/<step>/`` holds two orbax 
          it (a host copy; a mesh runner's sharded global arrays, written by every process)
   meta   JSON: {"step", "seed", "data_iterator": [state of process 0, 1, ...], "eval": metrics
          at this step ({} if none), "loop": the loop's own state (e.g. a partial log window)}
-and, when ``config.best_metric`` is set, orbax's ``metrics`` item (the loop then also saves at
+and, when ``spec.best_metric`` is set, orbax's ``metrics`` item (the loop then also saves at
 every evaluation, so the best evaluated parameters exist as a checkpoint).
 
 The dropout RNG of step n is ``fold_in(split(key(seed))[1], n)`` (see txf/train/loop.py): the
@@ -17,8 +17,9 @@ a background thread; the next ``save`` and ``close`` wait for it. Orbax writes i
 so a process killed mid-save leaves no directory that looks like a checkpoint (the temporary
 one is ignored, and removed by the next run).
 
-Kept: the last ``config.keep_checkpoints`` (<= 0: all) plus the best one by the eval metric
-``config.best_metric`` (``config.best_mode`` max/min; "" = off).
+Kept: the last ``spec.keep_checkpoints`` (<= 0: all) plus the best one by the eval metric
+``spec.best_metric`` (``spec.best_mode`` max/min; "" = off): a ``CheckpointSpec``, the run
+config's checkpoint fields read once.
 
 Restoring is independent of the device count: ``restore_latest(target)`` restores onto the
 structure, dtypes and shardings of ``target`` -- jax arrays or ``jax.ShapeDtypeStruct`` leaves
@@ -33,6 +34,7 @@ the last n checkpoints to ``<workdir>/params_avg<n>.msgpack``, averaging one arr
 (``Checkpointer.average_params``): no whole checkpoint is ever read onto the host.
 """
 
+import dataclasses
 import os
 import time
 import warnings
@@ -44,11 +46,33 @@ import orbax.checkpoint as ocp
 
 from txf.runtime import agree, storage
 from txf.runtime import workdir as workdir_lib
+from txf.core import specs
 from txf.core.errors import TxfError
 from txf.models import model_config_for, unpad_vocab
 
 FORMAT_VERSION = 1
 STATE, META = "state", "meta"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSpec:
+  """What a run keeps and how it is named (defaults: ``base_config``'s).
+
+  Attributes:
+    seed: the run's seed, saved with each checkpoint.
+    keep_checkpoints: the last n checkpoints kept (<= 0: all).
+    best_metric: the eval metric whose best checkpoint is also kept ("" = off).
+    best_mode: "max" or "min" for ``best_metric``.
+  """
+  seed: int = specs.field("seed")
+  keep_checkpoints: int = specs.field("keep_checkpoints")
+  best_metric: str = specs.field("best_metric")
+  best_mode: str = specs.field("best_mode")
+
+  @classmethod
+  def from_config(cls, config) -> "CheckpointSpec":
+    """The spec of a run config (a ConfigDict or dict with those fields)."""
+    return specs.read(cls, config)
 
 
 class CheckpointFallbackWarning(UserWarning):
@@ -82,23 +106,23 @@ def _abstract(leaf):
 class Checkpointer:
   """Save and restore a run's checkpoints (one instance per run; call ``close()`` at the end).
 
-  ``config`` supplies keep_checkpoints, best_metric, best_mode and seed; ``config=None`` opens
-  the checkpoints read-only (e.g. to average them). ``agreed_steps``: with several processes,
+  ``spec`` (a ``CheckpointSpec``) supplies keep_checkpoints, best_metric, best_mode and seed;
+  ``spec=None`` opens the checkpoints read-only (e.g. to average them). ``agreed_steps``: with several processes,
   process 0 lists the checkpoint steps and broadcasts them, so every process resumes from the same
   step whatever its view of a shared file system (a collective: every process must build the
   Checkpointer, as the training loop does; one process alone must not pass it).
   """
 
-  def __init__(self, workdir: str, config=None, async_save: bool = True, read_only: bool = False,
-               agreed_steps: bool = False):
+  def __init__(self, workdir: str, spec: Optional[CheckpointSpec] = None, async_save: bool = True,
+               read_only: bool = False, agreed_steps: bool = False):
     self.workdir = storage.absolute(workdir)  # a local path made absolute, a bucket path as it is
     self.directory = storage.join(self.workdir, workdir_lib.CHECKPOINTS_DIR)
-    self.read_only = config is None or read_only
-    self.seed = None if config is None else int(config.seed)
-    self.best_metric = "" if config is None else config.best_metric
-    best_mode = "max" if config is None else config.best_mode
+    self.read_only = spec is None or read_only
+    self.seed = None if spec is None else int(spec.seed)
+    self.best_metric = "" if spec is None else spec.best_metric
+    best_mode = "max" if spec is None else spec.best_mode
     self._warned_missing_metric = False
-    keep = None if self.read_only or config.keep_checkpoints <= 0 else int(config.keep_checkpoints)
+    keep = None if self.read_only or spec.keep_checkpoints <= 0 else int(spec.keep_checkpoints)
     policies = [ocp.checkpoint_managers.LatestN(n=keep)]
     best_fn = None
     if self.best_metric:
@@ -340,12 +364,12 @@ def _pick_step(checkpointer: "Checkpointer", which: str) -> int:
   if which == "latest":
     return steps[-1]
   if which == "best":
-    config = workdir_lib.load_config(checkpointer.workdir)
-    name = config.best_metric
+    spec = CheckpointSpec.from_config(workdir_lib.load_config(checkpointer.workdir))
+    name = spec.best_metric
     if not name:
       raise CheckpointError(f"{checkpointer.workdir} was trained without best_metric, so no best "
                             f"checkpoint was kept: pass --step=latest or one of {steps}")
-    ranked = Checkpointer(checkpointer.workdir, config, read_only=True)
+    ranked = Checkpointer(checkpointer.workdir, spec, read_only=True)
     try:
       best = ranked.best_step()
     finally:

@@ -28,28 +28,28 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import jax
 
-from txf.core import families
-from txf.runtime import compile_cache, program_cache
 from txf.core import config as config_lib
-from txf.runtime import workdir as workdir_lib
-from txf.train.checkpoint import Checkpointer
+from txf.core import families
 from txf.core.config import ConfigError
-from txf.data import make_task
+from txf.data import TaskSpec, make_task
 from txf.decode import DecodingSpec
 from txf.inference import Evaluator, make_eval_step
-from txf.train.metrics import MetricWriter
-from txf.models import (LossFn, ModelBuilder, abstract_params, count_params, init_params, model_config_from,
-                        param_axes, unpad_vocab)
-from txf.parallel import distributed, make_runner
+from txf.models import (LossFn, ModelBuilder, abstract_params, count_params, init_params,
+                        model_config_from, param_axes, unpad_vocab)
+from txf.parallel import ParallelSpec, distributed, make_runner
 from txf.parallel.feeding import Feed
 from txf.parallel.sharding import check_splits
+from txf.runtime import compile_cache, program_cache
+from txf.runtime import workdir as workdir_lib
+from txf.train.checkpoint import Checkpointer, CheckpointSpec
 from txf.train.init_from import apply_init_from, initial_params, tokenizer_home, write_report
 from txf.train.logs import Eta, LogWindow, unpack_rows
-from txf.train.optimizer import make_optimizer, make_schedule
+from txf.train.metrics import MetricWriter
+from txf.train.optimizer import OptimizerSpec, make_optimizer, make_schedule
 from txf.train.profile import StepProfiler
+from txf.train.report import Reporter, Silent
 from txf.train.samples import lm_prompts, lm_samples
 from txf.train.steps import create_train_state, fold_step_into_key, make_train_step, run_keys
-from txf.train.report import Reporter, Silent
 from txf.train.stopping import DivergenceGuard, NonFiniteGuard, Preemption, TimeLimit
 
 
@@ -171,8 +171,9 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   decodes = config.decode_examples and families.get(model_cfg.family).decoding == "seq2seq"
   init_rng, dropout_rng = run_keys(config.seed)
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
-  schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
-  tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
+  optimizer, layout = OptimizerSpec.from_config(config.optimizer), ParallelSpec.from_config(config)
+  schedule = make_schedule(optimizer, model_cfg.d_model, config.num_train_steps)
+  tx = make_optimizer(optimizer, model_cfg.d_model, config.num_train_steps)
   start, loaded = initial_params(  # config.init_from's parameters (merged across objectives), or None
       config, model_cfg, task,
       lambda: jax.device_get(init_params(model_cfg, init_rng, example_batch, model)))
@@ -188,14 +189,14 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   else:
     abstract_state = jax.eval_shape(init_state)
     axes = param_axes(model_cfg, example_batch, model)
-  check_splits(config, abstract_state.params, axes, jax.device_count())  # before any compile
+  check_splits(layout, abstract_state.params, axes, jax.device_count())  # before any compile
   say(f"txf: {model_cfg.family}, {count_params(abstract_state.params):,} parameters, "
       f"data {config.data.source}, "
       f"{config.num_train_steps} steps of {batch_phrase(config)} on {jax.device_count()} "
       f"{jax.devices()[0].platform} device(s) -> {workdir}")
-  smoothing = config.optimizer.label_smoothing
+  smoothing = optimizer.label_smoothing
   runner = make_runner(
-      config,
+      layout,
       lambda axis: fold_step_into_key(make_train_step(  # step n's rng: fold_in(key, n), on device
           model_cfg, tx, smoothing, schedule, axis, config.grad_accum_steps, loss_fn=loss_fn,
           build=model)),
@@ -212,7 +213,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
                         bleu_protocol=config.bleu_protocol,
                         lang=config.data.tgt_lang)
   return Setup(config, workdir, task, model_cfg, runner, train_it,
-               Checkpointer(workdir, config, agreed_steps=True),
+               Checkpointer(workdir, CheckpointSpec.from_config(config), agreed_steps=True),
                MetricWriter(workdir, enabled=is_main, tracker=config.tracker,
                             run_config=workdir_lib.config_to_dict(config)),
                evaluator,
@@ -223,7 +224,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
 
 def _make_task(config, workdir, model):
   """The task, with the config checked against its lengths (and a custom model's decoding)."""
-  task = make_task(config, workdir)
+  task = make_task(TaskSpec.from_config(config), workdir)
   config_lib.validate(config, {"max_input_len": task.max_input_len,
                                "max_target_len": task.max_target_len})
   family = families.get(model_config_from(config, task).family)

@@ -12,8 +12,23 @@ import jax
 import jax.numpy as jnp
 import optax
 import optax.contrib
-from txf.core.config import ConfigError, complete
+from txf.core import specs
+from txf.core.config import ConfigError
 from txf.core.variants import Table
+
+# OptimizerSpec: ``config.optimizer`` read once, frozen (fields, types and defaults those of
+# ``base_config().optimizer``, declared in txf/core/config.py only). The loop's set-up builds it.
+OptimizerSpec = specs.section_spec(
+    "OptimizerSpec", "optimizer",
+    "The optimizer and schedule settings of a run (``config.optimizer``), read once: see "
+    "txf/core/config.py. ``OptimizerSpec.from_config(config.optimizer)``; "
+    "``OptimizerSpec(learning_rate=...)`` in a test or notebook.")
+
+
+def optimizer_spec(opt_cfg) -> "OptimizerSpec":
+  """``opt_cfg`` as an OptimizerSpec: a spec as it is, a ``config.optimizer`` section (or a dict
+  of some of its fields, the rest at base_config's defaults) read into one."""
+  return opt_cfg if isinstance(opt_cfg, OptimizerSpec) else OptimizerSpec.from_config(opt_cfg)
 
 
 def inverse_sqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
@@ -131,9 +146,9 @@ SCHEDULES = Table("optimizer.schedule", {
 def make_schedule(opt_cfg, d_model: int, total_steps: int = 0) -> optax.Schedule:
   """The schedule ``opt_cfg.schedule`` names (``SCHEDULES``: "inverse_sqrt", the paper's, by
   default), followed by ``with_cooldown`` when ``opt_cfg.cooldown_steps > 0`` (``total_steps``:
-  the run's ``num_train_steps``). ``opt_cfg``: config.optimizer; a section built by hand gets
-  base_config's defaults for the fields it lacks (``txf.core.config.complete``)."""
-  opt_cfg = complete(opt_cfg, "optimizer")
+  the run's ``num_train_steps``). ``opt_cfg``: an OptimizerSpec, or a ``config.optimizer``
+  section or dict (``optimizer_spec``: the fields it lacks at base_config's defaults)."""
+  opt_cfg = optimizer_spec(opt_cfg)
   kind = opt_cfg.schedule
   if kind not in SCHEDULES:
     raise ConfigError(f"optimizer.schedule={kind!r} is not one of {SCHEDULES.names()}")
@@ -246,7 +261,7 @@ def make_optimizer(opt_cfg, d_model: int, total_steps: int = 0) -> optax.Gradien
   """The optimizer ``opt_cfg.name`` names (``OPTIMIZERS``; "adam" by default: Adam(b1, b2, eps),
   AdamW when weight_decay > 0) on ``make_schedule(opt_cfg, d_model, total_steps)``, after
   global-norm clipping when ``grad_clip_norm > 0``. ``opt_cfg`` as for ``make_schedule``."""
-  opt_cfg = complete(opt_cfg, "optimizer")
+  opt_cfg = optimizer_spec(opt_cfg)
   name = opt_cfg.name
   if name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name={name!r} is not one of {OPTIMIZERS.names()}")
