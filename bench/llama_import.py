@@ -62,6 +62,8 @@ print(json.dumps({"load_s": t1 - t0, "first_s": t2 - t1, "decode_s": t3 - t2, "t
 HF_DECODE = """
 import json, sys, time, torch, transformers
 folder, prompt, new = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+if int(sys.argv[4]):
+  torch.set_num_threads(int(sys.argv[4]))
 t0 = time.perf_counter()
 model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
 t1 = time.perf_counter()
@@ -93,6 +95,8 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--new_tokens", type=int, default=64)
   parser.add_argument("--layers", type=int, default=SMOLLM2_135M["num_hidden_layers"])
+  parser.add_argument("--torch_threads", type=int, default=0,
+                      help="torch.set_num_threads for transformers (0: torch's default, the cores)")
   args = parser.parse_args(argv)
   shape = {**SMOLLM2_135M, "num_hidden_layers": args.layers}
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
@@ -108,7 +112,7 @@ def main(argv=None):
                                     str(args.new_tokens)], env)
     ours = json.loads(out.strip().splitlines()[-1])
     out, hf_wall, hf_mib = timed([sys.executable, "-c", HF_DECODE, folder, json.dumps(PROMPT),
-                                  str(args.new_tokens)], env)
+                                  str(args.new_tokens), str(args.torch_threads)], env)
     theirs = json.loads(out.strip().splitlines()[-1])
   our_ids = [int(t) for t in ours["text"].split()][len(PROMPT):]
   same = sum(a == b for a, b in zip(our_ids, theirs["ids"]))
@@ -125,6 +129,8 @@ def main(argv=None):
   print(f"{'transformers generate (process)':34} {hf_wall:8.1f} {hf_mib:9.0f}")
   print(f"{'  from_pretrained':34} {theirs['load_s']:8.2f}")
   print(f"{'  second generate call':34} {theirs['decode_s']:8.2f} {'':>9} {n / theirs['decode_s']:9.1f}")
+  print(f"(torch threads: {args.torch_threads or 'default'}; load average "
+        f"{os.getloadavg()[0]:.1f} at the end)")
   print(f"greedy ids: {same}/{n} equal"
         + ("" if first_diff is None else f" (first difference at new token {first_diff})"))
 
