@@ -80,7 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.head_dim = 0                 # d_k = d_v of each attention head: 0 = d_model / num_heads (the paper's); > 0 = that width, the projections then [d_model, h * head_dim] (T5 v1.1 small: d_model 512, 6 heads of 64)
   m.num_kv_heads = 0             # key/value heads h_kv: 0 = num_heads (multi-head attention); a divisor of num_heads = grouped-query attention (1 = multi-query), query head i reads key/value head i // (h / h_kv)
   m.qk_norm = "none"             # normalise each query and key head over d_k before Q K^T (a gain [d_k] each for q and k, shared by the heads): none | layer_norm | rms_norm
-  m.d_ff = 2048                  # inner width of the position-wise FFN
+  m.d_ff = 2048                  # inner width of the position-wise FFN; 0: no FFN sublayer (attention-only layers)
   m.num_encoder_layers = 6       # N encoder layers (encoder_decoder, encoder_classifier)
   m.num_decoder_layers = 6       # N decoder layers (encoder_decoder, decoder_lm)
   m.dropout_rate = 0.1           # P_drop on every sublayer output and on embeddings + PE
