@@ -103,7 +103,9 @@ def plain_logits(s, batch):
       s.params, batch)
 
 
-ALL = list(FAMILIES) + ["hf_gpt2", "hf_bert", "hf_marian", "hf_t5"]
+# each Hugging Face architecture's configuration: the end-to-end tier (a compile each)
+HF = [pytest.param(f"hf_{a}", marks=pytest.mark.slow) for a in ("gpt2", "bert", "marian", "t5")]
+ALL = list(FAMILIES) + HF
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -204,7 +206,7 @@ def test_ffn_units_and_mean_ablation_against_numpy():
 @pytest.mark.parametrize("name, modules", [
     ("encoder_decoder", ("encoder/layer_0/self_attention", "decoder/layer_1/self_attention",
                          "decoder/layer_0/cross_attention")),
-    ("hf_t5", ("decoder/layer_1/cross_attention",)),
+    pytest.param("hf_t5", ("decoder/layer_1/cross_attention",), marks=pytest.mark.slow),
 ])
 def test_captured_weights_equal_the_formula_in_float64(name, modules):
   s = subject(name)
@@ -214,7 +216,8 @@ def test_captured_weights_equal_the_formula_in_float64(name, modules):
   src_valid = batch["inputs"] != 0
   for m in modules:
     q, k, w = got[f"{m}/q"], got[f"{m}/k"], got[f"{m}/weights"]
-    scores = np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    scale = 1.0 if s.model_cfg.attention == "dot_product" else np.sqrt(q.shape[-1])  # T5: unscaled
+    scores = np.einsum("bhqd,bhkd->bhqk", q, k) / scale
     lq, lk = scores.shape[-2:]
     if m.startswith("encoder"):
       allowed = src_valid[:, None, :, None] & src_valid[:, None, None, :]
@@ -223,15 +226,14 @@ def test_captured_weights_equal_the_formula_in_float64(name, modules):
     else:
       allowed = np.broadcast_to(np.tril(np.ones((lq, lk), bool)), scores.shape)
     allowed = np.broadcast_to(allowed, scores.shape)
-    scores = np.where(allowed, scores, -np.inf)
-    e = np.exp(scores - scores.max(-1, keepdims=True))
-    expected = np.where(allowed, e / e.sum(-1, keepdims=True), 0.0)
+    scores = np.where(allowed, scores, -1e30)
+    e = np.where(allowed, np.exp(scores - scores.max(-1, keepdims=True)), 0.0)
+    expected = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
     rows = allowed.any(-1)  # fully masked rows (padding queries) are not compared
     np.testing.assert_allclose(w[rows], expected[rows], atol=2e-6)
 
 
-@pytest.mark.parametrize("name", ["decoder_lm", "encoder_decoder", "encoder_classifier",
-                                  "encoder_mlm", "hf_gpt2", "hf_bert", "hf_marian", "hf_t5"])
+@pytest.mark.parametrize("name", ALL)
 def test_logit_lens_rows(name):
   s = subject(name)
   batch = make_batch(s.model_cfg.family)
@@ -239,7 +241,8 @@ def test_logit_lens_rows(name):
   stack = ti.lens_stack(s, batch)
   n = ti.num_layers(s.model_cfg, stack)
   assert lens.shape[0] == n + 1
-  np.testing.assert_array_equal(lens[-1], np.asarray(plain_logits(s, batch)))
+  # the last row is the model's logits (one program holds every row: float32 rounding may differ)
+  np.testing.assert_allclose(lens[-1], np.asarray(plain_logits(s, batch)), rtol=1e-5, atol=1e-5)
   assert not np.allclose(lens[0], lens[-1])
 
 

@@ -37,7 +37,16 @@ def _batch(batch) -> Dict[str, jnp.ndarray]:
 def list_points(run, batch) -> Dict[str, Tuple[Tuple[int, ...], str]]:
   """{name: (shape, dtype)} of every point of ``batch``'s forward, in forward order (nothing is
   computed)."""
-  return point_shapes(run.model_cfg, _params(run), _batch(batch))
+  signature = tuple(sorted((k, tuple(np.shape(v)), str(np.asarray(v).dtype)) for k, v in batch.items()))
+  return dict(_point_shapes(run.model_cfg, signature, _params(run), batch))
+
+
+def _point_shapes(model_cfg, signature, params, batch, _cache={}):
+  """point_shapes once per (model config, batch signature)."""
+  key = (model_cfg, signature)
+  if key not in _cache:
+    _cache[key] = point_shapes(model_cfg, params, _batch(batch))
+  return _cache[key]
 
 
 @functools.lru_cache(maxsize=64)
