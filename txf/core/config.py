@@ -153,7 +153,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   d = c.data
-  d.source = "synthetic:translate"  # synthetic:{translate,copy,reverse,sort} | text:DIR_OR_NAME | tfds:NAME
+  d.source = "synthetic:translate"  # synthetic:{translate,copy,reverse,sort,repeat} | text:DIR_OR_NAME | tfds:NAME
   d.path = ""                    # root for text:NAME sources; "" = the TXF_DATA environment variable
   d.data_dir = ""                # where prepared tfds/array_record data lives ("" = ~/.cache/txf/tfds)
   d.format = "parallel"          # text sources, a name of txf.core.formats: parallel ({split}.{src}/{split}.{tgt}) | tsv (text<TAB>label) | plain (LM)
@@ -177,7 +177,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.id_store_tokens = 67108864   # training ids kept in memory by the length pass (int32, 4 bytes each: 256 MiB); records past it are tokenized again at each read (0 = none, at most 2**31 - 1)
   d.synthetic_min_len = 4        # synthetic tasks: shortest sequence (copy/reverse/sort) or sentence
   d.synthetic_max_len = 12       # synthetic tasks: longest sequence before EOS
-  d.synthetic_vocab = 16         # synthetic copy/reverse/sort: number of distinct symbols
+  d.synthetic_vocab = 16         # synthetic copy/reverse/sort/repeat: number of distinct symbols
   d.lm_split_fraction = 0.9      # plain-text LM sources without splits: first fraction is train
   d.max_line_chars = 10000       # text sources: lines longer than this many characters are skipped (counted, logged)
   d.spm_input_sentences = 1000000  # sentencepiece trains on at most this many sentences (evenly spaced, deterministic)
