@@ -264,3 +264,19 @@ def test_unknown_and_read_only_points_are_refused():
     ti.capture(s, batch, ["decoder/layer_9/resid_out"])
   with pytest.raises(ValueError, match="read-only"):
     ti.patch(s, batch, {"decoder/layer_0/self_attention/weights": 0.0})
+
+
+def test_attention_only_layers_have_no_ffn():
+  """model.d_ff=0: each layer is its attention sublayers alone (no FFN, no norm for it); the logit
+  lens of the only layer of a post-LN LM is h E^T of its residual stream."""
+  cfg = TransformerConfig(**{**SMALL, **FAMILIES["decoder_lm"], "d_ff": 0, "num_decoder_layers": 1})
+  batch = make_batch("decoder_lm")
+  params = init_params(cfg, jax.random.key(2), batch)
+  assert set(params["decoder"]["layer_0"]) == {"self_attention", "norm_1"}
+  s = Subject(cfg, params)
+  got = ti.capture(s, batch, ["decoder/layer_0/norm_1/out", "decoder/layer_0/resid_out", "logits"])
+  np.testing.assert_array_equal(np.asarray(got["decoder/layer_0/norm_1/out"]),
+                                np.asarray(got["decoder/layer_0/resid_out"]))
+  expected = np.asarray(got["decoder/layer_0/resid_out"], np.float64) @ np.asarray(
+      params["embed"]["embedding"], np.float64).T
+  np.testing.assert_allclose(np.asarray(got["logits"]), expected, rtol=1e-5, atol=1e-5)

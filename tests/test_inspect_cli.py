@@ -44,7 +44,7 @@ def test_inspect_lists_and_writes(workdir, tmp_path):
 def test_ablate_heads_table_and_baseline(workdir, tmp_path):
   out = str(tmp_path / "abl")
   result = run_txf("ablate-heads", f"--workdir={workdir}", "--split=val", "--max_examples=20",
-                   "--batch_size=10", f"--output={out}")
+                   "--batch_size=10", f"--output={out}", timeout=900)
   assert result.returncode == 0, result.stderr
   rows = list(csv.DictReader(open(os.path.join(out, "heads.csv"))))
   assert rows[0]["module"] == "baseline"
@@ -54,7 +54,7 @@ def test_ablate_heads_table_and_baseline(workdir, tmp_path):
     assert os.path.getsize(os.path.join(out, f"heads_{metric}.png")) > 0
   report = str(tmp_path / "eval.json")
   evaluated = run_txf("eval", f"--workdir={workdir}", "--split=val", "--max_examples=20",
-                      f"--output={report}")
+                      f"--output={report}", timeout=900)
   assert evaluated.returncode == 0, evaluated.stderr
   assert float(rows[0]["loss"]) == pytest.approx(json.load(open(report))["loss"], rel=1e-5)
 

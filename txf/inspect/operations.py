@@ -41,12 +41,15 @@ def list_points(run, batch) -> Dict[str, Tuple[Tuple[int, ...], str]]:
   return dict(_point_shapes(run.model_cfg, signature, _params(run), batch))
 
 
-def _point_shapes(model_cfg, signature, params, batch, _cache={}):
+_SHAPES: Dict[Any, Dict[str, Tuple[Tuple[int, ...], str]]] = {}
+
+
+def _point_shapes(model_cfg, signature, params, batch):
   """point_shapes once per (model config, batch signature)."""
   key = (model_cfg, signature)
-  if key not in _cache:
-    _cache[key] = point_shapes(model_cfg, params, _batch(batch))
-  return _cache[key]
+  if key not in _SHAPES:
+    _SHAPES[key] = point_shapes(model_cfg, params, _batch(batch))
+  return _SHAPES[key]
 
 
 @functools.lru_cache(maxsize=64)

@@ -2,19 +2,15 @@
 
 A *point* is a value inside the forward pass, named by its module's path and what it is:
 
-=====================================================  ========================================
-``<stack>/embeddings``                                 [B, L, d] token embedding + positions
-                                                       (the residual stream into layer 0)
-``<stack>/layer_<i>/resid_in``, ``.../resid_out``      [B, L, d] the layer's input and output
-``<stack>/layer_<i>/<attention>/q`` (``k``, ``v``)     [B, h, L_q, d_k] ([B, h_kv, L_k, d_k])
-``<stack>/layer_<i>/<attention>/weights``              [B, h, L_q, L_k] per head (read-only)
-``<stack>/layer_<i>/<attention>/heads``                [B, h, L_q, d_v] each head's output, before W^O
-``<stack>/layer_<i>/<attention>/out``                  [B, L_q, d] the sublayer's output (after W^O)
-``<stack>/layer_<i>/ffn/hidden``, ``.../ffn/out``      [B, L, f] f(x W1 + b1); [B, L, d] the FFN's output
-``<stack>/layer_<i>/norm_<j>/out``                     [B, L, d] an Add & Norm's normalisation
-``<stack>/final_norm/out``                             [B, L, d] (pre-LN models)
-``logits``                                             the model's output
-=====================================================  ========================================
+- ``<stack>/embeddings`` [B, L, d]: token embedding + positions (the residual stream into layer 0)
+- ``<stack>/layer_<i>/resid_in``, ``.../resid_out`` [B, L, d]: the layer's input and output
+- ``<stack>/layer_<i>/<attention>/q`` [B, h, L_q, d_k], ``k``, ``v`` [B, h_kv, L_k, d_k]
+- ``<stack>/layer_<i>/<attention>/weights`` [B, h, L_q, L_k]: per head (read-only)
+- ``<stack>/layer_<i>/<attention>/heads`` [B, h, L_q, d_v]: each head's output, before W^O
+- ``<stack>/layer_<i>/<attention>/out`` [B, L_q, d]: the sublayer's output (after W^O)
+- ``<stack>/layer_<i>/ffn/hidden`` [B, L, f]: f(x W1 + b1); ``.../ffn/out`` [B, L, d]
+- ``<stack>/layer_<i>/norm_<j>/out``, ``<stack>/final_norm/out`` [B, L, d]: the normalisations
+- ``logits``: the model's output
 
 ``<stack>`` is ``encoder`` or ``decoder``, ``<attention>`` ``self_attention`` (causal in a decoder)
 or ``cross_attention``. The points come from flax's method interception
