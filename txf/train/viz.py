@@ -324,7 +324,8 @@ def plot_head_table(values, row_labels: Sequence[str], title: str,
   image = ax.imshow(v, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
   for r in range(v.shape[0]):
     for c in range(v.shape[1]):
-      ax.text(c, r, f"{v[r, c]:.3g}", ha="center", va="center", fontsize=7)
+      ax.text(c, r, f"{v[r, c]:.3g}", ha="center", va="center", fontsize=7,
+              color="white" if abs(v[r, c]) > 0.6 * bound else "black")
   ax.set_xticks(range(v.shape[1]))
   ax.set_xticklabels([f"head {h}" for h in range(v.shape[1])], fontsize=7)
   ax.set_yticks(range(v.shape[0]))
