@@ -9,42 +9,8 @@ from absl import flags
 
 from txf import inspect as ti
 from txf.commands import terminal
-from txf.core import families
 from txf.core.errors import TxfError
-from txf.core.specials import EOS_ID
-from txf.inspect import heads as heads_lib
 from txf.train import viz
-
-
-def encode(run, text: str):
-  """(batch, source token labels, target token labels) of one input line: a translation model's
-  source and its greedy translation, a language model's text, an encoder's input."""
-  family = families.get(run.family)
-  ids = np.asarray(run.task.encode_source(text), np.int32)
-  if ids.size == 0:
-    raise TxfError(f"--input {text!r} has no tokens")
-  labels = lambda row: [run.task.decode_target([int(i)]) or f"<{int(i)}>" for i in row]
-  if "inputs" in family.inputs and family.decoding == "seq2seq":
-    length = run.task.max_target_len or ids.size + 8
-    batch = {"inputs": ids[None], "targets": np.zeros((1, length), np.int32)}
-    out = heads_lib.greedy_decode(run, batch)[0]
-    end = int(np.argmax(out == EOS_ID)) + 1 if (out == EOS_ID).any() else out.size
-    batch["targets"] = out[None, :end]
-    src = [_source_label(run, i) for i in ids]
-    return batch, src, ["<s>"] + labels(out[:end - 1])
-  if "inputs" in family.inputs:
-    return {"inputs": ids[None]}, [_source_label(run, i) for i in ids], None
-  return {"targets": ids[None]}, None, ["<s>"] + labels(ids[:-1])
-
-
-def _source_label(run, i) -> str:
-  codec = getattr(run.task, "codec", None) or getattr(run.task, "source_codec", None)
-  if codec is not None and hasattr(codec, "decode"):
-    try:
-      return codec.decode([int(i)]) or f"<{int(i)}>"
-    except Exception:  # pylint: disable=broad-except  (labels only)
-      pass
-  return run.task.decode_target([int(i)]) or f"<{int(i)}>"
 
 
 def main(argv):
@@ -54,7 +20,7 @@ def main(argv):
   if not f.list and not f.input:
     raise TxfError("txf inspect needs --input \"TEXT\" (or --list to print the points' names)")
   run = terminal.load_run(f.workdir, f.params)
-  batch, src, tgt = encode(run, f.input or "a")
+  batch, src, tgt = ti.encode_text(run, f.input or "a")
   if f.list:
     for name, (shape, dtype) in ti.list_points(run, batch).items():
       print(f"{name}\t{list(shape)}\t{dtype}")

@@ -9,4 +9,5 @@ The names are txf.inspect.points'. ``txf inspect`` and ``txf ablate-heads`` serv
 
 from txf.inspect.operations import (ablate, ablation_masks, capture, lens_stack, list_points,
                                     logit_lens, num_layers, patch)
+from txf.inspect.inputs import encode_text
 from txf.inspect.points import Hooks, forward, hooked, inspect_config, inspect_params
