@@ -418,12 +418,12 @@ COMMANDS = {
                          "import a Hugging Face Marian (OPUS-MT) or T5 model as a txf workdir", import_hf),
     "export-hf": Command("txf.commands.export_hf",
                          "export a translation run as a Hugging Face Marian or T5 model", export_hf),
+    "prepare-data": Command("txf.commands.prepare_data",
+                            "download and prepare a tfds catalog dataset for offline use", prepare_data),
     "inspect": Command("txf.commands.inspect_run", "capture a run's intermediates for one input: "
                        "attention maps, logit lens, .npz", inspect),
     "ablate-heads": Command("txf.commands.ablate_heads", "remove each attention head in turn and "
                             "score a split: CSV + heatmaps", ablate_heads),
-    "prepare-data": Command("txf.commands.prepare_data",
-                            "download and prepare a tfds catalog dataset for offline use", prepare_data),
 }
 
 
