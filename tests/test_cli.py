@@ -200,6 +200,12 @@ FLAGS_BEFORE = {
     "export-hf": {"workdir": ("string", None, REQUIRED), "output": ("string", None, REQUIRED),
                   "params": ("string", None)},
     "prepare-data": {"data_dir": ("string", "")},
+    "inspect": {"workdir": ("string", None, REQUIRED), "input": ("string", None),
+                "list": ("bool", False), "output": ("string", None), "params": ("string", None)},
+    "ablate-heads": {"workdir": ("string", None, REQUIRED), "split": ("string", "val"),
+                     "mode": ("string enum", "zero"), "max_examples": ("int", 500),
+                     "batch_size": ("int", 100), "decode": ("bool", True),
+                     "output": ("string", None), "params": ("string", None)},
 }
 
 

@@ -26,7 +26,7 @@ def test_base_and_experiment_configs_validate():
     (lambda c: setattr(c.pretrain, "mask_rate", 0.0), "pretrain.mask_rate=0.0 must be in (0, 1]"),
     (lambda c: c.pretrain.update(mask_token_fraction=0.8, random_token_fraction=0.3),
      "with a sum <= 1"),
-    (lambda c: setattr(c.model, "d_ff", 0), "model.d_ff=0 must be positive"),
+    (lambda c: setattr(c.model, "d_ff", -1), "model.d_ff=-1 must be an integer >= 0"),
     (lambda c: setattr(c, "batch_size", -4), "batch_size=-4 must be positive"),
     (lambda c: setattr(c.model, "dropout_rate", 1.5), "model.dropout_rate=1.5 must be in [0, 1)"),
     (lambda c: setattr(c.data, "id_store_tokens", -1), "data.id_store_tokens=-1 must be in [0, 2**31 - 1]"),

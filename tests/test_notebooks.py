@@ -29,6 +29,7 @@ FIGURES = {
                           "02_cross.png"],
     "03_ablations": ["03_loss_curves.png", "03_exact_match.png"],
     "04_embeddings": ["04_eigenvalues.png", "04_pca_words.png", "04_init_comparison.png"],
+    "05_inside": ["05_cross_heads.png", "05_induction_attention.png", "05_induction_scores.png"],
 }
 
 

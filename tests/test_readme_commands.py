@@ -77,6 +77,14 @@ RUN = {
     'echo "the big dog sees a small cat" | txf translate --workdir runs/default': "",
     "txf eval --workdir runs/default --split test --beam 4": "--max_examples=8",
     "TXF_DATA=../shared/data txf eval --workdir runs/sst2 --split dev": "",
+    # Inside a trained model (docs/inspect.md)
+    "txf inspect --workdir runs/default --list": "",
+    'txf inspect --workdir runs/default --input "the big dog sees a small cat"': "",
+    "txf ablate-heads --workdir runs/default --split val": "--max_examples=8 --batch_size=8",
+    "txf train --config experiments/induction.py --workdir runs/induction":
+        f"{_TINY} --config.checkpoint_every=4",
+    "txf ablate-heads --workdir runs/induction --split val --mode mean": "--max_examples=8 --batch_size=8",
+    'txf inspect --workdir runs/shakespeare_char --input "ROMEO: But soft"': "",
     "echo \"it 's a charming and often affecting journey .\" | txf classify --workdir runs/sst2": "",
     'txf generate --workdir runs/shakespeare_char --prompt "ROMEO:" --temperature 0.8 --top_p 0.95':
         "--max_new_tokens=16",

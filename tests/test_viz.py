@@ -47,6 +47,20 @@ def test_attention_heads_from_array_and_from_list(tmp_path):
     viz.plot_attention_heads(weights, queries[:2], keys, "wrong labels", tmp_path / "c.png")
 
 
+def test_logit_lens_and_head_table(tmp_path):
+  rng = np.random.default_rng(1)
+  lens = rng.normal(size=(3, 4, 7))  # [layers + 1, L, V]
+  path = viz.plot_logit_lens(lens, ["<s>", "a", "b", "c"], lambda i: f"t{i}", tmp_path / "l.png")
+  assert_png_with_content(path)
+  with pytest.raises(ValueError):
+    viz.plot_logit_lens(lens, ["<s>", "a"], str, tmp_path / "bad.png")
+  path = viz.plot_head_table(rng.normal(size=(2, 4)), ["decoder/layer_0/x", "decoder/layer_1/x"],
+                             "loss change", tmp_path / "h.png")
+  assert_png_with_content(path)
+  with pytest.raises(ValueError):
+    viz.plot_head_table(np.zeros((2, 4)), ["one label"], "wrong labels", tmp_path / "bad2.png")
+
+
 def test_positional_encoding_heatmap(tmp_path):
   path = viz.plot_positional_encoding(positional.sinusoidal_positional_encoding(32, 16),
                                       tmp_path / "sub" / "pe.png")

@@ -353,6 +353,55 @@ def prepare_data(fv: flags.FlagValues) -> None:
                       "~/.cache/txf/tfds", flag_values=fv)
 
 
+def inspect(fv: flags.FlagValues) -> None:
+  """``txf inspect --workdir runs/x --input "TEXT" [--output DIR] [--params FILE]`` or
+  ``txf inspect --workdir runs/x --list``.
+
+  Runs one input through the trained model and writes, to --output (default workdir/inspect/),
+  every named intermediate as intermediates.npz (the embeddings, each layer's residual stream in
+  and out, each attention's q/k/v, weights per head and heads' outputs before W^O, the FFN hidden
+  activations, the norms, the logits), the attention maps as PNGs (one per kind: rows layers,
+  columns heads) and the logit lens (each layer's residual stream through the final norm and the
+  output head) as logit_lens.png. A translation model's input is its source, decoded greedily
+  to give the target side. --list prints the names with their shapes instead (txf.inspect).
+  """
+  flags.DEFINE_string("workdir", None, "run directory of a trained run", required=True,
+                      flag_values=fv)
+  flags.DEFINE_string("input", None, "the text to run through the model", flag_values=fv)
+  flags.DEFINE_bool("list", False, "print the intermediates' names, shapes and dtypes and stop",
+                    flag_values=fv)
+  flags.DEFINE_string("output", None, "folder for the .npz and the PNGs (default workdir/inspect)",
+                      flag_values=fv)
+  flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack)",
+                      flag_values=fv)
+
+
+def ablate_heads(fv: flags.FlagValues) -> None:
+  """``txf ablate-heads --workdir runs/x [--split val] [--mode zero|mean] [--max_examples 500]
+  [--batch_size 100] [--no-decode] [--output DIR]``.
+
+  Removes each attention head in turn (its output before W^O set to zero, or to its mean over the
+  first batch) and scores the split as the family's evaluation does: loss (nats per token, per
+  example for a classifier) and accuracy, plus, for translation, exact match and BLEU of greedy
+  decoding. Writes heads.csv (the baseline row first, then one row per head with each metric and
+  its change) and one heatmap per metric (heads_<metric>.png) to --output (default
+  workdir/ablate_heads_<split>/).
+  """
+  flags.DEFINE_string("workdir", None, "run directory of a trained run", required=True,
+                      flag_values=fv)
+  flags.DEFINE_string("split", "val", "split to score", flag_values=fv)
+  flags.DEFINE_enum("mode", "zero", ["zero", "mean"], "what replaces an ablated head's output",
+                    flag_values=fv)
+  flags.DEFINE_integer("max_examples", 500, "examples of the split scored", flag_values=fv)
+  flags.DEFINE_integer("batch_size", 100, "examples per batch (a fixed shape: one compile)",
+                       flag_values=fv)
+  flags.DEFINE_bool("decode", True, "translation: also decode greedily for exact match and BLEU",
+                    flag_values=fv)
+  flags.DEFINE_string("output", None, "folder for heads.csv and the heatmaps", flag_values=fv)
+  flags.DEFINE_string("params", None, "parameter file in the workdir (default params.msgpack)",
+                      flag_values=fv)
+
+
 class Command(NamedTuple):
   """One ``txf`` command: the module that runs it (imported only to run it), its one-line
   purpose (``txf --help``'s list, the first line of ``txf CMD --help``) and its declaration."""
@@ -384,6 +433,10 @@ COMMANDS = {
                          "export a run as a Hugging Face model (Marian, BERT, GPT-2, T5, Llama, Qwen2, Mistral)", export_hf),
     "prepare-data": Command("txf.commands.prepare_data",
                             "download and prepare a tfds catalog dataset for offline use", prepare_data),
+    "inspect": Command("txf.commands.inspect_run", "capture a run's intermediates for one input: "
+                       "attention maps, logit lens, .npz", inspect),
+    "ablate-heads": Command("txf.commands.ablate_heads", "remove each attention head in turn and "
+                            "score a split: CSV + heatmaps", ablate_heads),
 }
 
 

@@ -80,7 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
   m.head_dim = 0                 # d_k = d_v of each attention head: 0 = d_model / num_heads (the paper's); > 0 = that width, the projections then [d_model, h * head_dim] (T5 v1.1 small: d_model 512, 6 heads of 64)
   m.num_kv_heads = 0             # key/value heads h_kv: 0 = num_heads (multi-head attention); a divisor of num_heads = grouped-query attention (1 = multi-query), query head i reads key/value head i // (h / h_kv)
   m.qk_norm = "none"             # normalise each query and key head over d_k before Q K^T (a gain [d_k] each for q and k, shared by the heads): none | layer_norm | rms_norm
-  m.d_ff = 2048                  # inner width of the position-wise FFN
+  m.d_ff = 2048                  # inner width of the position-wise FFN; 0: no FFN sublayer (attention-only layers)
   m.num_encoder_layers = 6       # N encoder layers (encoder_decoder, encoder_classifier)
   m.num_decoder_layers = 6       # N decoder layers (encoder_decoder, decoder_lm)
   m.dropout_rate = 0.1           # P_drop on every sublayer output and on embeddings + PE
@@ -160,7 +160,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   d = c.data
-  d.source = "synthetic:translate"  # synthetic:{translate,copy,reverse,sort} | text:DIR_OR_NAME | tfds:NAME
+  d.source = "synthetic:translate"  # synthetic:{translate,copy,reverse,sort,repeat} | text:DIR_OR_NAME | tfds:NAME
   d.path = ""                    # root for text:NAME sources; "" = the TXF_DATA environment variable
   d.data_dir = ""                # where prepared tfds/array_record data lives ("" = ~/.cache/txf/tfds)
   d.format = "parallel"          # text sources, a name of txf.core.formats: parallel ({split}.{src}/{split}.{tgt}) | tsv (text<TAB>label) | plain (LM)
@@ -184,7 +184,7 @@ def base_config() -> ml_collections.ConfigDict:
   d.id_store_tokens = 67108864   # training ids kept in memory by the length pass (int32, 4 bytes each: 256 MiB); records past it are tokenized again at each read (0 = none, at most 2**31 - 1)
   d.synthetic_min_len = 4        # synthetic tasks: shortest sequence (copy/reverse/sort) or sentence
   d.synthetic_max_len = 12       # synthetic tasks: longest sequence before EOS
-  d.synthetic_vocab = 16         # synthetic copy/reverse/sort: number of distinct symbols
+  d.synthetic_vocab = 16         # synthetic copy/reverse/sort/repeat: number of distinct symbols
   d.lm_split_fraction = 0.9      # plain-text LM sources without splits: first fraction is train
   d.max_line_chars = 10000       # text sources: lines longer than this many characters are skipped (counted, logged)
   d.spm_input_sentences = 1000000  # sentencepiece trains on at most this many sentences (evenly spaced, deterministic)

@@ -27,7 +27,9 @@ def numeric_errors(cfg: ml_collections.ConfigDict) -> List[str]:
         errors.append(f"{section + '.' if section else ''}{n}={v!r} must be positive")
 
   positive("", ["num_train_steps", "batch_size", "log_every", "grad_accum_steps"])
-  positive("model", ["d_model", "num_heads", "d_ff", "max_len"])
+  positive("model", ["d_model", "num_heads", "max_len"])
+  if not isinstance(m.d_ff, int) or m.d_ff < 0:
+    errors.append(f"model.d_ff={m.d_ff!r} must be an integer >= 0 (0: attention-only layers, no FFN)")
   multiple = m.vocab_multiple
   if not isinstance(multiple, int) or multiple < 0:
     errors.append(f"model.vocab_multiple={multiple!r} must be an integer >= 0 (0 = auto: 1 on CPU, "

@@ -1,7 +1,8 @@
 """Synthetic tasks generated on the fly, deterministic by seed, no download.
 
 ``copy``, ``reverse`` and ``sort`` map a random symbol string to itself, its reverse, or its sorted
-order. ``translate`` is a small language pair of our own making whose grammar needs reordering and
+order; ``repeat`` to itself twice (x x: the second half is predictable only by looking back, what
+induction heads do). ``translate`` is a small language pair of our own making whose grammar needs reordering and
 agreement, so cross-attention has to learn an alignment:
 
   source (SVO, adjectives before the noun):  the big red dog sees a small cat quickly
@@ -126,10 +127,10 @@ class _StepIterator(CheckpointableIterator):
 
 
 class SyntheticTask(Task):
-  """copy | reverse | sort | translate, for any family that predicts targets (txf.core.families): with
+  """copy | reverse | sort | repeat | translate, for any family that predicts targets (txf.core.families): with
   source and target for one that reads ``inputs`` (encoder_decoder), the target alone for one that
   does not (decoder_lm)."""
-  KINDS = ("copy", "reverse", "sort", "translate")
+  KINDS = ("copy", "reverse", "sort", "repeat", "translate")
   _SPLIT_KEYS = {"train": 0, "val": 1, "test": 2}
 
   def __init__(self, kind: str, family: str = "encoder_decoder", min_len: int = 4, max_len: int = 12,
@@ -151,7 +152,8 @@ class SyntheticTask(Task):
     else:
       self.codec = WordCodec(SPECIALS + [f"s{i}" for i in range(num_symbols)])
     self.vocab_size = len(self.codec.vocab)
-    longest = 11 if kind == "translate" else max_len + 1  # tokens incl. EOS (translate: 4+1+4+1 words)
+    # tokens incl. EOS (translate: 4+1+4+1 words; repeat: twice the string)
+    longest = 11 if kind == "translate" else (2 if kind == "repeat" else 1) * max_len + 1
     self.max_input_len = max_input_len if self.with_source else 0
     self.max_target_len = max_target_len
     if longest > max_target_len or (self.with_source and longest > max_input_len):
@@ -164,7 +166,8 @@ class SyntheticTask(Task):
       return translation_pair(rng)
     n = rng.integers(self.min_len, self.max_len + 1)
     syms = rng.integers(0, len(self.codec.vocab) - len(SPECIALS), size=n)
-    out = {"copy": syms, "reverse": syms[::-1], "sort": np.sort(syms)}[self.kind]
+    out = {"copy": syms, "reverse": syms[::-1], "sort": np.sort(syms),
+           "repeat": np.concatenate([syms, syms])}[self.kind]
     return " ".join(f"s{i}" for i in syms), " ".join(f"s{i}" for i in out)
 
   @staticmethod

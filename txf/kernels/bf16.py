@@ -57,7 +57,8 @@ def grouped_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
 def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2: jnp.ndarray,
                  b2: Optional[jnp.ndarray], activation: str = "relu",
                  w_gate: Optional[jnp.ndarray] = None,
-                 b_gate: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+                 b_gate: Optional[jnp.ndarray] = None,
+                 hidden_fn: Optional[Callable] = None) -> jnp.ndarray:
   """FFN(x) = f(x W1 + b1) W2 + b2, or the gated (f(x W1 + b1) * (x V + c)) W2 + b2 for a gated
   ``activation`` (``txf.ops.feed_forward``, same arguments) with :func:`txf.kernels.dots.dense`
   products; a bias that is None is left out.
@@ -72,6 +73,8 @@ def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2:
     hidden = entry.f(add(dots.dense(x, w1), b1)) * add(dots.dense(x, w_gate), b_gate)
   else:
     hidden = entry(add(dots.dense(x, w1), b1))
+  if hidden_fn is not None:
+    hidden = hidden_fn(hidden)
   return add(dots.dense(hidden, w2), b2)
 
 

@@ -1,7 +1,7 @@
 """The model's matrix-product formulas, dispatched once on :func:`txf.kernels.select`: txf.ops's
 formula, or its bf16 CPU restatement in txf.kernels.bf16."""
 
-from typing import Optional
+from typing import Callable, Optional
 
 import jax.numpy as jnp
 
@@ -13,12 +13,15 @@ from txf.kernels.select import select
 def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2: jnp.ndarray,
                  b2: Optional[jnp.ndarray], activation: str = "relu",
                  w_gate: Optional[jnp.ndarray] = None,
-                 b_gate: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+                 b_gate: Optional[jnp.ndarray] = None,
+                 hidden_fn: Optional[Callable] = None) -> jnp.ndarray:
   """FFN(x) = f(x W1 + b1) W2 + b2, or the gated (f(x W1 + b1) * (x V + c)) W2 + b2
-  (``txf.ops.feed_forward``, same arguments): x [..., d_model] -> [..., d_model]."""
+  (``txf.ops.feed_forward``, same arguments): x [..., d_model] -> [..., d_model].
+  ``hidden_fn``: applied to the hidden activations [..., d_ff] before W2 (None: nothing)."""
   if select(x.dtype).layout_dots:
-    return bf16.feed_forward(x, w1, b1, w2, b2, activation, w_gate, b_gate)
-  return ops.feed_forward(x, w1, b1, w2, b2, activation=activation, w_gate=w_gate, b_gate=b_gate)
+    return bf16.feed_forward(x, w1, b1, w2, b2, activation, w_gate, b_gate, hidden_fn)
+  return ops.feed_forward(x, w1, b1, w2, b2, activation=activation, w_gate=w_gate, b_gate=b_gate,
+                           hidden_fn=hidden_fn)
 
 
 def tied_logits(h: jnp.ndarray, table: jnp.ndarray) -> jnp.ndarray:

@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf import kernels, ops
-from txf.nn import kv_cache
+from txf.nn import kv_cache, taps
 from txf.nn.config import TransformerConfig
 from txf.nn.dropout import Dropout
 from txf.nn.positional import POSITIONAL
@@ -54,6 +54,7 @@ class MultiHeadAttention(nn.Module):
   """
   config: TransformerConfig
   kind: str  # "self" | "causal" | "cross"
+  tap = taps.tap  # named points q, k, v, weights, heads (txf.inspect reads and replaces them)
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, memory: Optional[jnp.ndarray] = None,
@@ -98,6 +99,8 @@ class MultiHeadAttention(nn.Module):
     if position is not None and position.rotate is not None:  # RoPE: this call's keys (at the
       k = position.rotate(cfg, k, q_pos)                      # queries' positions) and the queries
       q = position.rotate(cfg, q, q_pos)
+    q = self.tap("q", q)  # [B, h, L_q, d_k]
+    k, v = (None, None) if k is None else (self.tap("k", k), self.tap("v", v))  # [B, h_kv, L_k, d_k]
 
     # decoding: the cache stores this call's keys/values and gives back all of them, with their mask
     if cfg.decode and self.kind == "causal":
@@ -132,6 +135,8 @@ class MultiHeadAttention(nn.Module):
       out, weights = ops.unfold_beams(out, rows), None
     if weights is not None:
       self.sow("intermediates", "attention_weights", weights)  # [B, h, L_q, L_k]; free unless mutable
+      self.tap("weights", weights)  # read-only: the heads' output is already computed
+    out = self.tap("heads", out)  # [B, h, L_q, d_v], each head's output before W^O
     return constrain(kernels.project_output(out, w_o, b_o), HIDDEN_AXES)
 
   def _weights(self):

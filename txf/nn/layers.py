@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf import kernels, ops
-from txf.nn import kv_cache
+from txf.nn import kv_cache, taps
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import BOS_ID, PAD_ID, UNK_ID, TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
@@ -125,6 +125,7 @@ class FeedForward(nn.Module):
   ``use_bias=False`` no ``bi``, ``bi_gate``, ``bo``. x [..., d_model] -> [..., d_model].
   """
   config: TransformerConfig
+  tap = taps.tap  # the named point hidden [..., f] (txf.inspect reads and replaces it)
 
   @nn.compact
   def __call__(self, x):
@@ -142,7 +143,8 @@ class FeedForward(nn.Module):
     w2 = self.param("wo", axes(xavier, "mlp", "embed"), (f, cfg.d_model)).astype(dt)
     b2 = bias("bo", cfg.d_model, "norm")
     return constrain(kernels.feed_forward(x.astype(dt), w1, b1, w2, b2, activation=cfg.activation,
-                                          w_gate=w_gate, b_gate=b_gate), HIDDEN_AXES)
+                                          w_gate=w_gate, b_gate=b_gate,
+                                          hidden_fn=lambda z: self.tap("hidden", z)), HIDDEN_AXES)
 
 
 def residual(cfg: TransformerConfig, norm: LayerNorm, sublayer, x: jnp.ndarray) -> jnp.ndarray:
@@ -169,7 +171,8 @@ def parallel_residual(cfg: TransformerConfig, norm: LayerNorm, sublayers, x: jnp
 
 
 class EncoderLayer(nn.Module):
-  """Self-attention, Add & Norm, FFN, Add & Norm; with ``parallel_block`` x + Attn(N(x)) + FFN(N(x))
+  """Self-attention, Add & Norm, FFN, Add & Norm (``model.d_ff=0``: no FFN, attention only); with
+  ``parallel_block`` x + Attn(N(x)) + FFN(N(x))
   (pre-LN) or N(x + Attn(x) + FFN(x)) (post-LN), one norm ``norm_1``."""
   config: TransformerConfig
   scanned: bool = False                # True: return (x, None), the carry form of nn.scan
@@ -184,17 +187,19 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     attention = MultiHeadAttention(cfg, "self", name="self_attention")
     attend = lambda h: attention(h, mask=mask, positions=positions, shared_table=shared_table)
+    ffn = (FeedForward(cfg, name="ffn"),) if cfg.d_ff else ()  # d_ff = 0: attention only
     if cfg.parallel_block:  # x + Attn(N(x)) + FFN(N(x)), one norm
-      x = parallel_residual(cfg, LayerNorm(cfg, name="norm_1"),
-                            (attend, FeedForward(cfg, name="ffn")), x)
+      x = parallel_residual(cfg, LayerNorm(cfg, name="norm_1"), (attend,) + ffn, x)
     else:
       x = residual(cfg, LayerNorm(cfg, name="norm_1"), attend, x)
-      x = residual(cfg, LayerNorm(cfg, name="norm_2"), FeedForward(cfg, name="ffn"), x)
+      for sublayer in ffn:
+        x = residual(cfg, LayerNorm(cfg, name="norm_2"), sublayer, x)
     return (x, None) if self.scanned else x
 
 
 class DecoderLayer(nn.Module):
-  """Causal self-attention, Add & Norm, cross-attention (if a memory), Add & Norm, FFN, Add & Norm.
+  """Causal self-attention, Add & Norm, cross-attention (if a memory), Add & Norm, FFN, Add & Norm
+  (``model.d_ff=0``: no FFN, attention only).
 
   With ``parallel_block``: cross-attention (if a memory) and its Add & Norm (``norm_2``) first, then
   causal self-attention and FFN in parallel on one norm (``norm_1``, :func:`parallel_residual`);
@@ -218,17 +223,19 @@ class DecoderLayer(nn.Module):
       return residual(cfg, LayerNorm(cfg, name="norm_2"),
                       lambda h: attend(h, memory=memory, mask=cross_mask, memory_valid=memory_valid), y)
 
+    ffn = (FeedForward(cfg, name="ffn"),) if cfg.d_ff else ()  # d_ff = 0: attention only
     if cfg.parallel_block:  # cross-attention (if a memory) first, then y + Attn(N(y)) + FFN(N(y))
       y = add_cross(y) if self.cross else y
       y = parallel_residual(cfg, LayerNorm(cfg, name="norm_1"),
-                            (lambda h: self_attention(h, mask=self_mask, positions=positions),
-                             FeedForward(cfg, name="ffn")), y)
+                            (lambda h: self_attention(h, mask=self_mask, positions=positions),)
+                            + ffn, y)
       return (y, None) if self.scanned else y
     y = residual(cfg, LayerNorm(cfg, name="norm_1"),
                  lambda h: self_attention(h, mask=self_mask, positions=positions), y)
     if self.cross:
       y = add_cross(y)
-    y = residual(cfg, LayerNorm(cfg, name="norm_3"), FeedForward(cfg, name="ffn"), y)
+    for sublayer in ffn:
+      y = residual(cfg, LayerNorm(cfg, name="norm_3"), sublayer, y)
     return (y, None) if self.scanned else y
 
 

@@ -61,7 +61,8 @@ def matched_hidden_size(d_ff: int) -> int:
 def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2: jnp.ndarray,
                  b2: Optional[jnp.ndarray], activation: str = "relu",
                  w_gate: Optional[jnp.ndarray] = None,
-                 b_gate: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+                 b_gate: Optional[jnp.ndarray] = None,
+                 hidden_fn: Optional[Callable] = None) -> jnp.ndarray:
   r"""FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately.
 
   $$\operatorname{FFN}(x) = \max(0,\, xW_1 + b_1)\,W_2 + b_2$$
@@ -72,6 +73,7 @@ def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2:
   $$\operatorname{FFN}_\text{GLU}(x) = \big(f(xW_1 + b_1) \odot (xV + c)\big)\,W_2 + b_2$$
 
   with V = ``w_gate`` and c = ``b_gate``. A bias that is None is left out (``model.use_bias=False``).
+  ``hidden_fn`` (None: nothing) is applied to the hidden activations before W2 (txf.inspect's tap).
 
   Args:
     x: [..., d_model]; w1: [d_model, d_ff]; b1: [d_ff] or None; w2: [d_ff, d_model];
@@ -87,4 +89,6 @@ def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2:
     hidden = entry.f(add(x @ w1, b1)) * add(x @ w_gate, b_gate)
   else:
     hidden = entry(add(x @ w1, b1))
+  if hidden_fn is not None:
+    hidden = hidden_fn(hidden)
   return add(hidden @ w2, b2)

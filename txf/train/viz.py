@@ -271,3 +271,65 @@ def write_run_plots(workdir: Union[str, os.PathLike]) -> List[str]:
   if steps.size:
     written.append(plot_learning_rate((steps, values), workdir_lib.path_of(workdir, workdir_lib.LR_PLOT)))
   return written
+
+
+def plot_logit_lens(lens, position_labels: Sequence[str], token_label: Callable[[int], str],
+                    path: Union[str, os.PathLike] = "logit_lens.png",
+                    title: str = "logit lens: top token and its probability") -> str:
+  """The logit lens as a grid, rows = the embeddings then each layer, columns = positions; cell
+  (l, t) is coloured by p_max = max_v softmax(z_{l,t})_v and labelled with that token.
+
+  Args:
+    lens: [N + 1, L, V] logits (txf.inspect.logit_lens of one example).
+    position_labels: L labels (the input token at each position); token_label(id) -> text.
+  Returns:
+    path.
+  """
+  z = np.asarray(lens, np.float64)
+  if z.ndim != 3 or z.shape[1] != len(position_labels):
+    raise ValueError(f"lens must be [layers + 1, L, V] with L = {len(position_labels)} labels")
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  top, prob = p.argmax(-1), p.max(-1)
+  rows, cols = prob.shape
+  fig = new_figure(max(4.0, 0.7 * cols + 1.5), max(2.0, 0.45 * rows + 1.2))
+  ax = fig.subplots()
+  image = ax.imshow(prob, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+  for r in range(rows):
+    for c in range(cols):
+      ax.text(c, r, token_label(int(top[r, c])), ha="center", va="center", fontsize=6,
+              color="white" if prob[r, c] < 0.6 else "black")
+  ax.set_xticks(range(cols))
+  ax.set_xticklabels(position_labels, rotation=90, fontsize=7)
+  ax.set_yticks(range(rows))
+  ax.set_yticklabels(["embeddings"] + [f"layer {i}" for i in range(rows - 1)], fontsize=7)
+  ax.set_title(title, fontsize=9)
+  fig.colorbar(image, ax=ax, shrink=0.8)
+  return save_figure(fig, path, tight=True)
+
+
+def plot_head_table(values, row_labels: Sequence[str], title: str,
+                    path: Union[str, os.PathLike] = "head_ablation.png",
+                    label: str = "change") -> str:
+  """A heatmap of one number per attention head: rows = attention modules, columns = heads,
+  each cell annotated with its value (e.g. the loss a head's ablation adds).
+
+  values: [modules, heads]; row_labels: one per module. Returns path."""
+  v = np.asarray(values, np.float64)
+  if v.ndim != 2 or v.shape[0] != len(row_labels):
+    raise ValueError(f"values must be [modules, heads] with {len(row_labels)} module labels")
+  fig = new_figure(1.2 * v.shape[1] + 4.0, 0.5 * v.shape[0] + 1.5)
+  ax = fig.subplots()
+  bound = max(float(np.abs(v).max()), 1e-12)
+  image = ax.imshow(v, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+  for r in range(v.shape[0]):
+    for c in range(v.shape[1]):
+      ax.text(c, r, f"{v[r, c]:.3g}", ha="center", va="center", fontsize=7,
+              color="white" if abs(v[r, c]) > 0.6 * bound else "black")
+  ax.set_xticks(range(v.shape[1]))
+  ax.set_xticklabels([f"head {h}" for h in range(v.shape[1])], fontsize=7)
+  ax.set_yticks(range(v.shape[0]))
+  ax.set_yticklabels(row_labels, fontsize=7)
+  ax.set_title(title, fontsize=9)
+  fig.colorbar(image, ax=ax, shrink=0.8, label=label)
+  return save_figure(fig, path, tight=True)
