@@ -170,7 +170,7 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   example = {"inputs": np.zeros((rows, s), np.int32), "targets": np.zeros((rows, t), np.int32)}
   if families.get(cfg.family).predicts == "label":
     example["label"] = np.zeros((rows,), np.int32)
-  tx = make_optimizer(config.optimizer, cfg.d_model, config.num_train_steps)
+  tx = make_optimizer(config.optimizer, cfg.d_model, config.num_train_steps, cfg)
   schedule = make_schedule(config.optimizer, cfg.d_model, config.num_train_steps)
   axes = param_axes(cfg, example)
   init = lambda rng: create_train_state(init_params(cfg, rng, example), tx)

@@ -172,7 +172,7 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   init_rng, dropout_rng = run_keys(config.seed)
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
   schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
-  tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps)
+  tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps, model_cfg)
   start, loaded = initial_params(  # config.init_from's parameters (merged across objectives), or None
       config, model_cfg, task,
       lambda: jax.device_get(init_params(model_cfg, init_rng, example_batch, model)))
