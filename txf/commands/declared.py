@@ -245,8 +245,10 @@ def sweep(fv: flags.FlagValues) -> None:
   runs every arm x seed of a sweep file as its own ``txf train`` workdir (root/<arm>/seed-<k>/), N at
   a time, skipping complete runs and resuming interrupted ones, then reports;
   ``txf sweep report ROOT`` writes the report of a sweep's runs: per-arm mean, std, 95% CI and
-  Welch's t-test against the baseline (report.md, report.csv, report.png under ROOT). See
-  docs/sweeps.md.
+  Welch's t-test against the baseline (report.md, report.csv, report.png under ROOT). With
+  ``--fit`` the report also fits L(N), L(D) and L(N, D) = E + A/N^alpha + B/D^beta over the runs'
+  sizes with 90% bootstrap intervals (fit.md, fit.json, fit.png), ``--predict N=...,D=...`` giving
+  the law's prediction there. See docs/sweeps.md.
   """
   flags.DEFINE_string("root", None, "the sweep's folder (default: runs/sweeps/<sweep name>)",
                       flag_values=fv)
@@ -260,6 +262,12 @@ def sweep(fv: flags.FlagValues) -> None:
   flags.DEFINE_multi_string("sbatch", [], "with --emit slurm: an #SBATCH option (repeatable), e.g. "
                             "--sbatch=--gres=gpu:1", flag_values=fv)
   flags.DEFINE_bool("report", True, "write the report once the runs have finished", flag_values=fv)
+  flags.DEFINE_bool("fit", False, "also fit scaling laws over the runs' model sizes N and training "
+                    "tokens D, with 90% bootstrap intervals (fit.md, fit.json, fit.png)", flag_values=fv)
+  flags.DEFINE_string("predict", "", "with --fit: N=SIZE,D=TOKENS (either or both) at which the laws "
+                      "predict the metric, with its interval, e.g. --predict N=2e6,D=5e6",
+                      flag_values=fv)
+  flags.DEFINE_integer("bootstrap", 1000, "with --fit: bootstrap draws of the intervals", flag_values=fv)
 
 
 def plan(fv: flags.FlagValues) -> None:
