@@ -270,6 +270,29 @@ def sweep(fv: flags.FlagValues) -> None:
   flags.DEFINE_integer("bootstrap", 1000, "with --fit: bootstrap draws of the intervals", flag_values=fv)
 
 
+def coord_check(fv: flags.FlagValues) -> None:
+  """``txf coord-check [--config experiments/X.py] [--config.FIELD=VALUE ...] [--widths 64,128,256,512]
+  [--steps 5] [--learning_rate LR] [--out DIR]``.
+
+  The coordinate check of a parametrization: the experiment at each width (d_model, with d_ff in
+  proportion and the heads fixed), trained --steps steps on the same batches at a constant rate,
+  the RMS of every layer's output recorded before each step. Prints a table (per layer: the RMS at
+  each width, and the largest max/min ratio across widths over the steps) and writes
+  coord_check.md, .json and .png under --out. Under model.parametrization=mup the ratios stay near
+  1; in the standard parametrization they grow with the width. See docs/mup.md.
+  """
+  _config(fv)
+  flags.DEFINE_string("widths", "64,128,256,512", "the widths (d_model), comma-separated",
+                      flag_values=fv)
+  flags.DEFINE_integer("steps", 5, "training steps recorded at each width", flag_values=fv)
+  flags.DEFINE_integer("seeds", 3, "runs per width (seeds config.seed + 0, 1, ...) whose RMS are "
+                       "averaged", flag_values=fv)
+  flags.DEFINE_float("learning_rate", 0.0, "the constant rate of the steps (0 = the experiment's "
+                     "optimizer.learning_rate)", flag_values=fv)
+  flags.DEFINE_string("out", None, "where the table and the figure go (default: "
+                      "runs/coord_check/<config.name>-<parametrization>)", flag_values=fv)
+
+
 def plan(fv: flags.FlagValues) -> None:
   """``txf plan [--config experiments/X.py] [--devices N] [--device_peak_tflops T] [--json PATH]``.
 
@@ -371,6 +394,8 @@ COMMANDS = {
     "info": Command("txf.commands.info", "print jax, devices, CPU features and the malloc in use", info),
     "sweep": Command("txf.commands.sweep", "train arms x seeds of a sweep file (or emit them) and "
                      "compare the arms (t-tests)", sweep),
+    "coord-check": Command("txf.commands.coord_check", "the coordinate check of a parametrization "
+                           "(standard, mup): each layer's activation size across widths", coord_check),
     "plan": Command("txf.commands.plan",
                     "size a job before launch: per-device memory and step time on N devices", plan),
     "import-hf": Command("txf.commands.import_hf",
