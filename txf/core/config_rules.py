@@ -291,7 +291,8 @@ MUP_OPTIMIZERS = ("adam", "lion")
 
 
 def mup_errors(cfg: ml_collections.ConfigDict) -> List[str]:
-  """``model.mup_base_width`` (an integer >= 0, 0 = d_model) and, with ``model.parametrization=mup``,
+  """``model.mup_base_width`` (an integer >= 0, 0 = d_model; read only under muP, so that a sweep
+  may set it for every arm) and, with ``model.parametrization=mup``,
   an optimizer whose mup learning-rate rule is defined (Adam's entrywise-normalised update, which
   Lion's sign update shares): Adafactor scales each update by the parameter's own RMS and Muon
   orthogonalises it, neither of which the Adam table covers."""
@@ -300,9 +301,6 @@ def mup_errors(cfg: ml_collections.ConfigDict) -> List[str]:
   if not isinstance(base, int) or isinstance(base, bool) or base < 0:
     return [f"model.mup_base_width={base!r} must be an integer >= 0 (the d_model at which mup "
             f"equals the standard parametrization; 0 = model.d_model)"]
-  if base and m.parametrization != "mup":
-    return [f"model.mup_base_width={base} has no effect with model.parametrization="
-            f"{m.parametrization!r}: set model.parametrization=mup or model.mup_base_width=0"]
   if m.parametrization == "mup" and name not in MUP_OPTIMIZERS:
     return [f"model.parametrization=mup with optimizer.name={name!r}: its width scaling is "
             f"defined here for {', '.join(MUP_OPTIMIZERS)} only (the Adam table of Tensor "

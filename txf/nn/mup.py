@@ -51,6 +51,13 @@ def output_multiplier(cfg) -> float:
   return 1.0 / width_ratio(cfg)
 
 
+def schedule_width(cfg) -> int:
+  """The d_model a learning-rate schedule reads (the paper's inverse-sqrt one scales by
+  d_model^-1/2): d_model, or under muP the base width d_0, whose rate muP's per-parameter
+  multipliers then carry to every width."""
+  return int(round(cfg.d_model / width_ratio(cfg)))
+
+
 def attention_multiplier(cfg) -> float:
   """The extra factor on Q K^T / sqrt(d_k) that makes it Q K^T sqrt(d_k,0) / d_k: r^-1/2 when
   d_k = d_model / num_heads grows with the width, 1.0 for a fixed ``head_dim`` or at r = 1."""

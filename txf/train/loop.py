@@ -40,6 +40,7 @@ from txf.inference import Evaluator, make_eval_step
 from txf.train.metrics import MetricWriter
 from txf.models import (LossFn, ModelBuilder, abstract_params, count_params, init_params, model_config_from,
                         param_axes, unpad_vocab)
+from txf.nn import mup
 from txf.parallel import distributed, make_runner
 from txf.parallel.feeding import Feed
 from txf.parallel.sharding import check_splits
@@ -171,8 +172,9 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   decodes = config.decode_examples and families.get(model_cfg.family).decoding == "seq2seq"
   init_rng, dropout_rng = run_keys(config.seed)
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
-  schedule = make_schedule(config.optimizer, model_cfg.d_model, config.num_train_steps)
-  tx = make_optimizer(config.optimizer, model_cfg.d_model, config.num_train_steps, model_cfg)
+  width = mup.schedule_width(model_cfg)  # d_model (muP: the base width)
+  schedule = make_schedule(config.optimizer, width, config.num_train_steps)
+  tx = make_optimizer(config.optimizer, width, config.num_train_steps, model_cfg)
   start, loaded = initial_params(  # config.init_from's parameters (merged across objectives), or None
       config, model_cfg, task,
       lambda: jax.device_get(init_params(model_cfg, init_rng, example_batch, model)))
