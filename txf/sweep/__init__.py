@@ -2,7 +2,8 @@
 scheduler, and compared arm by arm with a noise floor (means, Student-t intervals, Welch's t-test).
 
 ``grid`` reads and expands a sweep file, ``runner`` runs or emits its runs, ``stats`` holds the
-statistics, ``report`` the table, CSV and figure. The command is ``txf sweep`` (docs/sweeps.md).
+statistics, ``report`` the table, CSV and figure; ``fit`` and ``scaling`` the scaling-law fits
+with bootstrap intervals (``--fit``). The command is ``txf sweep`` (docs/sweeps.md).
 """
 
 from txf.sweep.grid import Run, Sweep, SweepError, load_sweep, read_sweep, write_sweep
