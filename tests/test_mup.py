@@ -41,10 +41,11 @@ def _adam(lr=1e-2, name="adam"):
   return o
 
 
-def _train(cfg, steps=3, lr=1e-2):
-  """(params after init, [(loss, params) after each step]) of ``steps`` Adam steps on one batch."""
+def _train(cfg, steps=3, lr=1e-2, name="adam"):
+  """(params after init, [(loss, params) after each step]) of ``steps`` steps of optimizer
+  ``name`` on one batch."""
   batch = _batch(cfg)
-  tx = make_optimizer(_adam(lr), cfg.d_model, steps, cfg)
+  tx = make_optimizer(_adam(lr, name), cfg.d_model, steps, cfg)
   params = init_params(cfg, jax.random.key(0), batch)
   state = create_train_state(params, tx)
   step = jax.jit(make_train_step(cfg, tx, 0.1))
@@ -112,11 +113,12 @@ def test_mup_init_variances_follow_the_base_shapes():
   assert abs(emb.var() * d0 - 1) < 0.15
 
 
-def test_first_adam_step_moves_hidden_matrices_by_lr_over_r():
-  """Adam's first update is lr * g / (|g| + eps) ~ lr per entry: lr / r on the hidden matrices,
-  lr on the embedding."""
+@pytest.mark.parametrize("name", ["adam", "lion"])
+def test_first_step_moves_hidden_matrices_by_lr_over_r(name):
+  """Adam's first update is lr * g / (|g| + eps) ~ lr per entry, Lion's lr * sign(g): lr / r on
+  the hidden matrices, lr on the embedding."""
   lr = 1e-3
-  p0, [(_, p1)] = _train(WIDE, steps=1, lr=lr)
+  p0, [(_, p1)] = _train(WIDE, steps=1, lr=lr, name=name)
   before, after = _flat(p0), _flat(p1)
   for name, rate in (("decoder/layer_0/ffn/wi", lr / 4), ("decoder/layer_0/self_attention/query", lr / 4),
                      ("embed/embedding", lr)):
