@@ -113,6 +113,9 @@ def test_the_fit_report_from_fake_runs(tmp_path):
   text, paths = scaling.write_fit_report(sweep, scaling.parse_predict("N=1e6,D=4e6"), 200)
   assert open(paths["md"]).read() == text
   _check_fit_report(sweep.root, text)
+  # one seed: L(D) at the largest N would pass through its 3 points (no residuals): left out
+  one_seed = np.array(json.load(open(paths["json"]))["points"])[::2]
+  assert [law.fit.names for law in scaling.fit_laws(one_seed, 50)] == [("N",), ("N", "D")]
   with pytest.raises(TxfError, match="give N=SIZE and/or D=TOKENS"):
     scaling.parse_predict("N=big")
 

@@ -10,7 +10,9 @@ as fit.md (also printed), fit.json and fit.png under the sweep's root.
      trained on (exact for language-model windows, which have no padding)
 
 L(N) is fitted on the runs of the largest D, L(D) on those of the largest N, the joint law on all
-of them; a law is fitted when its variable takes at least 3 values (the joint: 3 of each).
+of them; a law is fitted when its variable takes at least 3 values (the joint: 3 of each) and it
+has more points (runs x seeds) than parameters: a law through every point leaves no residuals to
+bootstrap, and its intervals would have no width.
 """
 
 import dataclasses
@@ -84,18 +86,18 @@ class LawFit:
 
 def fit_laws(points: np.ndarray, draws: int = fit_lib.BOOTSTRAP_DRAWS, seed: int = 0) -> List[LawFit]:
   """L(N) at the largest D, L(D) at the largest N and the joint law over ``points`` [n, 3] (N, D,
-  value), each when its variables take >= 3 values."""
+  value), each when its variables take >= 3 values and it has more points than parameters."""
   out = []
   n_values, d_values = np.unique(points[:, 0]), np.unique(points[:, 1])
-  if len(n_values) >= 3:
-    rows = points[points[:, 1] == d_values[-1]]
+  rows = points[points[:, 1] == d_values[-1]] if len(d_values) else points
+  if len(n_values) >= 3 and len(rows) > 3:
     out.append(LawFit(f"L(N) = E + A N^-alpha (D = {d_values[-1]:.3g})",
                       fit_lib.bootstrap_fit(rows[:, :1], rows[:, 2], ("N",), draws, seed)))
-  if len(d_values) >= 3:
-    rows = points[points[:, 0] == n_values[-1]]
+  rows = points[points[:, 0] == n_values[-1]] if len(n_values) else points
+  if len(d_values) >= 3 and len(rows) > 3:
     out.append(LawFit(f"L(D) = E + B D^-beta (N = {n_values[-1]:.3g})",
                       fit_lib.bootstrap_fit(rows[:, 1:2], rows[:, 2], ("D",), draws, seed)))
-  if len(n_values) >= 3 and len(d_values) >= 3:
+  if len(n_values) >= 3 and len(d_values) >= 3 and len(points) > 5:
     out.append(LawFit("L(N, D) = E + A N^-alpha + B D^-beta",
                       fit_lib.bootstrap_fit(points[:, :2], points[:, 2], ("N", "D"), draws, seed)))
   return out
@@ -114,7 +116,8 @@ def markdown(sweep: Sweep, points: np.ndarray, laws: Sequence[LawFit],
            f"{len(points)} runs; N = non-embedding parameters, D = training tokens; {pct} intervals "
            f"from {draws} residual-bootstrap draws over seeds and runs (txf/sweep/fit.py).", ""]
   if not laws:
-    return "\n".join(lines + ["No law fitted: N or D needs at least 3 distinct values."]) + "\n"
+    return "\n".join(lines + ["No law fitted: N or D needs at least 3 distinct values, and a "
+                              "law more points than parameters (add seeds)."]) + "\n"
   for law in laws:
     lines += [f"## {law.title}", "", f"| parameter | estimate | {pct} interval |", "|---|---|---|"]
     for name, (point, lo, hi) in law.fit.parameter_table().items():
