@@ -286,6 +286,18 @@ NOT_RUN = {
         "tests/test_sweep.py checks the script (bash -n, and one array task run with a stand-in txf)",
     "sbatch sweep.sbatch": "a SLURM cluster",
     "txf sweep report runs/sweeps/copy_norm": SWEEP,
+    # docs/sweeps.md, the scaling-law fits
+    "txf sweep report runs/sweeps/ladder --fit --predict N=1e6,D=4e6":
+        "needs the ladder's runs; tests/test_sweep_fit.py runs `txf sweep report ROOT --fit` on fake ones",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/ladder.py --parallel 2 --fit "
+    "--predict N=393216,D=1638400":
+        "36 Tiny Shakespeare runs (an hour or more on 2 cores); the fit is tested by tests/test_sweep_fit.py",
+    # docs/mup.md
+    "txf coord-check --config experiments/copy.py --widths 64,128,256,512 --steps 5 "
+    "--config.model.parametrization=mup":
+        "minutes on 2 cores; tests/test_coord_check.py runs the check at widths 32-128 (slow tier)",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/mup_transfer.py --parallel 2":
+        "168 Tiny Shakespeare runs (hours on 2 cores); the sweep runner is tested by tests/test_sweep.py",
     # docs/sweeps.md, the variants
     "txf train --config experiments/copy.py --workdir runs/copy-rope --config.model.positional=rope "
     "--config.model.num_kv_heads=1": VARIANT,

@@ -253,8 +253,10 @@ def sweep(fv: flags.FlagValues) -> None:
   runs every arm x seed of a sweep file as its own ``txf train`` workdir (root/<arm>/seed-<k>/), N at
   a time, skipping complete runs and resuming interrupted ones, then reports;
   ``txf sweep report ROOT`` writes the report of a sweep's runs: per-arm mean, std, 95% CI and
-  Welch's t-test against the baseline (report.md, report.csv, report.png under ROOT). See
-  docs/sweeps.md.
+  Welch's t-test against the baseline (report.md, report.csv, report.png under ROOT). With
+  ``--fit`` the report also fits L(N), L(D) and L(N, D) = E + A/N^alpha + B/D^beta over the runs'
+  sizes with 90% bootstrap intervals (fit.md, fit.json, fit.png), ``--predict N=...,D=...`` giving
+  the law's prediction there. See docs/sweeps.md.
   """
   flags.DEFINE_string("root", None, "the sweep's folder (default: runs/sweeps/<sweep name>)",
                       flag_values=fv)
@@ -268,6 +270,35 @@ def sweep(fv: flags.FlagValues) -> None:
   flags.DEFINE_multi_string("sbatch", [], "with --emit slurm: an #SBATCH option (repeatable), e.g. "
                             "--sbatch=--gres=gpu:1", flag_values=fv)
   flags.DEFINE_bool("report", True, "write the report once the runs have finished", flag_values=fv)
+  flags.DEFINE_bool("fit", False, "also fit scaling laws over the runs' model sizes N and training "
+                    "tokens D, with 90% bootstrap intervals (fit.md, fit.json, fit.png)", flag_values=fv)
+  flags.DEFINE_string("predict", "", "with --fit: N=SIZE,D=TOKENS (either or both) at which the laws "
+                      "predict the metric, with its interval, e.g. --predict N=2e6,D=5e6",
+                      flag_values=fv)
+  flags.DEFINE_integer("bootstrap", 1000, "with --fit: bootstrap draws of the intervals", flag_values=fv)
+
+
+def coord_check(fv: flags.FlagValues) -> None:
+  """``txf coord-check [--config experiments/X.py] [--config.FIELD=VALUE ...] [--widths 64,128,256,512]
+  [--steps 5] [--learning_rate LR] [--out DIR]``.
+
+  The coordinate check of a parametrization: the experiment at each width (d_model, with d_ff in
+  proportion and the heads fixed), trained --steps steps on the same batches at a constant rate,
+  the RMS of every layer's output recorded before each step. Prints a table (per layer: the RMS at
+  each width, and the largest max/min ratio across widths over the steps) and writes
+  coord_check.md, .json and .png under --out. Under model.parametrization=mup the ratios stay near
+  1; in the standard parametrization they grow with the width. See docs/mup.md.
+  """
+  _config(fv)
+  flags.DEFINE_string("widths", "64,128,256,512", "the widths (d_model), comma-separated",
+                      flag_values=fv)
+  flags.DEFINE_integer("steps", 5, "training steps recorded at each width", flag_values=fv)
+  flags.DEFINE_integer("seeds", 3, "runs per width (seeds config.seed + 0, 1, ...) whose RMS are "
+                       "averaged", flag_values=fv)
+  flags.DEFINE_float("learning_rate", 0.0, "the constant rate of the steps (0 = the experiment's "
+                     "optimizer.learning_rate)", flag_values=fv)
+  flags.DEFINE_string("out", None, "where the table and the figure go (default: "
+                      "runs/coord_check/<config.name>-<parametrization>)", flag_values=fv)
 
 
 def plan(fv: flags.FlagValues) -> None:
@@ -425,6 +456,8 @@ COMMANDS = {
     "info": Command("txf.commands.info", "print jax, devices, CPU features and the malloc in use", info),
     "sweep": Command("txf.commands.sweep", "train arms x seeds of a sweep file (or emit them) and "
                      "compare the arms (t-tests)", sweep),
+    "coord-check": Command("txf.commands.coord_check", "the coordinate check of a parametrization "
+                           "(standard, mup): each layer's activation size across widths", coord_check),
     "plan": Command("txf.commands.plan",
                     "size a job before launch: per-device memory and step time on N devices", plan),
     "import-hf": Command("txf.commands.import_hf",

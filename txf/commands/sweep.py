@@ -9,15 +9,33 @@ from txf.core.errors import TxfError
 from txf.sweep import (emit_commands, emit_slurm, load_sweep, read_sweep, run_local, write_report,
                        write_sweep)
 from txf.sweep.grid import parse_sets
+from txf.sweep.scaling import parse_predict, write_fit_report
+
+
+def _fit(sweep) -> None:
+  """--fit: the scaling-law fits of the sweep's runs, printed and written under its root."""
+  fl = flags.FLAGS
+  if not fl.fit:
+    if fl.predict:
+      raise TxfError("--predict needs --fit (it is the fitted laws' prediction)")
+    return
+  if fl.bootstrap < 20:
+    raise TxfError(f"--bootstrap={fl.bootstrap}: the 90% intervals need at least 20 draws (1000 "
+                   f"by default)")
+  text, paths = write_fit_report(sweep, parse_predict(fl.predict), fl.bootstrap)
+  print("\n" + text + f"\nwritten: {', '.join(paths.values())}", flush=True)
 
 
 def main(argv):
   args = argv[1:]
+  parse_predict(flags.FLAGS.predict)  # a malformed --predict is refused before anything runs
   if args[:1] == ["report"]:
     if len(args) != 2:
       raise TxfError("usage: txf sweep report ROOT (the folder of a sweep)")
-    text, paths = write_report(read_sweep(args[1]))
+    sweep = read_sweep(args[1])
+    text, paths = write_report(sweep)
     print(text + f"\nwritten: {', '.join(paths.values())}")
+    _fit(sweep)
     return
   if len(args) != 1:
     raise TxfError(f"give one sweep file (txf sweep SWEEP_FILE) or `txf sweep report ROOT`, not "
@@ -44,6 +62,7 @@ def main(argv):
   if fl.report:
     text, paths = write_report(sweep)
     print("\n" + text + f"\nwritten: {', '.join(paths.values())}", flush=True)
+    _fit(sweep)
   if bad:
     print(f"txf: {len(bad)} of {len(outcomes)} runs did not finish: "
           f"{', '.join(o.run.label for o in bad)} (their logs: root/<arm>/seed-<k>.log); run the "

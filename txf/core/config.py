@@ -129,6 +129,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.mask_special_logits = False  # True: the logits of PAD, BOS and UNK (ids 0, 1, 3) are -1e9 in every forward (never predicted, no probability mass): an imported GPT-2, whose vocabulary has no such tokens (txf adds their rows); needs optimizer.label_smoothing=0
   m.remat = "none"               # recompute layer activations in the backward pass: none | full | dots_saveable | nothing_saveable | ... (jax.checkpoint_policies)
   m.scan_layers = False          # run each stack of layers as one nn.scan (params [N, ...] under "layers"): faster compiles
+  m.parametrization = "standard"  # standard (the paper's) | mup (maximal update parametrization, Tensor Programs V: hidden init variance and Adam/Lion rates x base/width, attention logits 1/d_k, output logits x base/width; equal to standard at d_model = mup_base_width; docs/mup.md)
+  m.mup_base_width = 0           # parametrization=mup: the d_model at which mup equals standard (the width the hyper-parameters were tuned at); 0 = d_model (no rescaling)
 
   c.optimizer = ml_collections.ConfigDict()
   o = c.optimizer
@@ -353,7 +355,8 @@ FIXED_CHOICES = {"model.dtype": ("auto", "prefer_bfloat16", "float32", "bfloat16
                  "decode_dtype": ("", "float32", "bfloat16"),
                  "tracker": ("none", "wandb"),
                  "model.rope_layout": ("interleaved", "half"),
-                 "model.rope_scaling": ("none", "linear", "llama3")}
+                 "model.rope_scaling": ("none", "linear", "llama3"),
+                 "model.parametrization": ("standard", "mup")}
 
 _SECTIONS = {"c": "", "m": "model.", "o": "optimizer.", "d": "data.", "p": "pretrain."}
 _FIELD_LINE = re.compile(r'^\s+(?:(\w)\.(\w+) = |"(\w+)": )(.*?)\s+# (.*)$')
@@ -409,6 +412,7 @@ def validate(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict] = None
   errors += config_rules.kv_heads_errors(cfg)
   errors += config_rules.positional_errors(m)
   errors += config_rules.mlm_errors(cfg.pretrain)
+  errors += config_rules.mup_errors(cfg)
   undeclared = [key for key in VARIANT_FIELDS if key not in _declared_choices]
   if undeclared:  # a caller's bug, not the user's: the variant tables were never imported
     raise RuntimeError(f"txf.core.config.validate: the allowed values of {', '.join(undeclared)} are "

@@ -293,3 +293,26 @@ def length_errors(cfg: ml_collections.ConfigDict, data_lengths: Optional[dict]) 
       errors.append(f"profile_steps={profile!r} must be START:END with 1 <= START < END (steps START "
                     f"to END-1 are traced), e.g. profile_steps=10:13")
   return errors
+
+
+# The optimizers whose per-parameter learning-rate scaling under mup is defined (txf.nn.mup).
+MUP_OPTIMIZERS = ("adam", "lion")
+
+
+def mup_errors(cfg: ml_collections.ConfigDict) -> List[str]:
+  """``model.mup_base_width`` (an integer >= 0, 0 = d_model; read only under muP, so that a sweep
+  may set it for every arm) and, with ``model.parametrization=mup``,
+  an optimizer whose mup learning-rate rule is defined (Adam's entrywise-normalised update, which
+  Lion's sign update shares): Adafactor scales each update by the parameter's own RMS and Muon
+  orthogonalises it, neither of which the Adam table covers."""
+  m, name = cfg.model, cfg.optimizer.name
+  base = m.mup_base_width
+  if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+    return [f"model.mup_base_width={base!r} must be an integer >= 0 (the d_model at which mup "
+            f"equals the standard parametrization; 0 = model.d_model)"]
+  if m.parametrization == "mup" and name not in MUP_OPTIMIZERS:
+    return [f"model.parametrization=mup with optimizer.name={name!r}: its width scaling is "
+            f"defined here for {', '.join(MUP_OPTIMIZERS)} only (the Adam table of Tensor "
+            f"Programs V; {name} rescales its updates by other rules): use optimizer.name=adam "
+            f"or lion, or model.parametrization=standard"]
+  return []

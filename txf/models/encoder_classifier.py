@@ -3,7 +3,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from txf.nn import Embed, Encoder, TransformerConfig
+from txf.nn import Embed, Encoder, TransformerConfig, mup
 from txf.core.variants import Table
 
 
@@ -56,6 +56,8 @@ class EncoderClassifier(nn.Module):
           kernel_init=nn.with_logical_partitioning(nn.linear.default_kernel_init, ("embed", "act_embed")),
           bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",)))(pooled))
     pooled = nn.Dropout(cfg.dropout_rate)(pooled, deterministic=cfg.deterministic)
+    if mup.output_multiplier(cfg) != 1.0:  # muP: logits = W_c (p d_0 / d_model) + b_c
+      pooled = pooled * mup.output_multiplier(cfg)
     classifier = nn.Dense(
         cfg.num_classes, name="classifier",
         kernel_init=nn.with_logical_partitioning(nn.linear.default_kernel_init, ("embed", "classes")),

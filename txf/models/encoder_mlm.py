@@ -16,6 +16,7 @@ from txf import kernels, ops
 from txf.core.errors import TxfError
 from txf.models.loss import corruption_rngs, cross_entropy_loss
 from txf.nn import BOS_ID, EOS_ID, Embed, Encoder, LayerNorm, PAD_ID, TransformerConfig, UNK_ID
+from txf.nn import mup
 from txf.nn.attention import xavier
 from txf.ops.feedforward import ACTIVATIONS
 
@@ -60,6 +61,8 @@ class EncoderMLM(nn.Module):
                  )(encoded.astype(jnp.float32))
     h = LayerNorm(cfg, name="mlm_norm")(ACTIVATIONS[cfg.activation](h))
     h = h.astype(cfg.compute_dtype)
+    if mup.output_multiplier(cfg) != 1.0:  # muP: logits = (h d_0 / d_model) W^T
+      h = h * mup.output_multiplier(cfg)
     if cfg.tie_output:
       logits = embed.attend(h)
     else:

@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf import kernels, ops
-from txf.nn import kv_cache, taps
+from txf.nn import kv_cache, mup, taps
 from txf.nn.config import TransformerConfig
 from txf.nn.dropout import Dropout
 from txf.nn.positional import POSITIONAL
@@ -101,6 +101,8 @@ class MultiHeadAttention(nn.Module):
       q = position.rotate(cfg, q, q_pos)
     q = self.tap("q", q)  # [B, h, L_q, d_k]
     k, v = (None, None) if k is None else (self.tap("k", k), self.tap("v", v))  # [B, h_kv, L_k, d_k]
+    if mup.attention_multiplier(cfg) != 1.0:  # muP: Q K^T sqrt(d_k,0) / d_k (txf.nn.mup)
+      q = q * mup.attention_multiplier(cfg)
 
     # decoding: the cache stores this call's keys/values and gives back all of them, with their mask
     if cfg.decode and self.kind == "causal":
@@ -148,10 +150,16 @@ class MultiHeadAttention(nn.Module):
     h, dk, dt = cfg.num_heads, cfg.d_k, cfg.compute_dtype
     hk = cfg.num_kv_heads or h
     kv_init = QKV_INIT if hk == h else KV_INIT
-    w_q = self.param("query", QKV_INIT, (cfg.d_model, h, dk)).astype(dt)
-    w_k = self.param("key", kv_init, (cfg.d_model, hk, dk)).astype(dt)
-    w_v = self.param("value", kv_init, (cfg.d_model, hk, dk)).astype(dt)
-    w_o = self.param("out", OUT_INIT, (h, dk, cfg.d_model)).astype(dt)
+    if mup.is_mup(cfg):  # muP: hidden init variance / r (txf.nn.mup)
+      kv_names = ("embed", "heads", "kv") if hk == h else ("embed", "kv_heads", "kv")
+      inits = [mup.hidden_init(cfg, xavier, n) for n in (("embed", "heads", "kv"), kv_names,
+                                                           ("heads", "kv", "embed"))]
+    else:
+      inits = [QKV_INIT, kv_init, OUT_INIT]
+    w_q = self.param("query", inits[0], (cfg.d_model, h, dk)).astype(dt)
+    w_k = self.param("key", inits[1], (cfg.d_model, hk, dk)).astype(dt)
+    w_v = self.param("value", inits[1], (cfg.d_model, hk, dk)).astype(dt)
+    w_o = self.param("out", inits[2], (h, dk, cfg.d_model)).astype(dt)
     if not cfg.attention_bias:
       return w_q, w_k, w_v, w_o, (None,) * 4
     bias = lambda name, shape, axes: self.param(

@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from txf import kernels, ops
-from txf.nn import kv_cache, taps
+from txf.nn import kv_cache, mup, taps
 from txf.nn.attention import HIDDEN_AXES, MultiHeadAttention, constrain, xavier
 from txf.nn.config import BOS_ID, PAD_ID, UNK_ID, TransformerConfig, padded_size
 from txf.nn.dropout import Dropout
@@ -28,9 +28,11 @@ class Embed(nn.Module):
   num_embeddings: int
 
   def setup(self):
-    # N(0, d^-1/2): after the sqrt(d) scale the embeddings have unit variance, and tied logits start small.
+    # N(0, d^-1/2): after the sqrt(d) scale the embeddings have unit variance, and tied logits
+    # start small (muP: N(0, d_0^-1/2) and a sqrt(d_0) scale, txf.nn.mup).
+    std = mup.embed_std(self.config) if mup.is_mup(self.config) else self.config.d_model ** -0.5
     self.table = self.param("embedding", nn.with_logical_partitioning(
-        nn.initializers.normal(self.config.d_model ** -0.5), ("vocab", "embed")),
+        nn.initializers.normal(std), ("vocab", "embed")),
                             (padded_size(self.num_embeddings, self.config.vocab_multiple),
                              self.config.d_model))
 
@@ -38,6 +40,8 @@ class Embed(nn.Module):
     """ids int [B, L] -> [B, L, d_model] in the residual stream's dtype (``stream_dtype``)."""
     cfg = self.config
     x = ops.embed(ids, self.table.astype(cfg.compute_dtype), scale=cfg.embed_scale)
+    if mup.embed_multiplier(cfg) != 1.0:  # muP: E[x] sqrt(d_0)
+      x = x * mup.embed_multiplier(cfg)
     return constrain(x.astype(cfg.stream_dtype), HIDDEN_AXES)
 
   def attend(self, h: jnp.ndarray) -> jnp.ndarray:
@@ -134,13 +138,16 @@ class FeedForward(nn.Module):
     bias = lambda name, size, axis: (self.param(name, axes(nn.initializers.zeros, axis), (size,)).astype(dt)
                                      if cfg.use_bias else None)
     f = cfg.ffn_hidden
-    w1 = self.param("wi", axes(xavier, "embed", "mlp"), (cfg.d_model, f)).astype(dt)
+    kernel = axes  # muP: hidden init variance / r (txf.nn.mup)
+    if mup.is_mup(cfg):
+      kernel = lambda init, *names: mup.hidden_init(cfg, init, names)
+    w1 = self.param("wi", kernel(xavier, "embed", "mlp"), (cfg.d_model, f)).astype(dt)
     b1 = bias("bi", f, "mlp")
     w_gate = b_gate = None
     if cfg.gated_ffn:
-      w_gate = self.param("wi_gate", axes(xavier, "embed", "mlp"), (cfg.d_model, f)).astype(dt)
+      w_gate = self.param("wi_gate", kernel(xavier, "embed", "mlp"), (cfg.d_model, f)).astype(dt)
       b_gate = bias("bi_gate", f, "mlp")
-    w2 = self.param("wo", axes(xavier, "mlp", "embed"), (f, cfg.d_model)).astype(dt)
+    w2 = self.param("wo", kernel(xavier, "mlp", "embed"), (f, cfg.d_model)).astype(dt)
     b2 = bias("bo", cfg.d_model, "norm")
     return constrain(kernels.feed_forward(x.astype(dt), w1, b1, w2, b2, activation=cfg.activation,
                                           w_gate=w_gate, b_gate=b_gate,
@@ -327,6 +334,8 @@ class Decoder(nn.Module):
       y = LayerNorm(cfg, name="final_norm")(y)
     if cfg.logits_scale != 1.0:  # T5's tied head: logits = (d_model^-0.5 h) E^T
       y = y * cfg.logits_scale
+    if mup.output_multiplier(cfg) != 1.0:  # muP: logits = (h d_0 / d_model) W^T
+      y = y * mup.output_multiplier(cfg)
     y = y.astype(cfg.compute_dtype)  # the output projection runs in the compute dtype
     head = HEADS["tied" if cfg.tie_output else "untied"](self, cfg, y, project)
     if not project:

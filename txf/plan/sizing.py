@@ -27,6 +27,7 @@ from txf.data.pipeline import rows_for_tokens
 from txf.models.flops import model_train_flops
 from txf.models import init_params, model_config_for, param_axes
 from txf.kernels import resolve_impl
+from txf.nn import mup
 from txf.nn.config import resolve_dtype
 from txf.parallel import sharding as sharding_lib
 from txf.parallel.mesh_runner import MeshRunner
@@ -170,8 +171,8 @@ def plan(config, vocab_size: int, devices=None, device_peak_tflops: float = 0.0,
   example = {"inputs": np.zeros((rows, s), np.int32), "targets": np.zeros((rows, t), np.int32)}
   if families.get(cfg.family).predicts == "label":
     example["label"] = np.zeros((rows,), np.int32)
-  tx = make_optimizer(config.optimizer, cfg.d_model, config.num_train_steps)
-  schedule = make_schedule(config.optimizer, cfg.d_model, config.num_train_steps)
+  tx = make_optimizer(config.optimizer, mup.schedule_width(cfg), config.num_train_steps, cfg)
+  schedule = make_schedule(config.optimizer, mup.schedule_width(cfg), config.num_train_steps)
   axes = param_axes(cfg, example)
   init = lambda rng: create_train_state(init_params(cfg, rng, example), tx)
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)

@@ -3,7 +3,9 @@ scheduler, and compared arm by arm with a noise floor (means, Student-t interval
 
 ``grid`` reads and expands a sweep file, ``runner`` runs or emits its runs, ``stats`` holds the
 statistics, ``report`` the table, CSV and figure (a table per metric when a sweep compares
-several), ``reference`` the comparison with published deltas and its forest plot. The command is ``txf sweep`` (docs/sweeps.md).
+several), ``reference`` the comparison with published deltas and its forest plot; ``fit`` and
+``scaling`` the scaling-law fits with bootstrap intervals (``--fit``). The command is ``txf sweep``
+(docs/sweeps.md).
 """
 
 from txf.sweep.grid import Run, Sweep, SweepError, load_sweep, read_sweep, write_sweep

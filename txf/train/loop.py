@@ -36,6 +36,7 @@ from txf.decode import DecodingSpec
 from txf.inference import Evaluator, make_eval_step
 from txf.models import (LossFn, ModelBuilder, abstract_params, count_params, init_params,
                         model_config_from, param_axes, unpad_vocab)
+from txf.nn import mup
 from txf.parallel import ParallelSpec, distributed, make_runner
 from txf.parallel.feeding import Feed
 from txf.parallel.sharding import check_splits
@@ -172,8 +173,9 @@ def set_up(config, workdir, fresh, loss_fn, model, report: Reporter) -> Setup:
   init_rng, dropout_rng = run_keys(config.seed)
   example_batch = next(task.train_iterator(config.batch_size, config.seed))
   optimizer, layout = OptimizerSpec.from_config(config.optimizer), ParallelSpec.from_config(config)
-  schedule = make_schedule(optimizer, model_cfg.d_model, config.num_train_steps)
-  tx = make_optimizer(optimizer, model_cfg.d_model, config.num_train_steps)
+  width = mup.schedule_width(model_cfg)  # d_model (muP: the base width)
+  schedule = make_schedule(optimizer, width, config.num_train_steps)
+  tx = make_optimizer(optimizer, width, config.num_train_steps, model_cfg)
   start, loaded = initial_params(  # config.init_from's parameters (merged across objectives), or None
       config, model_cfg, task,
       lambda: jax.device_get(init_params(model_cfg, init_rng, example_batch, model)))

@@ -15,6 +15,7 @@ import optax.contrib
 from txf.core import specs
 from txf.core.config import ConfigError
 from txf.core.variants import Table
+from txf.nn import mup
 
 # OptimizerSpec: ``config.optimizer`` read once, frozen (fields, types and defaults those of
 # ``base_config().optimizer``, declared in txf/core/config.py only). The loop's set-up builds it.
@@ -257,15 +258,44 @@ PAPER_SETTINGS: Dict[str, Dict[str, object]] = {
 }
 
 
-def make_optimizer(opt_cfg, d_model: int, total_steps: int = 0) -> optax.GradientTransformation:
+def scale_by_multipliers(multipliers) -> optax.GradientTransformation:
+  """u -> m * u per leaf, with ``multipliers(updates)`` a tree of Python floats like the updates
+  (computed from the tree's structure only); a leaf whose m is 1.0 is passed through untouched."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    scaled = jax.tree_util.tree_map(lambda u, m: u if m == 1.0 else u * m, updates,
+                                    multipliers(updates))
+    return scaled, state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def mup_scaling(model_cfg) -> optax.GradientTransformation:
+  """muP's per-parameter learning rates (txf.nn.mup.lr_multipliers): each update of a hidden
+  matrix times d_0 / d_model, the others unchanged. For Adam and Lion, whose updates are
+  entrywise normalised, this is the rate lr * d_0 / d_model of Tensor Programs V's Adam table
+  (with AdamW the decoupled decay, lr * lambda * theta, is scaled with the rate)."""
+  return scale_by_multipliers(lambda tree: mup.lr_multipliers(model_cfg, tree))
+
+
+def make_optimizer(opt_cfg, d_model: int, total_steps: int = 0,
+                   model_cfg=None) -> optax.GradientTransformation:
   """The optimizer ``opt_cfg.name`` names (``OPTIMIZERS``; "adam" by default: Adam(b1, b2, eps),
   AdamW when weight_decay > 0) on ``make_schedule(opt_cfg, d_model, total_steps)``, after
-  global-norm clipping when ``grad_clip_norm > 0``. ``opt_cfg`` as for ``make_schedule``."""
+  global-norm clipping when ``grad_clip_norm > 0``. ``opt_cfg`` as for ``make_schedule``.
+  ``model_cfg`` (a TransformerConfig, optional): under ``model.parametrization=mup`` away from the
+  base width the updates are then rescaled per parameter (:func:`mup_scaling`)."""
   opt_cfg = optimizer_spec(opt_cfg)
   name = opt_cfg.name
   if name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name={name!r} is not one of {OPTIMIZERS.names()}")
   tx = OPTIMIZERS[name](opt_cfg, make_schedule(opt_cfg, d_model, total_steps))
+  if model_cfg is not None and mup.width_ratio(model_cfg) != 1.0:
+    if name not in ("adam", "lion"):
+      raise ConfigError(f"model.parametrization=mup with optimizer.name={name!r}: its width "
+                        f"scaling is defined for adam and lion only; use one of those")
+    tx = optax.chain(tx, mup_scaling(model_cfg))
   if opt_cfg.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(opt_cfg.grad_clip_norm), tx)
   return tx
