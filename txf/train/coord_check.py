@@ -41,7 +41,7 @@ _RECORDED = re.compile(r"^(embed|source_embed|target_embed|layer_\d+|self_attent
 
 @dataclasses.dataclass
 class CoordCheck:
-  """rms[layer][width] = [RMS of the layer's output before step 1, 2, ..., steps]."""
+  """``rms[layer][width]`` = [RMS of the layer's output before step 1, 2, ..., steps]."""
   widths: List[int]
   steps: int
   parametrization: str
