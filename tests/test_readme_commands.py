@@ -179,6 +179,10 @@ NOT_RUN = {
     "--config.data.source=text:ids --config.data.path=. --config.data.max_target_len=64 "
     "--config.num_train_steps=20 --config.batch_size=4": HUB_LLAMA,
     "txf export-hf --workdir runs/smollm2-ft --output exported/smollm2-ft": HUB_LLAMA,
+    'txf inspect --workdir runs/smollm2 --input "1 504 3458 282" --output inspect/smollm2': HUB_LLAMA,
+    "txf eval --workdir runs/smollm2-ft --split val": HUB_LLAMA,
+    "txf plan --config shakespeare_char --config.init_from=runs/smollm2 --config.data.max_target_len=64":
+        HUB_LLAMA,
     "txf import-hf gpt2 --workdir runs/gpt2": HUB_GPT2,
     'txf generate --workdir runs/gpt2 --prompt "ROMEO:" --max_new_tokens 60 --temperature 0': HUB_GPT2,
     "TXF_DATA=../shared/data txf train --config shakespeare_char --workdir runs/gpt2-shakespeare "

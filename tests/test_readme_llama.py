@@ -7,8 +7,9 @@ over 2 key/value heads, SmolLM2's 49,152 ids and rope_theta, tied) saved by tran
 save_pretrained at ``HuggingFaceTB/SmolLM2-135M`` (the Hub name read as a relative path: import-hf
 takes an existing directory before the Hub). One thing is appended, to the fine-tune only
 (``EXTRA``): fewer steps. Checked: each command exits 0 with no traceback; generate prints the
-prompt's ids and transformers' greedy continuation; the fine-tune moved the weights; the export
-loads in transformers with the fine-tuned run's logits. Needs torch and transformers (`pip
+prompt's ids and transformers' greedy continuation; inspect writes the intermediates; eval reports
+the fine-tuned run's loss on val; plan sizes a fine-tune of the import; the fine-tune moved the
+weights; the export loads in transformers with the fine-tuned run's logits. Needs torch and transformers (`pip
 install -e '.[hf]'`).
 """
 
@@ -38,7 +39,7 @@ EXTRA = "--config.num_train_steps=4 --config.eval_batches=1"
 def test_the_llama_section_runs_as_written(tmp_path, monkeypatch):
   monkeypatch.setattr(opus, "SECTION", SECTION)
   commands = opus.section_commands()
-  assert len(commands) == 5 and commands[0][1] == f"txf import-hf {HUB_NAME} --workdir runs/smollm2"
+  assert len(commands) == 8 and commands[0][1] == f"txf import-hf {HUB_NAME} --workdir runs/smollm2"
   assert all(rc.NOT_RUN.get(cmd) == rc.HUB_LLAMA for _, cmd in commands), commands
   clone = tmp_path / "clone"
   hub = clone / HUB_NAME
@@ -70,6 +71,8 @@ def test_the_llama_section_runs_as_written(tmp_path, monkeypatch):
   if 2 in out[4:]:
     out = out[:4 + out[4:].index(2)]
   assert outputs[1].split() == [str(i) for i in out]
+  assert (clone / "inspect" / "smollm2" / "intermediates.npz").is_file()
+  assert "loss" in outputs[5] and "peak" in outputs[6], (outputs[5][-500:], outputs[6][-500:])
   exported = transformers.AutoModelForCausalLM.from_pretrained(
       str(clone / "exported" / "smollm2-ft")).eval()
   from safetensors.numpy import load_file
