@@ -31,6 +31,7 @@ RESTARTS=0
 while :; do
   "$@" &
   CHILD=$!
+  if [ -n "$STOP" ]; then kill -TERM "$CHILD" 2>/dev/null; fi  # a signal that came before $! was known
   wait "$CHILD"
   STATUS=$?
   while kill -0 "$CHILD" 2>/dev/null; do  # wait returns early when the trap runs: wait again

@@ -198,7 +198,7 @@ n=$(cat "$FAKE_STATE" 2>/dev/null || echo 0); echo $((n + 1)) > "$FAKE_STATE"
 set -- $FAKE_ENDS; shift $n; end=${1:-0}
 echo "start $((n + 1)) requeue=$TXF_EXIT_RESUMABLE_ON_SIGNAL"
 if [ "$end" = k9 ]; then kill -9 $$; fi
-if [ "$end" = term ]; then trap 'exit 75' TERM; echo waiting; sleep 60 & wait; fi
+if [ "$end" = term ]; then trap 'kill $! 2>/dev/null; exit 75' TERM; echo waiting; sleep 60 >/dev/null & wait; fi
 exit $end
 """
 

@@ -16,6 +16,7 @@ uploaded whole at each row, and the event files are written in a local temporary
 up to ``tensorboard/`` at ``flush``/``close`` and at most every ``TB_UPLOAD_SECONDS`` while writing.
 """
 
+import atexit
 import json
 import os
 import secrets
@@ -76,6 +77,8 @@ class MetricWriter:
         if not self.local:
           self._tb_local = tempfile.mkdtemp(prefix="txf-tensorboard-")
         self._tb = writer(self._tb_local or self._tb_target)
+        # the event file now, so that this callback runs before tensorboardX's own (LIFO)
+        atexit.register(_quiet_close_at_exit, self._tb._get_file_writer())  # pylint: disable=protected-access
 
   def _bucket_text(self) -> str:
     """A bucket workdir's metrics.jsonl as it is now (read from the bucket once)."""
@@ -180,6 +183,28 @@ class MetricWriter:
       self._upload_events()
       shutil.rmtree(self._tb_local, ignore_errors=True)
       self._tb, self._tb_local = None, None
+
+
+def _quiet_close_at_exit(file_writer) -> None:
+  """At interpreter exit tensorboardX closes its event writer once more (its own atexit callback);
+  when the disk is full that close raises, and Python prints a traceback after the run's one-line
+  error, which has already said so. Make that last close drop an OSError: the events it could not
+  write are lost either way."""
+  event_writer = getattr(file_writer, "event_writer", None)
+  if event_writer is None:
+    return
+  close = event_writer.close
+
+  def close_dropping_disk_errors():
+    try:
+      close()
+    except OSError:  # the final flush met the full disk: end the writer's thread as close would
+      worker = getattr(event_writer, "_worker", None)
+      if worker is not None and worker.is_alive():
+        worker.stop()
+      event_writer._worker, event_writer._closed = None, True  # pylint: disable=protected-access
+
+  event_writer.close = close_dropping_disk_errors
 
 
 def start_wandb(workdir: str, run_config: Dict[str, Any]):
