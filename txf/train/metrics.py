@@ -16,9 +16,9 @@ uploaded whole at each row, and the event files are written in a local temporary
 up to ``tensorboard/`` at ``flush``/``close`` and at most every ``TB_UPLOAD_SECONDS`` while writing.
 """
 
-import atexit
 import json
 import os
+import queue
 import secrets
 import shutil
 import sys
@@ -77,8 +77,7 @@ class MetricWriter:
         if not self.local:
           self._tb_local = tempfile.mkdtemp(prefix="txf-tensorboard-")
         self._tb = writer(self._tb_local or self._tb_target)
-        # the event file now, so that this callback runs before tensorboardX's own (LIFO)
-        atexit.register(_quiet_close_at_exit, self._tb._get_file_writer())  # pylint: disable=protected-access
+        _guard_event_writer(self._tb._get_file_writer())  # pylint: disable=protected-access
 
   def _bucket_text(self) -> str:
     """A bucket workdir's metrics.jsonl as it is now (read from the bucket once)."""
@@ -106,9 +105,12 @@ class MetricWriter:
         self._text = self._bucket_text() + json.dumps(row) + "\n"
         write_bytes(self.path, self._text.encode("utf-8"))
     if self._tb is not None:
-      for k, v in row.items():
-        if k not in ("step", "split") and isinstance(v, float):
-          self._tb.add_scalar(f"{split}/{k}", v, step)
+      try:
+        for k, v in row.items():
+          if k not in ("step", "split") and isinstance(v, float):
+            self._tb.add_scalar(f"{split}/{k}", v, step)
+      except _WriterStopped:
+        self._writer_stopped()
       if self._tb_local is not None and time.monotonic() - self._uploaded > TB_UPLOAD_SECONDS:
         self._tb.flush()
         self._upload_events()
@@ -119,10 +121,25 @@ class MetricWriter:
         self._wandb.log(numbers, step=int(step))
     return row
 
+  def _writer_stopped(self) -> None:
+    """TensorBoard's writer thread has died (a write of its failed: a full disk). Flush its file
+    here, which raises the disk's error as the run's one ``txf: error:`` line (``disk_errors``);
+    when that flush succeeds (the disk has room again), TensorBoard logging ends with one warning
+    and metrics.jsonl goes on."""
+    target = self._tb_local or self._tb_target
+    with disk_errors(target):
+      self._tb._get_file_writer().event_writer._ev_writer.flush()  # pylint: disable=protected-access
+    print(f"txf: warning: TensorBoard's event writer stopped (writing {target} failed); "
+          "metrics.jsonl is written as usual", file=sys.stderr, flush=True)
+    self._tb = None
+
   def write_text(self, tag: str, text: str, step: int) -> None:
     """Log ``text`` to TensorBoard's Text tab under ``tag`` (shown as preformatted lines)."""
     if self.enabled and self._tb is not None:
-      self._tb.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
+      try:
+        self._tb.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
+      except _WriterStopped:
+        self._writer_stopped()
 
   def write_config(self, config: Dict, step: int = 0) -> None:
     """Log a run's config to TensorBoard: the whole JSON as text (tag ``config``) and its flat
@@ -131,6 +148,8 @@ class MetricWriter:
       return
     from tensorboardX.summary import hparams  # beside SummaryWriter: imported only when writing
     self.write_text("config", json.dumps(config, indent=2, sort_keys=True), step)
+    if self._tb is None:  # its writer stopped
+      return
     flat = {}
 
     def walk(prefix, node):
@@ -140,8 +159,11 @@ class MetricWriter:
         elif isinstance(v, (bool, int, float, str)):
           flat[prefix + k] = v
     walk("", config)
-    for summary in hparams(flat, {}):  # experiment, session start, session end
-      self._tb.file_writer.add_summary(summary, step)
+    try:
+      for summary in hparams(flat, {}):  # experiment, session start, session end
+        self._tb.file_writer.add_summary(summary, step)
+    except _WriterStopped:
+      self._writer_stopped()
 
   def truncate_after(self, step: int) -> None:
     """Drop rows logged after ``step`` (a resumed run re-logs them exactly)."""
@@ -178,32 +200,67 @@ class MetricWriter:
       self._wandb.finish()
       self._wandb = None
     if self._tb is not None:
-      self._tb.close()
+      with disk_errors(self._tb_local or self._tb_target):
+        self._tb.close()
     if self._tb_local is not None:
       self._upload_events()
       shutil.rmtree(self._tb_local, ignore_errors=True)
       self._tb, self._tb_local = None, None
 
 
-def _quiet_close_at_exit(file_writer) -> None:
-  """At interpreter exit tensorboardX closes its event writer once more (its own atexit callback);
-  when the disk is full that close raises, and Python prints a traceback after the run's one-line
-  error, which has already said so. Make that last close drop an OSError: the events it could not
-  write are lost either way."""
+class _WriterStopped(Exception):
+  """TensorBoard's event writer thread is no longer running: its queue is never emptied again."""
+
+
+def _guard_event_writer(file_writer) -> None:
+  """Keep tensorboardX's event writer from hanging or printing when a write of its fails (a full
+  disk). It hands each event to a thread through a queue of 10; when that thread dies, the queue
+  fills and the next ``add_event`` waits forever, and ``close`` (the run's, or tensorboardX's own
+  at interpreter exit, after the run's one-line error) raises or waits too. ``add_event`` now waits
+  at most a second at a time and raises ``_WriterStopped`` once the thread has ended; ``close``
+  drops a disk error and does not wait on a dead thread: the events it could not write are lost
+  either way."""
   event_writer = getattr(file_writer, "event_writer", None)
-  if event_writer is None:
+  events = getattr(event_writer, "_event_queue", None)
+  if events is None:
     return
   close = event_writer.close
 
-  def close_dropping_disk_errors():
+  def dead() -> bool:
+    worker = getattr(event_writer, "_worker", None)
+    return worker is None or not worker.is_alive()
+
+  def add_event(event) -> None:
+    while not event_writer._closed:  # pylint: disable=protected-access
+      if dead():
+        raise _WriterStopped()
+      try:
+        events.put(event, timeout=1.0)
+        return
+      except queue.Full:
+        continue
+
+  def end_without_the_thread() -> None:
+    try:
+      event_writer._ev_writer.close()  # pylint: disable=protected-access
+    except OSError:
+      pass
+    event_writer._worker, event_writer._closed = None, True  # pylint: disable=protected-access
+
+  def close_dropping_disk_errors() -> None:
+    if event_writer._closed:  # pylint: disable=protected-access
+      return
+    if dead():
+      end_without_the_thread()
+      return
     try:
       close()
     except OSError:  # the final flush met the full disk: end the writer's thread as close would
-      worker = getattr(event_writer, "_worker", None)
-      if worker is not None and worker.is_alive():
-        worker.stop()
-      event_writer._worker, event_writer._closed = None, True  # pylint: disable=protected-access
+      if not dead():
+        event_writer._worker.stop()  # pylint: disable=protected-access
+      end_without_the_thread()
 
+  event_writer.add_event = add_event
   event_writer.close = close_dropping_disk_errors
 
 
