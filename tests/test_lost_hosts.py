@@ -38,7 +38,8 @@ class Job:
   """Two `txf train` processes of one job, each in its own session (a host: killed or stopped
   as a whole); stderr lines are collected with the time they arrived."""
 
-  def __init__(self, workdir):
+  def __init__(self, workdir, faults=None):
+    """``faults``: {process: {FAULT_*: value}}, tests/faults.py's faults for that process."""
     with socket.socket() as s:
       s.bind(("127.0.0.1", 0))
       port = s.getsockname()[1]
@@ -47,7 +48,9 @@ class Job:
     for p in range(2):
       env = _env(TXF_COORDINATOR=f"127.0.0.1:{port}", TXF_NUM_PROCESSES="2", TXF_PROCESS_ID=str(p),
                  TXF_HEARTBEAT_TIMEOUT=str(HEARTBEAT), TXF_MALLOC="system")
-      proc = subprocess.Popen([sys.executable, "-m", "txf.cli", *ARGS, "--workdir", str(workdir)],
+      env.update((faults or {}).get(p, {}))
+      module = "tests.faults" if (faults or {}).get(p) else "txf.cli"
+      proc = subprocess.Popen([sys.executable, "-m", module, *ARGS, "--workdir", str(workdir)],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True, start_new_session=True)
       threading.Thread(target=self._read, args=(p, proc.stderr), daemon=True).start()
@@ -152,3 +155,23 @@ def test_a_lost_or_hung_process_is_one_line_and_exit_75_on_the_survivor(victim, 
     for a, b in zip(jax.tree_util.tree_leaves(workdir_lib.load_params(str(workdir))),
                     jax.tree_util.tree_leaves(workdir_lib.load_params(str(uninterrupted)))):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_save_that_fails_on_one_process_ends_the_job_at_once(tmp_path):
+  """The disk fills while process 0 writes checkpoint 8 in orbax's background thread: its write
+  fails there, the other process's succeeds. Orbax's finalize thread would then wait at a barrier
+  the other process never reaches, for orbax's 20-minute timeout (the chaos run met it); txf raises
+  the failure in the main thread at the next save, so both processes end with the disk's one line
+  within seconds."""
+  workdir = tmp_path / "run"
+  job = Job(workdir, faults={0: {"FAULT_DISK_FULL_IN_ASYNC_SAVE": "8"}})
+  try:
+    statuses = [job.wait(0, 240), job.wait(1, HEARTBEAT + 30)]
+    said = [job.after(p, 0) for p in (0, 1)]
+    assert statuses == [2, 2], (statuses, said)
+    for lines in said:
+      errors = [line for line in lines if line.startswith("txf: error:")]
+      assert len(errors) == 1 and "no space left on" in errors[0], lines
+    assert 8 not in checkpoints(workdir)
+  finally:
+    job.end()
