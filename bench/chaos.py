@@ -1,11 +1,13 @@
 """A chaos run: one real ``txf train`` job under a requeue loop, meeting faults in sequence.
 
   python -m bench.chaos --short                     # 5 faults, one process (CI's end-to-end tier)
-  python -m bench.chaos                             # 20 faults, a job of 2 processes
+  TXF_DATA=../shared/data python -m bench.chaos     # 20 faults, a Multi30k job of 2 processes
   python -m bench.chaos --faults 12 --processes 2 --seed 3 --dir runs/chaos
 
-The job is the copy task (experiments/copy.py, a tiny model, logging every step, a checkpoint every
-2 steps, an evaluation with decoding every few steps), one process or two (``parallelism=mesh``,
+The job is real: Multi30k en->de with packing, decoding and BLEU on (experiments/multi30k_en_de_tiny.py
+made small, the long mode's default; it needs the shared data: ``TXF_DATA=../shared/data`` or
+``--data``), or the copy task (experiments/copy.py, the short mode's); either logs every step,
+keeps a checkpoint every 2 steps and evaluates with decoding every few steps, in one process or two (``parallelism=mesh``,
 jax.distributed on 127.0.0.1, each process under txf's supervising parent as ``txf`` runs it). The
 loop plays the scheduler (SLURM with ``--requeue``, a TPU queued resource): it starts the job with
 ``TXF_EXIT_RESUMABLE_ON_SIGNAL=1``, as launch/slurm.sbatch and launch/tpu_pod.sh do, and starts it
@@ -65,14 +67,25 @@ HOOK_DELAY = "2"   # seconds a slowed checkpoint write or evaluation waits (test
 TIMING_KEYS = re.compile(r"seconds|per_second|_time")
 
 
-def job_args(steps: int, processes: int, eval_every: int) -> List[str]:
-  """The ``txf train`` flags of the job (the copy task, tiny, a checkpoint every 2 steps)."""
-  args = ["train", "--config", os.path.join(ROOT, "experiments", "copy.py"), "--progress=false",
-          "--config.batch_size=8", "--config.model.d_model=16", "--config.model.d_ff=32",
-          "--config.log_every=1", f"--config.eval_every={eval_every}",
-          "--config.checkpoint_every=2", "--config.keep_checkpoints=3",
-          "--config.decode_examples=8", "--config.num_samples=0",
-          f"--config.num_train_steps={steps}"]
+def job_args(steps: int, processes: int, eval_every: int, task: str = "copy") -> List[str]:
+  """The ``txf train`` flags of the job: ``task`` "copy" (experiments/copy.py, tiny) or "multi30k"
+  (experiments/multi30k_en_de_tiny.py made small: 2+2 layers of width 32, a 1000-piece joint BPE
+  trained at the first start, packed batches of 1,024 tokens, greedy decoding and BLEU at each
+  evaluation); a checkpoint every 2 steps, the last 3 kept, a log line every step."""
+  if task == "multi30k":
+    args = ["train", "--config", os.path.join(ROOT, "experiments", "multi30k_en_de_tiny.py"),
+            "--progress=false", "--config.model.d_model=32", "--config.model.num_heads=2",
+            "--config.model.d_ff=64", "--config.model.num_encoder_layers=2",
+            "--config.model.num_decoder_layers=2", "--config.data.vocab_size=1000",
+            "--config.data.tokens_per_batch=1024", "--config.eval_batches=2",
+            "--config.decode_examples=16", "--config.time_limit_minutes=0"]
+  else:
+    args = ["train", "--config", os.path.join(ROOT, "experiments", "copy.py"), "--progress=false",
+            "--config.batch_size=8", "--config.model.d_model=16", "--config.model.d_ff=32",
+            "--config.decode_examples=8"]
+  args += ["--config.log_every=1", f"--config.eval_every={eval_every}",
+           "--config.checkpoint_every=2", "--config.keep_checkpoints=3",
+           "--config.num_samples=0", f"--config.num_train_steps={steps}"]
   return args + (["--config.parallelism=mesh"] if processes > 1 else [])
 
 
@@ -228,11 +241,24 @@ def main(argv=None) -> int:
   parser.add_argument("--steps", type=int, default=None, help="train steps (default 4 a fault + 16)")
   parser.add_argument("--seed", type=int, default=0, help="draws the schedule")
   parser.add_argument("--dir", default="", help="where the runs go (default: a temporary folder)")
-  parser.add_argument("--timeout", type=float, default=1800, help="seconds for the chaos run")
+  parser.add_argument("--task", choices=("copy", "multi30k"), default=None,
+                      help="the job (default multi30k; short: copy)")
+  parser.add_argument("--data", default=os.environ.get("TXF_DATA", ""),
+                      help="the shared data folder for multi30k (default: $TXF_DATA)")
+  parser.add_argument("--timeout", type=float, default=None,
+                      help="seconds for the chaos run (default 3600; short 1800)")
   a = parser.parse_args(argv)
   faults = a.faults or (5 if a.short else 20)
   processes = a.processes or (1 if a.short else 2)
   steps = a.steps or (4 * faults + 16)
+  task = a.task or ("copy" if a.short else "multi30k")
+  a.timeout = a.timeout or (1800 if a.short else 3600)
+  if task == "multi30k":
+    found = os.path.join(a.data, "multi30k", "tok", "train.lc.norm.tok.en") if a.data else ""
+    if not found or not os.path.isfile(found):
+      print("txf: error: the Multi30k job needs the shared data: pass --data ../shared/data or set "
+            "TXF_DATA (a folder with multi30k/tok/), or run --task copy", file=sys.stderr)
+      return 2
   base = os.path.abspath(a.dir) if a.dir else tempfile.mkdtemp(prefix="txf-chaos-")
   os.makedirs(base, exist_ok=True)
   cache, disk = os.path.join(base, "cache"), os.path.join(base, "disk")
@@ -245,9 +271,11 @@ def main(argv=None) -> int:
     kinds.remove("disk_full")
   workdir, reference = os.path.join(disk, "run"), os.path.join(base, "reference")
   plan = schedule(a.seed, faults, steps, a.short, kinds)
-  args = job_args(steps, processes, eval_every=6 if a.short else 8)
+  args = job_args(steps, processes, eval_every=6 if a.short else 8, task=task)
   env = base_env(cache)
-  print(f"chaos: {processes} process(es), copy task, {steps} steps, {faults} faults (seed "
+  if task == "multi30k":
+    env["TXF_DATA"] = os.path.abspath(a.data)
+  print(f"chaos: {processes} process(es), {task} task, {steps} steps, {faults} faults (seed "
         f"{a.seed}): " + ", ".join(f"{f['kind']}@{f['step']}" for f in plan), flush=True)
   try:
     ref: Dict = {}

@@ -96,3 +96,23 @@ def test_the_short_chaos_run_ends_bit_identical(tmp_path):
   assert "over one line per fault met: 0" in r.stdout, out
   assert "metrics.jsonl rows equal (timings aside): yes" in r.stdout, out
   assert "final parameters equal (bit for bit): yes" in r.stdout, out
+
+
+def test_the_multi30k_job_without_its_data_is_one_error_line(capsys, tmp_path):
+  assert chaos.main(["--task", "multi30k", "--data", str(tmp_path), "--dir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("txf: error: the Multi30k job needs the shared data")
+
+
+def test_the_multi30k_job_is_packed_and_decodes():
+  """The long mode's job: Multi30k en->de with packing on and decoding at each evaluation,
+  checkpointed every 2 steps; the copy task's flags are those the short mode always had."""
+  args = chaos.job_args(96, 2, eval_every=8, task="multi30k")
+  assert args[:3] == ["train", "--config", os.path.join(ROOT, "experiments", "multi30k_en_de_tiny.py")]
+  assert "--config.parallelism=mesh" in args and "--config.checkpoint_every=2" in args
+  assert "--config.data.packing=false" not in args and "--config.decode_examples=16" in args
+  from txf.core.config import load_experiment  # pylint: disable=import-outside-toplevel
+  config = load_experiment(args[2])
+  assert config.data.packing and config.bleu_protocol == "tok-lc"
+  copy = chaos.job_args(36, 1, eval_every=6)
+  assert "--config.decode_examples=8" in copy and "--config.parallelism=mesh" not in copy
