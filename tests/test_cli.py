@@ -194,7 +194,7 @@ FLAGS_BEFORE = {
               "emit": ("string enum", None), "sbatch": ("multi string", []), "report": ("bool", True),
               "fit": ("bool", False), "predict": ("string", ""), "bootstrap": ("int", 1000)},
     "coord-check": {"config": ("config object", DEFAULT_CONFIG), "widths": ("string", "64,128,256,512"),
-                    "steps": ("int", 5), "seeds": ("int", 3), "learning_rate": ("float", 0.0),
+                    "steps": ("int", 5), "seeds": ("int", 16), "learning_rate": ("float", 0.0),
                     "out": ("string", None)},
     "plan": {"config": ("config object", DEFAULT_CONFIG), "devices": ("int", 0),
              "vocab_size": ("int", 0), "device_peak_tflops": ("float", 0.0), "mfu": ("float", 0.4),

@@ -265,7 +265,7 @@ NOT_RUN = {
         "a benchmark: tests/test_bench.py runs its --num_kv_heads comparison",
     "python -m bench.memory": "a benchmark: tests/test_bench.py",
     "python -m bench.chaos --short": "a chaos run of minutes: tests/test_chaos.py runs it (slow tier)",
-    "python -m bench.chaos": "a chaos run of 20 faults on 2 processes, many minutes (docs/checkpoints.md)",
+    "TXF_DATA=../shared/data python -m bench.chaos": "a chaos run of 20 faults on 2 processes of a Multi30k job, over ten minutes (needs the shared data)",
     "launch/requeue.sh python3 -m txf.cli train --config=experiments/copy.py "
     "--workdir=runs/copy_requeued": "a loop around a whole training: tests/test_launchers.py runs "
                                     "requeue.sh with a stand-in command",

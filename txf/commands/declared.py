@@ -293,7 +293,7 @@ def coord_check(fv: flags.FlagValues) -> None:
   flags.DEFINE_string("widths", "64,128,256,512", "the widths (d_model), comma-separated",
                       flag_values=fv)
   flags.DEFINE_integer("steps", 5, "training steps recorded at each width", flag_values=fv)
-  flags.DEFINE_integer("seeds", 3, "runs per width (seeds config.seed + 0, 1, ...) whose RMS are "
+  flags.DEFINE_integer("seeds", 16, "runs per width (seeds config.seed + 0, 1, ...) whose RMS are "
                        "averaged", flag_values=fv)
   flags.DEFINE_float("learning_rate", 0.0, "the constant rate of the steps (0 = the experiment's "
                      "optimizer.learning_rate)", flag_values=fv)
