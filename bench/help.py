@@ -20,10 +20,11 @@ import sys
 import time
 from typing import Dict, List, Sequence, Tuple
 
+from txf.commands.declared import COMMANDS as DECLARED
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = ("--help",)
-COMMANDS = ("train", "translate", "classify", "eval", "generate", "average-checkpoints", "bench",
-            "info", "sweep", "plan", "import-hf", "export-hf", "prepare-data")
+COMMANDS = tuple(DECLARED)  # every command txf declares (txf.commands.declared: no jax imported)
 
 
 def timed(args: Sequence[str], env: Dict[str, str]) -> Tuple[float, float]:
