@@ -7,7 +7,7 @@ naming a component kind txf lacks.
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from txf.data.base import DataError
-from txf.data.tokjson_steps import CHAR_BYTES, pattern_of
+from txf.data.tokjson_steps import CHAR_BYTES, chain, pattern_of
 
 
 # ------------------------------------------------------------------------------------ decoders
@@ -120,13 +120,7 @@ def decoder_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[List[str]], L
     return lambda tokens: [t.replace(suffix, "" if i == len(tokens) - 1 else " ")
                            for i, t in enumerate(tokens)]
   if kind == "Sequence":
-    steps = [decoder_from_spec(s) for s in spec["decoders"]]
-
-    def run(tokens: List[str]) -> List[str]:
-      for step in steps:
-        tokens = step(tokens)
-      return tokens
-    return run
+    return chain([decoder_from_spec(s) for s in spec["decoders"]])
   raise DataError(f"tokenizer.json: decoder {kind!r} is not supported by txf")
 
 

@@ -162,13 +162,7 @@ def normalizer_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[str], str]
   if kind == "Nmt":
     return _nmt
   if kind == "Sequence":
-    steps = [normalizer_from_spec(s) for s in spec["normalizers"]]
-
-    def run(text: str) -> str:
-      for step in steps:
-        text = step(text)
-      return text
-    return run
+    return chain([normalizer_from_spec(s) for s in spec["normalizers"]])
   raise DataError(f"tokenizer.json: normalizer {kind!r} is not supported by txf")
 
 
@@ -178,6 +172,16 @@ def _nmt(text: str) -> str:
   space = {0x09, 0x0A, 0x0C, 0x0D, 0x1680, 0x200B, 0x200C, 0x200D, 0x200E, 0x200F, 0x2028, 0x2029,
            0x2581, 0xFEFF, 0xFFFD}
   return "".join(" " if ord(c) in space else c for c in text if ord(c) not in drop)
+
+
+def chain(steps: Sequence[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+  """A tokenizer.json ``Sequence`` (of normalizers, pre-tokenizers or decoders): x -> each step in
+  turn, step_n(... step_1(x))."""
+  def run(x):
+    for step in steps:
+      x = step(x)
+    return x
+  return run
 
 
 # ------------------------------------------------------------------------------ pre-tokenizers
@@ -317,11 +321,5 @@ def pre_tokenizer_from_spec(spec: Optional[Dict[str, Any]]) -> Callable[[List[Pi
   if kind == "Split":
     return _split(spec)
   if kind == "Sequence":
-    steps = [pre_tokenizer_from_spec(s) for s in spec["pretokenizers"]]
-
-    def run(pieces: List[Piece]) -> List[Piece]:
-      for step in steps:
-        pieces = step(pieces)
-      return pieces
-    return run
+    return chain([pre_tokenizer_from_spec(s) for s in spec["pretokenizers"]])
   raise DataError(f"tokenizer.json: pre-tokenizer {kind!r} is not supported by txf")
