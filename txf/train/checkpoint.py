@@ -49,6 +49,7 @@ from txf.runtime import workdir as workdir_lib
 from txf.core import specs
 from txf.core.errors import TxfError
 from txf.models import model_config_for, unpad_vocab
+from txf.train.failed_saves import FailedSaves
 
 FORMAT_VERSION = 1
 STATE, META = "state", "meta"
@@ -103,30 +104,6 @@ def _abstract(leaf):
   return leaf
 
 
-def _catch_failed_saves(manager, failed: List[BaseException]) -> None:
-  """Record in ``failed`` the error of each of ``manager``'s background saves that fails.
-
-  With several processes, orbax keeps a failed write's error in its save thread; its finalize
-  thread then raises it and waits at a barrier that the other processes, still waiting at the
-  write's own barrier, never reach (a full disk on one host: both wait out orbax's 20-minute
-  barrier timeout, each alive, while the main thread waits on the finalize thread). Recording
-  the error as the save thread ends lets ``Checkpointer._wait_for_save`` raise it in the main
-  thread, which ends the run on every process with its one line. Nothing is patched where
-  orbax's save thread is not found (another orbax version): the wait is then orbax's."""
-  async_manager = getattr(getattr(manager, "_checkpointer", None), "_async_manager", None)
-  run = getattr(async_manager, "_thread_func", None)
-  if run is None:
-    return
-
-  def thread_func(*args, **kwargs):
-    run(*args, **kwargs)
-    error = getattr(async_manager, "_exception", None)
-    if error is not None and not getattr(async_manager, "_cancel_requested", False):
-      failed.append(error)
-
-  async_manager._thread_func = thread_func  # pylint: disable=protected-access
-
-
 class Checkpointer:
   """Save and restore a run's checkpoints (one instance per run; call ``close()`` at the end).
 
@@ -173,11 +150,9 @@ class Checkpointer:
       raise CheckpointError(f"no checkpoints in {self.directory}: train a run there first")
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           handler_registry=registry)
-    self._failed_saves: List[BaseException] = []
-    self._failed_before = False  # a failed save was raised: its finalize thread may never end
-    self._several = jax.process_count() > 1 and not self.read_only and async_save
-    if self._several:
-      _catch_failed_saves(self._manager, self._failed_saves)
+    # several processes: a failed background save is raised at once (txf.train.failed_saves)
+    self._saves = FailedSaves(self._manager, jax.process_count() > 1 and not self.read_only
+                              and async_save)
 
   # -- what is there -------------------------------------------------------------------------
 
@@ -208,7 +183,7 @@ class Checkpointer:
     loop_state: JSON-serialisable extras the loop needs to resume exactly.
     Waits for the previous save first. Every process must call it.
     """
-    self._wait_for_save()
+    self._saves.wait()
     if step in self._manager.all_steps():
       return False
     meta = {"format": FORMAT_VERSION, "step": int(step), "seed": self.seed,
@@ -230,31 +205,15 @@ class Checkpointer:
 
   def wait(self) -> None:
     """Block until the save in flight (if any) is on disk; raises if it failed."""
-    self._wait_for_save()
+    self._saves.wait()
     self._manager.wait_until_finished()
 
   def close(self) -> None:
     """Wait for the save in flight and release orbax's resources (with several processes, after
     a failed save: neither, as orbax's own close would wait on its stuck finalize thread)."""
-    self._wait_for_save()
-    if not self._failed_before:
+    self._saves.wait()
+    if not self._saves.failed_before:
       self._manager.close()
-
-  def _wait_for_save(self) -> None:
-    """With several processes: wait here for the save in flight, raising its error as soon as
-    this process's background write has failed (``_catch_failed_saves``), not after orbax's
-    20-minute barrier timeout. One process: nothing (orbax raises the error itself)."""
-    if not self._several:
-      return
-    holder = getattr(self._manager, "_finalize_thread", None)
-    while True:
-      if self._failed_saves:
-        self._failed_before = True
-        raise self._failed_saves.pop(0)
-      thread = holder.get() if holder is not None else None
-      if self._failed_before or thread is None or not thread.is_alive():
-        return  # after a failure (already raised) the finalize thread may never end
-      thread.join(0.1)
 
   # -- restoring -------------------------------------------------------------------------------
 
