@@ -32,7 +32,8 @@ drawn from the eight), on a process drawn among the job's:
                 for the run; skipped with the reason where it cannot be mounted), and is freed once
                 the job has ended
   corrupt_cache an entry of the compilation cache cut to a third (one of jax's, and with one
-                process a kept program too), met at the job's next start
+                process a kept program too), met at the next start that compiles its program
+                (the start that prints the cache's one line)
 
 At the end ``metrics.jsonl`` (timings aside) and the final parameters are compared with the same job
 run without faults (beside it with ``--short``, before it otherwise), and a table says: the faults
@@ -65,6 +66,7 @@ KINDS = ("kill", "stop", "term", "kill_in_save", "kill_in_eval", "truncate", "di
 RESTARTS = {"kill", "term", "kill_in_save", "kill_in_eval", "truncate", "disk_full"}
 HOOK_DELAY = "2"   # seconds a slowed checkpoint write or evaluation waits (tests/faults.py)
 TIMING_KEYS = re.compile(r"seconds|per_second|_time")
+CACHE_LINE = "txf: warning: compilation cache:"  # the one line a run prints for corrupt entries
 
 
 def job_args(steps: int, processes: int, eval_every: int, task: str = "copy") -> List[str]:
@@ -168,6 +170,7 @@ def run_job(args, workdir: str, processes: int, env: Dict[str, str], plan: List[
   (statuses, stderr lines, faults met), the faults injected, and whether it ended by itself."""
   pending, injected, starts = [dict(f) for f in plan], [], []
   rng, planted, began = random.Random(seed + 1), 0, time.time()
+  caches = 0  # corrupt cache entries planted whose line has not been printed yet
   while True:
     attempt = Attempt(args, workdir, processes, {**env, **hooks_env(pending)})
     met, planted, fired, todo = planted, 0, 0, {}
@@ -180,7 +183,8 @@ def run_job(args, workdir: str, processes: int, env: Dict[str, str], plan: List[
         todo.update(inject(fault, attempt, processes, cache, disk, rng))
         injected.append(fault)
         fired += 1
-        planted += fault["kind"] in ("truncate", "corrupt_cache")
+        planted += fault["kind"] == "truncate"   # met by the next start, which restores
+        caches += fault["kind"] == "corrupt_cache"  # met by the first start that loads that program
         restarting = fault["kind"] in RESTARTS or "stopped" in todo
       time.sleep(0.05)
     if attempt.running():  # past the time allowed: ended, as a scheduler's time limit does
@@ -192,7 +196,12 @@ def run_job(args, workdir: str, processes: int, env: Dict[str, str], plan: List[
     for fault in injected:
       if fault["kind"] == "truncate" and "cut" not in fault:
         fault["cut"] = truncate_latest(workdir, processes)
-    starts.append({"statuses": statuses, "allowed": fired + met,
+    # a corrupt cache entry is met where its program is next compiled: the start that prints
+    # the cache's line (one per run at most), the next one or a later one
+    healed = caches > 0 and any(CACHE_LINE in line for lines in attempt.lines.values()
+                                for line in lines)
+    caches -= healed
+    starts.append({"statuses": statuses, "allowed": fired + met + healed,
                    "lines": {p: list(v) for p, v in attempt.lines.items()},
                    "seconds": time.time() - attempt.started})
     done = all(s == 0 for s in statuses)
