@@ -16,6 +16,7 @@ uploaded whole at each row, and the event files are written in a local temporary
 up to ``tensorboard/`` at ``flush``/``close`` and at most every ``TB_UPLOAD_SECONDS`` while writing.
 """
 
+import contextlib
 import json
 import os
 import queue
@@ -105,12 +106,10 @@ class MetricWriter:
         self._text = self._bucket_text() + json.dumps(row) + "\n"
         write_bytes(self.path, self._text.encode("utf-8"))
     if self._tb is not None:
-      try:
+      with self._event_writes():
         for k, v in row.items():
           if k not in ("step", "split") and isinstance(v, float):
             self._tb.add_scalar(f"{split}/{k}", v, step)
-      except _WriterStopped:
-        self._writer_stopped()
       if self._tb_local is not None and time.monotonic() - self._uploaded > TB_UPLOAD_SECONDS:
         self._tb.flush()
         self._upload_events()
@@ -120,6 +119,15 @@ class MetricWriter:
       if step >= (self._wandb.step or 0):  # a resumed run's re-logged steps: W&B has them
         self._wandb.log(numbers, step=int(step))
     return row
+
+  @contextlib.contextmanager
+  def _event_writes(self):
+    """Run TensorBoard writes; when its writer thread has died, end TensorBoard logging there
+    (``_writer_stopped``) instead of raising."""
+    try:
+      yield
+    except _WriterStopped:
+      self._writer_stopped()
 
   def _writer_stopped(self) -> None:
     """TensorBoard's writer thread has died (a write of its failed: a full disk). Flush its file
@@ -136,10 +144,8 @@ class MetricWriter:
   def write_text(self, tag: str, text: str, step: int) -> None:
     """Log ``text`` to TensorBoard's Text tab under ``tag`` (shown as preformatted lines)."""
     if self.enabled and self._tb is not None:
-      try:
+      with self._event_writes():
         self._tb.add_text(tag, "\n".join("    " + line for line in text.splitlines()), step)
-      except _WriterStopped:
-        self._writer_stopped()
 
   def write_config(self, config: Dict, step: int = 0) -> None:
     """Log a run's config to TensorBoard: the whole JSON as text (tag ``config``) and its flat
@@ -159,11 +165,9 @@ class MetricWriter:
         elif isinstance(v, (bool, int, float, str)):
           flat[prefix + k] = v
     walk("", config)
-    try:
+    with self._event_writes():
       for summary in hparams(flat, {}):  # experiment, session start, session end
         self._tb.file_writer.add_summary(summary, step)
-    except _WriterStopped:
-      self._writer_stopped()
 
   def truncate_after(self, step: int) -> None:
     """Drop rows logged after ``step`` (a resumed run re-logs them exactly)."""
