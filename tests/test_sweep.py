@@ -121,6 +121,19 @@ def test_a_missing_sweep_file_and_a_root_without_a_sweep(tmp_path):
 
 # -- emitted for a scheduler ---------------------------------------------------------------------------
 
+def test_a_sweep_folder_is_read_where_it_is_after_a_move_or_from_another_directory(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  sweep = grid.load_sweep(write_spec(tmp_path, seeds=1), os.path.join("runs", "s"))
+  grid.write_sweep(sweep)
+  os.rename(tmp_path / "runs" / "s", tmp_path / "moved")
+  read = grid.read_sweep(str(tmp_path / "moved"))
+  assert read.root == str(tmp_path / "moved")
+  assert [r.workdir for r in read.runs] == [str(tmp_path / "moved" / r.arm / "seed-0") for r in sweep.runs]
+  assert [r.log for r in read.runs] == [str(tmp_path / "moved" / r.arm / "seed-0.log") for r in sweep.runs]
+  monkeypatch.chdir(tmp_path / "moved")
+  assert [r.workdir for r in grid.read_sweep(".").runs] == [os.path.join(r.arm, "seed-0") for r in sweep.runs]
+
+
 def test_emitted_commands_are_one_txf_train_per_run_that_a_shell_splits_back(tmp_path):
   sweep = grid.load_sweep(write_spec(tmp_path, overrides={"name": "two words"}), str(tmp_path / "r"))
   lines = runner.emit_commands(sweep).splitlines()

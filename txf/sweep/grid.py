@@ -398,4 +398,18 @@ def read_sweep(root: str) -> Sweep:
     raise SweepError(f"{root} holds no sweep (no {SWEEP_FILE}): run `txf sweep SWEEP_FILE --root "
                      f"{root}` (or --emit) first")
   with open(path, encoding="utf-8") as f:
-    return Sweep.from_dict(json.load(f))
+    sweep = Sweep.from_dict(json.load(f))
+  return rebased(sweep, root)
+
+
+def rebased(sweep: Sweep, root: str) -> Sweep:
+  """``sweep`` with its root, and every run's workdir and log under it, moved to ``root``: a sweep
+  folder read from another directory than the one it ran from, or moved or copied (off a
+  cluster), is read where it now is, not where it was written."""
+  old = sweep.root or root
+
+  def move(path: str) -> str:
+    return os.path.normpath(os.path.join(root, os.path.relpath(path, old))) if path else path
+
+  runs = [dataclasses.replace(run, workdir=move(run.workdir), log=move(run.log)) for run in sweep.runs]
+  return dataclasses.replace(sweep, root=root, runs=runs)
