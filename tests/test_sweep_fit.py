@@ -61,6 +61,22 @@ def test_intervals_cover_the_true_exponents_on_200_synthetic_ladders():
     assert covered >= 0.85, (name, covered)
 
 
+@pytest.mark.slow
+def test_the_interval_of_a_held_out_cell_covers_its_new_runs_on_200_synthetic_ladders():
+  """The largest cell left out of each of 200 synthetic ladders: the joint law fitted on the other
+  11 cells predicts the mean of the cell's 3 runs (drawn with the same noise) inside its 90%
+  interval (Fit.predict_runs) in at least 85% of the ladders."""
+  rng = np.random.default_rng(1)
+  largest = np.all(X == CELLS[-1], axis=1)
+  ys = fit.law(TRUE, X)[None] + SIGMA * rng.standard_normal((200, len(X)))
+  fits = fit.bootstrap_many(X[~largest], ys[:, ~largest], 100, rng)
+  covered = []
+  for f, y in zip(fits, ys):
+    _, lo, hi = f.predict_runs(CELLS[-1], int(largest.sum()))
+    covered.append(lo <= y[largest].mean() <= hi)
+  assert np.mean(covered) >= 0.85, np.mean(covered)
+
+
 def _fake_ladder_run(workdir, d_model, steps, value):
   """A complete run of the ladder: params.msgpack with a 2-layer FFN-sized tree, config.json,
   metrics.jsonl with eval/loss at its last step, a checkpoint."""
@@ -120,6 +136,32 @@ def test_the_fit_report_from_fake_runs(tmp_path):
     scaling.parse_predict("N=big")
 
 
+def test_the_laws_fitted_without_the_largest_arm_predict_it(tmp_path):
+  """--holdout: the largest cell's two runs are left out of every fit; L(D) at the largest N then
+  has 2 token budgets and is left out; L(N) and the joint law predict the cell, and their intervals
+  hold the true law's value there (the intervals' coverage of new runs: the slow test below)."""
+  sweep = _fake_ladder(tmp_path)
+  largest = list(sweep.arms)[-1]
+  text, paths = scaling.write_fit_report(sweep, None, 200, holdout=largest)
+  saved = json.load(open(paths["json"]))
+  assert len(saved["points"]) == 22 and len(saved["held_out"]["points"]) == 2
+  assert [law["names"] for law in saved["laws"]] == [["N"], ["N", "D"]]
+  n, d = 24.0 * 128 ** 2, 4096.0 * 400
+  truth = float(fit.law(TRUE, np.array([[n, d]]))[0])
+  observed = np.mean([p[2] for p in saved["held_out"]["points"]])
+  rows = saved["held_out"]["predictions"]
+  assert len(rows) == 2
+  for row in rows:
+    assert row["lo"] <= truth <= row["hi"] and row["observed"] == pytest.approx(observed)
+    assert row["inside"] == (row["lo"] <= observed <= row["hi"])
+    assert abs(row["predicted"] - truth) < 0.01, row
+  assert f"## Held out: {largest}" in text
+  assert [line.rsplit("|", 2)[1].strip() for line in text.splitlines() if line.startswith("| L(")][-2:] == \
+      ["yes" if row["inside"] else "no" for row in rows]
+  with pytest.raises(TxfError, match="is not an arm of sweep"):
+    scaling.write_fit_report(sweep, None, 50, holdout="d_model=1000")
+
+
 @pytest.mark.slow
 def test_txf_sweep_report_fit_through_the_command_line(tmp_path):
   sweep = _fake_ladder(tmp_path)
@@ -130,3 +172,8 @@ def test_txf_sweep_report_fit_through_the_command_line(tmp_path):
   _check_fit_report(sweep.root, text)
   bad = run_txf("sweep", "report", sweep.root, "--fit", "--predict=N=big")
   assert bad.returncode == 2 and bad.stderr.strip().startswith("txf: error: --predict='N=big'")
+  bad = run_txf("sweep", "report", sweep.root, "--fit", "--holdout=nothing")
+  assert bad.returncode == 2 and bad.stderr.strip().startswith("txf: error: --holdout='nothing' is "
+                                                               "not an arm")
+  bad = run_txf("sweep", "report", sweep.root, "--holdout", list(sweep.arms)[-1])
+  assert bad.returncode == 2 and "--holdout needs --fit" in bad.stderr

@@ -256,7 +256,8 @@ def sweep(fv: flags.FlagValues) -> None:
   Welch's t-test against the baseline (report.md, report.csv, report.png under ROOT). With
   ``--fit`` the report also fits L(N), L(D) and L(N, D) = E + A/N^alpha + B/D^beta over the runs'
   sizes with 90% bootstrap intervals (fit.md, fit.json, fit.png), ``--predict N=...,D=...`` giving
-  the law's prediction there. See docs/sweeps.md.
+  the law's prediction there, ``--holdout ARM`` fitting without that arm and checking the
+  prediction against it. See docs/sweeps.md.
   """
   flags.DEFINE_string("root", None, "the sweep's folder (default: runs/sweeps/<sweep name>)",
                       flag_values=fv)
@@ -276,6 +277,9 @@ def sweep(fv: flags.FlagValues) -> None:
                       "predict the metric, with its interval, e.g. --predict N=2e6,D=5e6",
                       flag_values=fv)
   flags.DEFINE_integer("bootstrap", 1000, "with --fit: bootstrap draws of the intervals", flag_values=fv)
+  flags.DEFINE_string("holdout", "", "with --fit: an arm left out of the fits, whose mean the laws then "
+                      "predict with their interval (does the law predict a run it has not seen?)",
+                      flag_values=fv)
 
 
 def coord_check(fv: flags.FlagValues) -> None:

@@ -16,14 +16,23 @@ def _fit(sweep) -> None:
   """--fit: the scaling-law fits of the sweep's runs, printed and written under its root."""
   fl = flags.FLAGS
   if not fl.fit:
-    if fl.predict:
-      raise TxfError("--predict needs --fit (it is the fitted laws' prediction)")
+    for name in ("predict", "holdout"):
+      if fl[name].value:
+        raise TxfError(f"--{name} needs --fit (it is about the fitted laws)")
     return
   if fl.bootstrap < 20:
     raise TxfError(f"--bootstrap={fl.bootstrap}: the 90% intervals need at least 20 draws (1000 "
                    f"by default)")
-  text, paths = write_fit_report(sweep, parse_predict(fl.predict), fl.bootstrap)
+  text, paths = write_fit_report(sweep, parse_predict(fl.predict), fl.bootstrap, fl.holdout)
   print("\n" + text + f"\nwritten: {', '.join(paths.values())}", flush=True)
+
+
+def _check_holdout(sweep) -> None:
+  """A --holdout that names no arm is refused before anything runs."""
+  arm = flags.FLAGS.holdout
+  if arm and arm not in sweep.arms:
+    raise TxfError(f"--holdout={arm!r} is not an arm of sweep {sweep.name}: give one of "
+                   f"{', '.join(sweep.arms)}")
 
 
 def main(argv):
@@ -33,6 +42,7 @@ def main(argv):
     if len(args) != 2:
       raise TxfError("usage: txf sweep report ROOT (the folder of a sweep)")
     sweep = read_sweep(args[1])
+    _check_holdout(sweep)
     text, paths = write_report(sweep)
     print(text + f"\nwritten: {', '.join(paths.values())}")
     _fit(sweep)
@@ -44,6 +54,7 @@ def main(argv):
   if fl.parallel < 1:
     raise TxfError(f"--parallel={fl.parallel} must be at least 1")
   sweep = load_sweep(args[0], fl.root, parse_sets(fl["set"].value))
+  _check_holdout(sweep)
   write_sweep(sweep)
   if fl.emit == "commands":
     sys.stdout.write(emit_commands(sweep))

@@ -164,6 +164,18 @@ class Fit:
     at = np.asarray(point, np.float64)[None, :]
     return (float(law(self.params, at)[0]),) + self.interval(law(self.draws, at)[:, 0])
 
+  def predict_runs(self, point: Sequence[float], runs: int, seed: int = 0) -> Tuple[float, float, float]:
+    """(L at ``point`` [k], and the interval of the mean of ``runs`` new runs there): each draw's
+    law at the point plus the mean of ``runs`` residuals of the point fit drawn with replacement
+    (inflated by sqrt(n / (n - p)), as the bootstrap's), so the interval holds the new runs' own
+    seed noise and the law's misfit besides the uncertainty of its parameters."""
+    at = np.asarray(point, np.float64)[None, :]
+    n, p = len(self.y), len(self.params)
+    residuals = (self.y - law(self.params, self.x)) * np.sqrt(n / max(n - p, 1))
+    picks = np.random.default_rng(seed).integers(0, n, size=(len(self.draws), runs))
+    values = law(self.draws, at)[:, 0] + residuals[picks].mean(1)
+    return (float(law(self.params, at)[0]),) + self.interval(values)
+
 
 def bootstrap_fit(x: np.ndarray, y: np.ndarray, names: Sequence[str], draws: int = BOOTSTRAP_DRAWS,
                   seed: int = 0) -> Fit:
