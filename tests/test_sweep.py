@@ -310,6 +310,30 @@ def test_run_values_final_min_max_and_a_relogged_step_keeps_its_last_value(tmp_p
   assert report.run_value(missing, "eval/loss", "final") == (None, "not run")
 
 
+def test_each_arms_curve_is_the_mean_of_its_runs_at_each_step_with_a_student_t_band(tmp_path):
+  """curve_bands / report_curves.csv against scipy's t interval; a step only some seeds reached
+  (a run cut short) has their n; an arm with one run has its mean and no band."""
+  sweep = grid.load_sweep(write_spec(tmp_path, seeds=3), str(tmp_path / "r"))
+  curves = {("base", 0): [(2, 3.0), (4, 2.0), (6, 1.5)], ("base", 1): [(2, 3.4), (4, 2.6), (6, 1.9)],
+            ("base", 2): [(2, 2.9), (4, 2.3)], ("rms", 0): [(2, 3.1), (4, 2.2), (6, 1.2)]}
+  for run in sweep.runs:
+    if (run.arm, run.seed) in curves:
+      fake_run(run.workdir, 6, rows_of(curves[(run.arm, run.seed)]))
+  base, rms = report.curve_bands(sweep, "eval/loss")
+  assert base.arm == "base" and list(base.steps) == [2, 4, 6] and list(rms.steps) == [2, 4, 6]
+  for i, step in enumerate((2, 4, 6)):
+    values = [v for seed in range(3) for s, v in curves.get(("base", seed), []) if s == step]
+    lo, hi = scipy_stats.t.interval(0.95, len(values) - 1, loc=np.mean(values),
+                                    scale=scipy_stats.sem(values))
+    assert base.summaries[i].n == len(values) == (3 if step < 6 else 2)
+    assert base.column("mean")[i] == pytest.approx(np.mean(values), rel=1e-12)
+    assert (base.column("ci_low")[i], base.column("ci_high")[i]) == pytest.approx((lo, hi), rel=1e-9)
+  assert list(rms.column("mean")) == [3.1, 2.2, 1.2] and np.isnan(rms.column("ci_low")).all()
+  table = list(csv.DictReader(io.StringIO(report.curves_csv_text(sweep, ["eval/loss"]))))
+  assert len(table) == 6 and table[2]["arm"] == "base" and table[2]["step"] == "6"
+  assert table[2]["n"] == "2" and float(table[2]["mean"]) == pytest.approx(1.7)
+
+
 @pytest.mark.slow  # end to end (subprocesses, whole runs or many programs): the slow tier
 def test_the_report_table_csv_and_figure_from_fake_runs(tmp_path):
   sweep = grid.load_sweep(write_spec(tmp_path, seeds=3), str(tmp_path / "r"))

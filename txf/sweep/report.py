@@ -1,7 +1,8 @@
 """A sweep's report: each run's value of the metric, the per-arm statistics and the tests against
 the baseline (txf.sweep.stats), as a Markdown table (printed and written to report.md), a CSV
-(report.csv) and a figure (report.png: per-arm values with their intervals, and every run's curves
-coloured by arm). A run that is not complete, or that never logged the metric, is counted as
+(report.csv), each arm's curves averaged over its seeds with their intervals (report_curves.csv)
+and a figure (report.png: per-arm values with their intervals, every run's curves and each arm's
+mean curve with its band, coloured by arm). A run that is not complete, or that never logged the metric, is counted as
 missing and named under the table.
 """
 
@@ -24,6 +25,7 @@ from txf.sweep.stats import CONFIDENCE, Summary, Welch, summarize, welch
 
 REPORT_MD, REPORT_CSV, REPORT_PNG = "report.md", "report.csv", "report.png"
 REPORT_METRICS_CSV = "report_metrics.csv"   # a sweep of several metrics: all of them, one CSV
+REPORT_CURVES_CSV = "report_curves.csv"     # each arm's mean curve with its interval, per step
 CSV_COLUMNS = ("arm", "n", "mean", "std", "ci_low", "ci_high", "diff", "diff_ci_low", "diff_ci_high",
                "t", "dof", "p", "missing", "values")
 
@@ -181,10 +183,49 @@ def csv_text(arms: Sequence[ArmReport]) -> str:
   return out.getvalue()
 
 
+@dataclasses.dataclass
+class Band:
+  """An arm's curve of one metric over its seeds: at each step the seeds that logged it reach, their
+  ``Summary`` (n, mean, std and the 95% Student-t interval of the mean)."""
+  arm: str
+  steps: np.ndarray
+  summaries: List[Summary]
+
+  def column(self, name: str) -> np.ndarray:
+    return np.array([getattr(s, name) for s in self.summaries], np.float64)
+
+
+def curve_bands(sweep: Sweep, metric: str) -> List[Band]:
+  """Each arm's ``metric`` curve [steps] averaged over its runs, step by step, with its interval
+  (``summarize``: m -/+ t_{0.975, n-1} s / sqrt(n) over the n runs that logged that step)."""
+  out = []
+  for arm in sweep.arms:
+    by_step: Dict[int, List[float]] = {}
+    for run in sweep.runs:
+      if run.arm == arm:
+        for step, value in zip(*series(read_rows(run.workdir), metric)):
+          by_step.setdefault(int(step), []).append(float(value))
+    steps = np.array(sorted(by_step), np.int64)
+    out.append(Band(arm, steps, [summarize(by_step[int(s)]) for s in steps]))
+  return out
+
+
+def curves_csv_text(sweep: Sweep, metrics: Sequence[str]) -> str:
+  """report_curves.csv: metric, arm, step, n, mean, ci_low, ci_high (``curve_bands``)."""
+  buf = io.StringIO()
+  w = csv.writer(buf)
+  w.writerow(["metric", "arm", "step", "n", "mean", "ci_low", "ci_high"])
+  for metric in metrics:
+    for band in curve_bands(sweep, metric):
+      for step, s in zip(band.steps, band.summaries):
+        w.writerow([metric, band.arm, int(step), s.n, repr(s.mean), repr(s.ci_low), repr(s.ci_high)])
+  return buf.getvalue()
+
+
 def plot(sweep: Sweep, arms: Sequence[ArmReport], path: str) -> str:
   """The figure: each arm's values (dots, one per seed) with its mean and 95% interval (bar), and
-  the train loss of every run against step, then the metric's curve when it is not that loss,
-  one colour per arm."""
+  the train loss against step, then the metric's curve when it is not that loss: every run thin,
+  each arm's mean curve with its 95% band (``curve_bands``), one colour per arm."""
   curves = ["train/loss"] + ([sweep.metric] if sweep.metric != "train/loss" else [])
   fig = viz.new_figure(5 + 5 * len(curves), 4.2)
   axes = fig.subplots(1, 1 + len(curves))
@@ -207,13 +248,18 @@ def plot(sweep: Sweep, arms: Sequence[ArmReport], path: str) -> str:
     for run in sweep.runs:
       steps, values = series(read_rows(run.workdir), metric)
       if steps.size:
-        label = None if run.arm in labelled else run.arm
-        labelled.add(run.arm)
-        ax.plot(steps, values, color=colours[run.arm], alpha=0.75, label=label,
+        ax.plot(steps, values, color=colours[run.arm], alpha=0.3, linewidth=0.8,
+                **({"marker": "o", "markersize": 2} if metric.startswith("eval/") else {}))
+    for band in curve_bands(sweep, metric):
+      if band.steps.size and band.arm in colours:
+        labelled.add(band.arm)
+        ax.plot(band.steps, band.column("mean"), color=colours[band.arm], label=band.arm,
                 **({"marker": "o", "markersize": 3} if metric.startswith("eval/") else {}))
+        ax.fill_between(band.steps, band.column("ci_low"), band.column("ci_high"),
+                        color=colours[band.arm], alpha=0.2, linewidth=0)
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} of every run", fontsize=10)
+    ax.set_title(f"{metric}: every run, each arm's mean and {CONFIDENCE:.0%} CI", fontsize=10)
     ax.grid(alpha=0.3)
     if labelled:
       ax.legend(fontsize=7)
@@ -243,5 +289,8 @@ def write_report(sweep: Sweep) -> Tuple[str, Dict[str, str]]:
     f.write(text)
   with open(paths["csv"], "w", encoding="utf-8") as f:
     f.write(csv_text(arms))
+  paths["curves_csv"] = os.path.join(sweep.root, REPORT_CURVES_CSV)
+  with open(paths["curves_csv"], "w", encoding="utf-8") as f:
+    f.write(curves_csv_text(sweep, ["train/loss"] + list(sweep.compared)))
   plot(sweep, arms, paths["png"])
   return text, paths
