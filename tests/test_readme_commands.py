@@ -293,9 +293,10 @@ NOT_RUN = {
     # docs/sweeps.md, the scaling-law fits
     "txf sweep report runs/sweeps/ladder --fit --predict N=1e6,D=4e6":
         "needs the ladder's runs; tests/test_sweep_fit.py runs `txf sweep report ROOT --fit` on fake ones",
-    "TXF_DATA=../shared/data txf sweep experiments/sweeps/ladder.py --parallel 2 --fit "
-    "--predict N=393216,D=1638400":
-        "36 Tiny Shakespeare runs (an hour or more on 2 cores); the fit is tested by tests/test_sweep_fit.py",
+    "txf sweep report runs/sweeps/ladder --fit --holdout w=256,steps=1000":
+        "needs the ladder's runs; tests/test_sweep_fit.py runs `--fit --holdout` on fake ones",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/ladder.py --parallel 2 --fit":
+        "36 Tiny Shakespeare runs (45 minutes on 2 cores); the fit is tested by tests/test_sweep_fit.py",
     # docs/mup.md
     "txf coord-check --config experiments/copy.py --widths 64,128,256,512 --steps 5 "
     "--config.model.parametrization=mup":
