@@ -32,8 +32,9 @@ drawn from the eight), on a process drawn among the job's:
                 for the run; skipped with the reason where it cannot be mounted), and is freed once
                 the job has ended
   corrupt_cache an entry of the compilation cache cut to a third (one of jax's, and with one
-                process a kept program too), met at the next start that compiles its program
-                (the start that prints the cache's one line)
+                process a kept program too), each met at the next start that compiles its
+                program (the start that prints the cache's one line; two entries may be met in
+                two starts)
 
 At the end ``metrics.jsonl`` (timings aside) and the final parameters are compared with the same job
 run without faults (beside it with ``--short``, before it otherwise), and a table says: the faults
@@ -184,7 +185,9 @@ def run_job(args, workdir: str, processes: int, env: Dict[str, str], plan: List[
         injected.append(fault)
         fired += 1
         planted += fault["kind"] == "truncate"   # met by the next start, which restores
-        caches += fault["kind"] == "corrupt_cache"  # met by the first start that loads that program
+        # each entry cut (one of jax's, and with one process a kept program too) is met by the
+        # first start that compiles its program, which may be another start for each
+        caches += len(fault.get("cut") or []) if fault["kind"] == "corrupt_cache" else 0
         restarting = fault["kind"] in RESTARTS or "stopped" in todo
       time.sleep(0.05)
     if attempt.running():  # past the time allowed: ended, as a scheduler's time limit does
@@ -197,7 +200,8 @@ def run_job(args, workdir: str, processes: int, env: Dict[str, str], plan: List[
       if fault["kind"] == "truncate" and "cut" not in fault:
         fault["cut"] = truncate_latest(workdir, processes)
     # a corrupt cache entry is met where its program is next compiled: the start that prints
-    # the cache's line (one per run at most), the next one or a later one
+    # the cache's line (one per start at most, however many entries it met), the next one or a
+    # later one
     healed = caches > 0 and any(CACHE_LINE in line for lines in attempt.lines.values()
                                 for line in lines)
     caches -= healed
