@@ -9,7 +9,7 @@ from txf.core.errors import TxfError
 from txf.sweep import (emit_commands, emit_slurm, load_sweep, read_sweep, run_local, write_report,
                        write_sweep)
 from txf.sweep.grid import parse_sets
-from txf.sweep.scaling import parse_predict, write_fit_report
+from txf.sweep.scaling import check_holdout, parse_predict, write_fit_report
 
 
 def _fit(sweep) -> None:
@@ -27,14 +27,6 @@ def _fit(sweep) -> None:
   print("\n" + text + f"\nwritten: {', '.join(paths.values())}", flush=True)
 
 
-def _check_holdout(sweep) -> None:
-  """A --holdout that names no arm is refused before anything runs."""
-  arm = flags.FLAGS.holdout
-  if arm and arm not in sweep.arms:
-    raise TxfError(f"--holdout={arm!r} is not an arm of sweep {sweep.name}: give one of "
-                   f"{', '.join(sweep.arms)}")
-
-
 def main(argv):
   args = argv[1:]
   parse_predict(flags.FLAGS.predict)  # a malformed --predict is refused before anything runs
@@ -42,7 +34,7 @@ def main(argv):
     if len(args) != 2:
       raise TxfError("usage: txf sweep report ROOT (the folder of a sweep)")
     sweep = read_sweep(args[1])
-    _check_holdout(sweep)
+    check_holdout(sweep, flags.FLAGS.holdout)  # refused before anything runs
     text, paths = write_report(sweep)
     print(text + f"\nwritten: {', '.join(paths.values())}")
     _fit(sweep)
@@ -54,7 +46,7 @@ def main(argv):
   if fl.parallel < 1:
     raise TxfError(f"--parallel={fl.parallel} must be at least 1")
   sweep = load_sweep(args[0], fl.root, parse_sets(fl["set"].value))
-  _check_holdout(sweep)
+  check_holdout(sweep, flags.FLAGS.holdout)  # refused before anything runs
   write_sweep(sweep)
   if fl.emit == "commands":
     sys.stdout.write(emit_commands(sweep))

@@ -92,12 +92,17 @@ class HeldOut:
     return out
 
 
+def check_holdout(sweep: Sweep, arm: str) -> None:
+  """Raise the one-line error for a ``--holdout`` that names no arm of ``sweep`` ('' passes)."""
+  if arm and arm not in sweep.arms:
+    raise TxfError(f"--holdout={arm!r} is not an arm of sweep {sweep.name}: give one of "
+                   f"{', '.join(sweep.arms)}")
+
+
 def held_out(sweep: Sweep, arm: str) -> Tuple[np.ndarray, HeldOut]:
   """(the points of every other arm, the held-out arm ``arm``): a fit's check against a run it has
   not seen (``--holdout ARM``)."""
-  if arm not in sweep.arms:
-    raise TxfError(f"--holdout={arm!r} is not an arm of sweep {sweep.name}: give one of "
-                   f"{', '.join(sweep.arms)}")
+  check_holdout(sweep, arm)
   held = sweep_points(sweep, [arm])
   if not len(held):
     raise TxfError(f"--holdout={arm!r}: the arm has no complete run to check the fit against; run "
