@@ -40,6 +40,39 @@ def test_preparing_twice_reuses_the_prepared_data(tmp_path):
   assert changed.prepared_now and changed.fingerprint != first.fingerprint
 
 
+def test_a_copy_of_the_same_files_elsewhere_is_the_same_data_and_an_edit_is_not(tmp_path):
+  import shutil
+  first_dir = parallel_dir(tmp_path / "a" / "par")
+  copy_dir = str(tmp_path / "b" / "par")
+  shutil.copytree(first_dir, copy_dir)
+  later = time.time() + 3600
+  for name in os.listdir(copy_dir):                  # a fresh copy: every file has a new mtime
+    os.utime(os.path.join(copy_dir, name), (later, later))
+  tfds_dir = str(tmp_path / "tfds")
+  fingerprints = {}
+  for label, d in (("first", first_dir), ("copy", copy_dir)):
+    spec = builders.local_spec(d, "parallel", ["train", "val", "test"], "en", "de", 1000, 0.9)
+    fingerprints[label] = builders.prepare_local(d, spec, tfds_dir).fingerprint
+    task = make_real_task(config_for(f"text:{d}", tmp_path / "tfds"), str(tmp_path / label))
+    fingerprints[label + " task"] = task.fingerprint   # what a checkpoint's data position names
+  assert fingerprints["first"] == fingerprints["copy"]
+  assert fingerprints["first task"] == fingerprints["copy task"]
+  path = os.path.join(copy_dir, "train.de")          # one byte changed, the size and mtime kept
+  stat = os.stat(path)
+  with open(path, "r+b") as f:
+    byte = f.read(1)
+    f.seek(0)
+    f.write(b"Z" if byte != b"Z" else b"Y")
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  spec = builders.local_spec(copy_dir, "parallel", ["train", "val", "test"], "en", "de", 1000, 0.9)
+  # the digest remembered for (path, size, mtime) is that of the old bytes: a file rewritten in
+  # place with its mtime restored is the one change not seen, as for make and rsync
+  assert builders.prepare_local(copy_dir, spec, tfds_dir).fingerprint == fingerprints["first"]
+  os.utime(path)                                     # an ordinary edit moves the mtime
+  edited = builders.prepare_local(copy_dir, spec, tfds_dir)
+  assert edited.prepared_now and edited.fingerprint != fingerprints["first"]
+
+
 def test_translation_task_end_to_end(tmp_path):
   data = parallel_dir(tmp_path / "par")
   workdir = str(tmp_path / "run")

@@ -56,8 +56,8 @@ def _args(data, workdir, steps, *extra):
           "--config.optimizer.warmup_steps=10", f"--config.num_train_steps={steps}", *extra]
 
 
-def _train(*args):
-  proc = run_txf(*args)
+def _train(*args, env=None):
+  proc = run_txf(*args, env=env)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   return proc
 
@@ -83,6 +83,22 @@ def test_resume_is_exact(data, run, tmp_path):
   workdir = tmp_path / "resumed"
   _train(*_args(data, workdir, 10))
   proc = _train(*_args(data, workdir, 20))
+  assert "resumed from the checkpoint at step 10" in proc.stdout
+  _assert_same_run(str(workdir), str(run))
+
+
+def test_a_run_resumes_on_a_fresh_copy_of_its_data(data, run, tmp_path):
+  """The data root copied elsewhere (new mtimes, a new path; the config names the dataset under
+  TXF_DATA) holds the same data: the run resumes on it and equals the uninterrupted one."""
+  import shutil
+  first, copy = tmp_path / "first", tmp_path / "copy"
+  shutil.copytree(data / "tiny", first / "tiny", copy_function=shutil.copy2)
+  shutil.copytree(data / "tiny", copy / "tiny", copy_function=shutil.copy)   # new mtimes
+  workdir = tmp_path / "resumed"
+  args = lambda steps: [a.replace(f"text:{data}/tiny", "text:tiny").replace(
+      f"data_dir={data}/tfds", f"data_dir={tmp_path}/tfds") for a in _args(data, workdir, steps)]
+  _train(*args(10), env={"TXF_DATA": str(first)})
+  proc = _train(*args(20), env={"TXF_DATA": str(copy)})
   assert "resumed from the checkpoint at step 10" in proc.stdout
   _assert_same_run(str(workdir), str(run))
 

@@ -10,9 +10,9 @@ Records keep the file order (``disable_shuffling``); plain text is stored as con
 at line ends, so ``"".join(records)`` is the split's exact text.
 
 The builder config is made on the fly from the files: its name is the folder name plus a
-fingerprint of (file paths, sizes, mtimes, reader settings), so the same files are prepared once
-and reused (``tfds`` finds ``dataset_info.json`` and skips generation), and edited files get a fresh
-preparation. Skip counts (empty / over-long lines) and the number of classes are kept in the
+fingerprint of (reader settings, each file's path within the folder, size and content digest), so
+the same files are prepared once and reused (``tfds`` finds ``dataset_info.json`` and skips
+generation), wherever they are copied, and edited files get a fresh preparation. Skip counts (empty / over-long lines) and the number of classes are kept in the
 dataset's metadata. No TensorFlow is imported: array_record is written and read by tfds' own
 Python writers and ``ArrayRecordDataSource``.
 """
@@ -240,10 +240,48 @@ def local_spec(directory: str, fmt: str, splits: Sequence[str], src_lang: str, t
   return spec
 
 
-def _fingerprint(spec: Dict[str, Any], builder_cls) -> str:
+DIGESTS_DIR = "txf_digests"   # under data_dir: each data file's content digest, by path, size, mtime
+
+
+def _content_digest(path: str, data_dir: str) -> str:
+  """The sha256 of a file's bytes. Remembered under ``data_dir`` by (absolute path, size, mtime),
+  so an unchanged file is read once rather than at every start; a bucket ``data_dir`` (or one that
+  cannot be written) remembers nothing and the file is read each time."""
+  st = os.stat(path)
+  key = hashlib.sha1(json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns]).encode())
+  memo = None if "://" in data_dir else os.path.join(data_dir, DIGESTS_DIR, key.hexdigest())
+  if memo and os.path.isfile(memo):
+    with open(memo, encoding="utf-8") as f:
+      kept = f.read().strip()
+    if re.fullmatch(r"[0-9a-f]{64}", kept):
+      return kept
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      h.update(block)
+  if memo:
+    try:
+      os.makedirs(os.path.dirname(memo), exist_ok=True)
+      with open(memo + ".tmp", "w", encoding="utf-8") as f:
+        f.write(h.hexdigest())
+      os.replace(memo + ".tmp", memo)
+    except OSError:
+      pass
+  return h.hexdigest()
+
+
+def _fingerprint(spec: Dict[str, Any], builder_cls, directory: str, data_dir: str) -> str:
+  """A digest of what the prepared data holds: the reader settings, and each file's path within
+  ``directory``, size and content. A copy of the same files (another folder, new mtimes) has the
+  same fingerprint, so it reuses the preparation and a run resumes on it (its data position is
+  checked against this); an edited file gives a new one."""
+  root = os.path.abspath(directory)
+  rel = lambda p: os.path.relpath(os.path.abspath(p), root) if isinstance(p, str) else p
+  splits = {s: [rel(p) for p in v] for s, v in spec["splits"].items()}
   files = sorted({p for v in spec["splits"].values() for p in v if isinstance(p, str)})
-  stamp = [(os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in files]
-  blob = json.dumps([spec, stamp, builder_cls.__name__, str(builder_cls.VERSION)], sort_keys=True)
+  stamp = [(rel(p), os.path.getsize(p), _content_digest(p, data_dir)) for p in files]
+  blob = json.dumps([dict(spec, splits=splits), stamp, builder_cls.__name__,
+                     str(builder_cls.VERSION)], sort_keys=True)
   return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -304,7 +342,7 @@ def prepare_lock(lock: str) -> Iterator[None]:
 def prepare_local(directory: str, spec: Dict[str, Any], data_dir: str) -> Prepared:
   """Prepare (once) and open the local text in ``directory`` as tfds array_record data sources."""
   cls = BUILDERS[formats.get(spec["kind"]).kind]
-  fingerprint = _fingerprint(spec, cls)
+  fingerprint = _fingerprint(spec, cls, directory, data_dir)
   slug = re.sub(r"[^a-z0-9]+", "_", os.path.basename(os.path.normpath(directory)).lower()).strip("_")
   builder_config = LocalTextConfig(name=f"{slug or 'data'}_{fingerprint}", spec_json=json.dumps(spec),
                                    description=f"{spec['kind']} text from {os.path.abspath(directory)}")
