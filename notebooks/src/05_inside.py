@@ -107,8 +107,8 @@ show(viz.plot_head_table(np.array(grid), cross, "exact match lost when one cross
 # ## 2. Induction heads
 #
 # `experiments/induction.py`: a decoder-only model with two attention-only layers (`model.d_ff=0`:
-# no FFN sublayer) trained on `synthetic:repeat`, sequences `x x EOS` with `x` 8 to 16 symbols
-# drawn from 64. The second copy is predictable only by looking back. For a query at position `p`
+# no FFN sublayer) and ALiBi positions, trained on `synthetic:repeat`, sequences `x x EOS` with `x`
+# 8 to 16 symbols drawn from 64. The second copy is predictable only by looking back. For a query at position `p`
 # of the second copy whose current token first occurred at position `j`, an induction head
 # attends to `j + 1`, the token that followed it: the **prefix-matching score** of a head is its
 # mean attention weight on that position. The **repeated-half loss** is the mean NLL of the second
@@ -150,12 +150,14 @@ for module in modules:
 display(table([[m, h, f"{s:.3f}", f"{p:.3f}", f"{r:.2f}x"] for m, h, s, p, r in study],
               ["module", "head", "prefix matching", "previous token", "repeated-half loss, ablated"]))
 best = max(study, key=lambda r: r[2])
-others = max(r[4] for r in study if r[:2] != best[:2])
+partner = max((r for r in study if r[0] == modules[0]), key=lambda r: r[3])
+others = max(r[4] for r in study if r[:2] not in (best[:2], partner[:2]))
 print(f"repeated-half loss {base:.4f} nats; the induction head is {best[0]} head {best[1]} "
-      f"(prefix matching {best[2]:.3f}); ablating it multiplies the loss by {best[4]:.1f}, "
-      f"ablating any other head by at most {others:.2f}")
+      f"(prefix matching {best[2]:.3f}); ablating it multiplies the loss by {best[4]:.1f}; its "
+      f"previous-token partner {partner[0]} head {partner[1]} by {partner[4]:.1f}; any other head "
+      f"by at most {others:.2f}")
 print("one head carries it (ablated: at least 5x the loss; any other head: under 1.5x):",
-      best[4] >= 5.0 and others < 1.5)
+      best[4] >= 5.0 and max(others, partner[4]) < 1.5)
 layer = int(best[0].split("/")[1].split("_")[1])
 example = int(np.argmax(n))
 length = 2 * n[example] + 1
