@@ -325,6 +325,11 @@ NOT_RUN = {
         "reference is tested by tests/test_sweep_reference.py",
     "txf sweep report runs/sweeps/table3": "needs the 51 runs of the Table 3 sweep; "
         "tests/test_sweep_reference.py reports a tiny two-metric sweep beside a reference",
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/bf16_quality.py --parallel 2":
+        "6 Multi30k runs (about 40 minutes on 2 cores); the sweep runner is tested by "
+        "tests/test_sweep.py",
+    "txf sweep report runs/sweeps/bf16_quality": "needs the 6 runs of the bf16 sweep; "
+        "tests/test_sweep.py reports tiny sweeps",
     "pip install 'txf[wandb]'": "an optional extra from PyPI: tests/test_sweep.py runs the tracker "
                                 "offline when wandb is installed",
     "WANDB_MODE=offline txf train --config experiments/copy.py --config.tracker=wandb":
