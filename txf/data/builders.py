@@ -12,8 +12,8 @@ at line ends, so ``"".join(records)`` is the split's exact text.
 The builder config is made on the fly from the files: its name is the folder name plus a
 fingerprint of (reader settings, each file's path within the folder, size and content digest), so
 the same files are prepared once and reused (``tfds`` finds ``dataset_info.json`` and skips
-generation), wherever they are copied, and edited files get a fresh preparation. Skip counts (empty / over-long lines) and the number of classes are kept in the
-dataset's metadata. No TensorFlow is imported: array_record is written and read by tfds' own
+generation), wherever they are copied, and edited files get a fresh preparation. Skip counts
+(empty / over-long lines) and the number of classes are kept in the dataset's metadata. No TensorFlow is imported: array_record is written and read by tfds' own
 Python writers and ``ArrayRecordDataSource``.
 """
 
