@@ -34,6 +34,7 @@ import tensorflow_datasets as tfds
 from txf.core import formats
 from txf.data import text
 from txf.data.base import DataError
+from txf.runtime import storage
 
 PREPARED_LOG = std_logging.getLogger("txf.data.prepared")  # say_prepared's one line
 
@@ -262,9 +263,7 @@ def _content_digest(path: str, data_dir: str) -> str:
   if memo:
     try:
       os.makedirs(os.path.dirname(memo), exist_ok=True)
-      with open(memo + ".tmp", "w", encoding="utf-8") as f:
-        f.write(h.hexdigest())
-      os.replace(memo + ".tmp", memo)
+      storage.write_bytes(memo, h.hexdigest().encode())   # whole, even with processes racing
     except OSError:
       pass
   return h.hexdigest()
