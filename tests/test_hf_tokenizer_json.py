@@ -489,7 +489,7 @@ def test_gpt2_and_bert_files_without_tokenizer_json(tmp_path):
   """vocab.json + merges.txt (GPT-2) and vocab.txt (BERT) become tokenizer.json text without the
   tokenizers library; the library reads that text and agrees with its own construction."""
   from txf.data import bpe
-  from txf.hf import bert as hf_bert
+  from txf.hf import wordpiece as hf_wordpiece
   tok, _ = gpt2(tmp_path)
   tok.model.save(str(tmp_path))  # vocab.json + merges.txt
   ours = bpe.tokenizer_from_files(str(tmp_path), "<|endoftext|>")
@@ -506,8 +506,8 @@ def test_gpt2_and_bert_files_without_tokenizer_json(tmp_path):
   tok, _ = bert(tmp_path)
   words = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
   (tmp_path / "vocab.txt").write_text("".join(w + "\n" for w, _ in words))
-  names = dict(hf_bert.SPECIAL_TOKENS)
-  text_json = hf_bert._pipeline_from_vocab(str(tmp_path / "vocab.txt"), {}, names)
+  names = dict(hf_wordpiece.SPECIAL_TOKENS)
+  text_json = hf_wordpiece.pipeline_from_vocab(str(tmp_path / "vocab.txt"), {}, names)
   ours, again = tokenizer_json.TokenizerJson(text_json), tokenizers.Tokenizer.from_str(text_json)
   for text in TEST[:80]:
     assert ours.encode(text, add_special_tokens=True) == again.encode(text).ids == tok.encode(text).ids

@@ -34,7 +34,7 @@ tokenizer.json and/or vocab.txt with tokenizer_config.json) and writes a txf wor
   (``BertForMaskedLM``, ``BertForPreTraining``): family ``encoder_mlm`` (logits per position;
   no txf task trains or evaluates it yet).
 
-The WordPiece tokenizer is the checkpoint's own (read by txf.data.tokjson; tokenizer.json, else
+The WordPiece tokenizer is the checkpoint's own (txf.hf.wordpiece: tokenizer.json, else
 built from vocab.txt and tokenizer_config.json as BertTokenizer does); txf's ids are BERT's
 permuted so that ``[PAD]`` ``[CLS]`` ``[SEP]`` ``[UNK]`` are txf's PAD BOS EOS UNK, and a text becomes ``[CLS]``
 pieces ``[SEP]``, exactly the ids BertTokenizer gives. Token types are all 0 (one segment). Export
@@ -42,9 +42,8 @@ writes the inverse: ``BertForSequenceClassification`` or ``BertForMaskedLM`` wit
 weights, tokenizer.json, vocab.txt and tokenizer_config.json.
 """
 
-import json
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -52,7 +51,7 @@ from txf.core import config as config_lib
 from txf.core.errors import TxfError
 from txf.data import tokenizer as tok
 from txf.hf import common
-from txf.hf import tokenizer_json
+from txf.hf import wordpiece as wordpiece_lib
 from txf.runtime import workdir as workdir_lib
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -252,96 +251,6 @@ def state_dict_from_params(params: Dict[str, Any], fields: Dict[str, Any], order
 
 
 DEFAULT_DATA_CONFIG = "sst2"
-SPECIAL_TOKENS = {"pad": "[PAD]", "cls": "[CLS]", "sep": "[SEP]", "unk": "[UNK]", "mask": "[MASK]"}
-# tokenizer_config.json's names of the special tokens
-_CONFIG_TOKEN_KEYS = {"pad": "pad_token", "cls": "cls_token", "sep": "sep_token",
-                      "unk": "unk_token", "mask": "mask_token"}
-
-
-def _token_name(value: Any, default: str) -> str:
-  """A special token of tokenizer_config.json: a string or an AddedToken dict ({"content": ...})."""
-  if isinstance(value, dict):
-    return str(value.get("content", default))
-  return default if value is None else str(value)
-
-
-def _pipeline_from_vocab(vocab_path: str, tconf: Dict[str, Any], names: Dict[str, str]) -> str:
-  """The tokenizers JSON of BertTokenizer's pipeline over vocab.txt (one piece a line, id = line):
-  BERT's normalizer (clean text, Chinese characters split, lowercase and accents as
-  tokenizer_config.json says), BERT's pre-tokenizer, WordPiece (## continuations, words over 100
-  characters -> [UNK]), the [CLS] A [SEP] (B [SEP]) template and the WordPiece decoder."""
-  with open(vocab_path, encoding="utf-8") as f:
-    pieces = [line.rstrip("\n") for line in f]
-  vocab = {p: i for i, p in reversed(list(enumerate(pieces)))}
-  missing = [t for t in names.values() if t not in vocab]
-  if missing:
-    raise TxfError(f"{vocab_path} lacks the special tokens {', '.join(missing)}: give a BERT "
-                   f"vocabulary (or its tokenizer.json)")
-  lower = bool(tconf.get("do_lower_case", True))
-  cls, sep = names["cls"], names["sep"]
-  added, next_id = [], len(pieces)
-  for t in names.values():  # a special token missing from vocab.txt gets the next id
-    if t not in vocab and all(a["content"] != t for a in added):
-      vocab_id, next_id = next_id, next_id + 1
-    else:
-      vocab_id = vocab.get(t, next((a["id"] for a in added if a["content"] == t), None))
-    if all(a["content"] != t for a in added):
-      added.append({"id": vocab_id, "content": t, "single_word": False, "lstrip": False,
-                    "rstrip": False, "normalized": False, "special": True})
-
-  def part(kind, name, type_id):
-    return {kind: {"id": name, "type_id": type_id}}
-  spec = {
-      "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-      "normalizer": {"type": "BertNormalizer", "clean_text": True,
-                     "handle_chinese_chars": bool(tconf.get("tokenize_chinese_chars", True)),
-                     "strip_accents": tconf.get("strip_accents"), "lowercase": lower},
-      "pre_tokenizer": {"type": "BertPreTokenizer"},
-      "post_processor": {
-          "type": "TemplateProcessing",
-          "single": [part("SpecialToken", cls, 0), part("Sequence", "A", 0),
-                     part("SpecialToken", sep, 0)],
-          "pair": [part("SpecialToken", cls, 0), part("Sequence", "A", 0),
-                   part("SpecialToken", sep, 0), part("Sequence", "B", 1),
-                   part("SpecialToken", sep, 1)],
-          "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in (cls, sep)}},
-      "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
-      "model": {"type": "WordPiece", "unk_token": names["unk"], "continuing_subword_prefix": "##",
-                "max_input_chars_per_word": 100,
-                "vocab": dict(sorted(vocab.items(), key=lambda kv: kv[1]))}}
-  return json.dumps(spec, ensure_ascii=False)
-
-
-def wordpiece_codec(src: str, vocab_size: int) -> Tuple[tok.Codec, Dict[str, Any]]:
-  """(the Codec of a BERT tokenizer directory, its tokenizer_config.json as a dict or {})."""
-  tconf_path = os.path.join(src, "tokenizer_config.json")
-  tconf = common.read_json(tconf_path) if os.path.isfile(tconf_path) else {}
-  names = {k: _token_name(tconf.get(_CONFIG_TOKEN_KEYS[k]), v) for k, v in SPECIAL_TOKENS.items()}
-  json_path, vocab_path = os.path.join(src, "tokenizer.json"), os.path.join(src, "vocab.txt")
-  if os.path.isfile(json_path):
-    with open(json_path, encoding="utf-8") as f:
-      pipeline = f.read()
-    used = "tokenizer.json"
-  elif os.path.isfile(vocab_path):
-    pipeline = _pipeline_from_vocab(vocab_path, tconf, names)
-    used = "vocab.txt"
-  else:
-    raise TxfError(f"{src} has no tokenizer.json or vocab.txt: txf imports BERT models with their "
-                   f"WordPiece tokenizer (save the tokenizer with save_pretrained beside the model)")
-  probe = tokenizer_json.TokenizerJson(pipeline, where=os.path.join(src, used))
-  ids = {k: probe.token_to_id.get(t) for k, t in names.items()}
-  missing = [names[k] for k, i in ids.items() if i is None and k != "mask"]
-  if missing:
-    raise TxfError(f"{src}: the tokenizer has no {', '.join(missing)} token")
-  if probe.vocab_size > vocab_size:
-    raise TxfError(f"{src}: the tokenizer has {probe.vocab_size} "
-                   f"tokens, more than the model's vocab_size={vocab_size}")
-  specials = {k: int(i) for k, i in ids.items() if i is not None}
-  clean_up = bool(tconf.get("clean_up_tokenization_spaces", False))
-  wordpiece = tok.WordPieceTokenizer(pipeline, specials, vocab_size, clean_up=clean_up)
-  return tok.Codec(wordpiece, wordpiece, {"tokenizer": "wordpiece", "tokenizer_file": used}), tconf
-
-
 def _head_family(sd: Dict[str, np.ndarray], data_config: str) -> str:
   """encoder_classifier for a checkpoint with a classifier, or when ``data_config``'s experiment
   is a classifier; else encoder_mlm (TxfError without an MLM head)."""
@@ -412,7 +321,7 @@ def import_run(local: str, hf_config: Dict[str, Any], workdir: str, name: str, d
   vocab_size = int(hf_config.get("vocab_size") or BERT_DEFAULTS["vocab_size"])
   config = run_config(fields, name, data_config, vocab_size, max_len)
   config_lib.validate(config)
-  codec, _ = wordpiece_codec(local, vocab_size)
+  codec, _ = wordpiece_lib.wordpiece_codec(local, vocab_size)
   head = None
   if family == CLASSIFIER and "classifier.weight" not in sd:
     head = _new_head(sd, hf_config, fields["d_model"], say)
@@ -490,17 +399,7 @@ def export_run(workdir: str, config, output: str, params_name: Optional[str],
     classes = int(np.shape(params["classifier"]["bias"])[0])
     hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(classes)}
     hf_config["label2id"] = {f"LABEL_{i}": i for i in range(classes)}
-  pipeline = tokenizer_json.TokenizerJson(wordpiece.pipeline_json)
-  vocab = sorted(pipeline.token_to_id.items(), key=lambda kv: kv[1])
-  names = {k: pipeline.id_to_token[i] for k, i in wordpiece.specials.items()}
-  tconf = {"tokenizer_class": "BertTokenizer", "model_max_length": m.max_len,
-           "clean_up_tokenization_spaces": wordpiece.clean_up,
-           **{_CONFIG_TOKEN_KEYS[k]: t for k, t in names.items()}}
-  normalizer = json.loads(wordpiece.pipeline_json).get("normalizer") or {}
-  if normalizer.get("type") == "BertNormalizer":
-    tconf.update(do_lower_case=bool(normalizer.get("lowercase", True)),
-                 strip_accents=normalizer.get("strip_accents"),
-                 tokenize_chinese_chars=bool(normalizer.get("handle_chinese_chars", True)))
+  pieces, tconf = wordpiece_lib.vocab_and_tokenizer_config(wordpiece, m.max_len)
   with common.staged_directory(output, ".export-hf-") as tmp:
     workdir_lib.write_json(os.path.join(tmp, "config.json"), hf_config)
     common.safetensors_module().save_file(sd, os.path.join(tmp, "model.safetensors"),
@@ -508,5 +407,5 @@ def export_run(workdir: str, config, output: str, params_name: Optional[str],
     with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
       f.write(wordpiece.pipeline_json)
     with open(os.path.join(tmp, "vocab.txt"), "w", encoding="utf-8") as f:
-      f.write("".join(f"{piece}\n" for piece, _ in vocab))
+      f.write("".join(f"{piece}\n" for piece in pieces))
     workdir_lib.write_json(os.path.join(tmp, "tokenizer_config.json"), tconf)
