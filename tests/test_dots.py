@@ -54,6 +54,24 @@ def test_dense_forward_and_gradients_equal_float64_products(shape):
   _close(dw, xf.reshape(-1, 24).T @ gf.reshape(-1, 16), 2 * BF16_EPS)
 
 
+def test_add_bias_sums_its_gradient_in_float32_with_one_rounding():
+  # y = z + b; db = the sum of g over the 2048 rows (a base FFN's tokens), rounded once to bf16.
+  # Differentiated as a plain add, XLA:CPU sums the bf16 cotangent to many roundings' error: the
+  # plain add is the control that shows this test can tell the two apart.
+  z, b, g = _bf16((32, 64, 256)), _bf16((256,)), _bf16((32, 64, 256))
+  y, vjp = jax.vjp(jax.jit(dots.add_bias), z, b)
+  dz, db = vjp(g)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(z + b))  # the forward: the bf16 add
+  np.testing.assert_array_equal(np.asarray(dz), np.asarray(g))
+  want = _f64(g).reshape(-1, 256).sum(axis=0)
+  assert db.dtype == jnp.bfloat16
+  _close(db, want, BF16_EPS)  # one rounding of the float64 sum (half an ulp: within BF16_EPS)
+  _, plain_vjp = jax.vjp(jax.jit(lambda z, b: z + b), z, b)
+  err_plain = np.max(np.abs(_f64(plain_vjp(g)[1]) - want))
+  err_ours = np.max(np.abs(_f64(db) - want))
+  assert err_plain > 4 * err_ours, (err_plain, err_ours)
+
+
 def test_dense_nt_gives_float32_logits_and_the_tied_gradients():
   # logits = h E^T in float32; dh = g E, dE = g^T h.
   h, e = _bf16((3, 7, 32)), _bf16((50, 32), 32 ** -0.5)

@@ -66,7 +66,7 @@ def feed_forward(x: jnp.ndarray, w1: jnp.ndarray, b1: Optional[jnp.ndarray], w2:
   x [..., d_model]; w1, w_gate [d_model, d_ff]; w2 [d_ff, d_model] -> [..., d_model].
   """
   entry = ACTIVATIONS[activation]
-  add = lambda z, b: z if b is None else z + b
+  add = lambda z, b: z if b is None else dots.add_bias(z, b)
   if isinstance(entry, Gated):
     if w_gate is None:
       raise ValueError(f"activation={activation!r} is a gated FFN: it needs w_gate [d_model, d_ff]")
@@ -83,7 +83,8 @@ def project_heads(x: jnp.ndarray, w: jnp.ndarray, num_heads: int,
   """x W (+ b) split into heads (``txf.ops.project_heads``) as a :func:`txf.kernels.dots.dense`
   product on the flattened kernel [d_model, h*d_k]: x [B, L, d_model] -> [B, h, L, d_k]."""
   projected = dots.dense(x, w.reshape(w.shape[0], -1))
-  return split_heads(projected if bias is None else projected + bias.reshape(-1), num_heads)
+  return split_heads(projected if bias is None else dots.add_bias(projected, bias.reshape(-1)),
+                     num_heads)
 
 
 def project_output(heads: jnp.ndarray, w_o: jnp.ndarray,
@@ -92,7 +93,7 @@ def project_output(heads: jnp.ndarray, w_o: jnp.ndarray,
   :func:`txf.kernels.dots.dense` product on the flattened W^O [h*d_v, d_model]: heads
   [B, h, L, d_v] -> [B, L, d_model]."""
   projected = dots.dense(merge_heads(heads), w_o.reshape(-1, w_o.shape[-1]))
-  return projected if bias is None else projected + bias
+  return projected if bias is None else dots.add_bias(projected, bias)
 
 
 def multi_head_attention(x_q: jnp.ndarray, x_kv: Optional[jnp.ndarray], w_q: jnp.ndarray,

@@ -88,6 +88,34 @@ dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 @jax.custom_vjp
+def add_bias(y: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """y + b, b broadcast over y's leading dimensions, in y's dtype.
+
+  Args:
+    y: [..., M]; b: [M] (same dtype as y).
+  Returns:
+    [..., M]. Gradients: dy = g; db = sum of g over the leading dimensions, accumulated in float32
+    and rounded once to b's dtype. (Differentiated as a plain add, the bias's gradient is a sum
+    of the bf16 cotangent, which XLA:CPU (jaxlib 0.10.2) returns about 20 times further from the
+    float64 sum than one rounding, through a ``reduce-window`` that took 16% of the base bf16 step:
+    docs/benchmarks.md.)
+  """
+  return y + b
+
+
+def _add_bias_fwd(y, b):
+  return y + b, None
+
+
+def _add_bias_bwd(_, g):
+  db = jnp.sum(g.reshape(-1, g.shape[-1]).astype(jnp.float32), axis=0)
+  return g, db.astype(g.dtype)
+
+
+add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+
+
+@jax.custom_vjp
 def dense_nt(h: jnp.ndarray, e: jnp.ndarray) -> jnp.ndarray:
   """logits = h Eᵀ (the tied output projection), accumulated and returned in float32.
 
