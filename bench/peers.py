@@ -37,9 +37,12 @@ SYSTEMS = ("txf", "flax-wmt", "torch-eager", "marian")
 PEERS = SYSTEMS[1:]
 # Variants, measured for the record beside the float32 rows (train only): txf with the peers'
 # attention-weight dropout (0.1; HF Marian's placement), txf with bfloat16 compute
-# (model.dtype=bfloat16, float32 parameters), and PyTorch eager under bf16 autocast.
-VARIANTS = ("txf-attn-dropout", "txf-bf16", "torch-bf16", "txf-before")
+# (model.dtype=bfloat16, float32 parameters), and PyTorch eager under bf16 autocast; the old code
+# (--before_tree) in float32 and with bfloat16 compute.
+VARIANTS = ("txf-attn-dropout", "txf-bf16", "torch-bf16", "txf-before", "txf-bf16-before")
 BEFORE = "txf-before"  # txf's worker run from another source tree (--before_tree): the old code
+BEFORE_BF16 = "txf-bf16-before"  # the same with bfloat16 compute, beside txf-bf16
+OLD_CODE = (BEFORE, BEFORE_BF16)
 BF16_PAIR = ("txf-bf16", "torch-bf16")
 TXF_FLAGS = {"txf": [], "txf-attn-dropout": ["--attention_dropout", "0.1", "--nodecode"],
              "txf-bf16": ["--dtype", "bfloat16", "--nodecode"]}
@@ -172,6 +175,9 @@ def format_table(cells: Dict[tuple, Dict[str, float]], system: str = "txf") -> s
         ("train", "tok_s"), ("beam-4", "beam_tok_s"), ("greedy", "greedy_tok_s")) if k in now and k in old]
     if parts:
       lines.append(f"{config}: {system} / {BEFORE} (the same sitting): " + ", ".join(parts))
+    mine, old = (cells.get((config, s), {}).get("tok_s") for s in ("txf-bf16", BEFORE_BF16))
+    if mine and old:
+      lines.append(f"{config}: txf-bf16 / {BEFORE_BF16} (the same sitting): train {mine / old:.2f}x")
     mine, theirs = (cells.get((config, s), {}).get("tok_s") for s in BF16_PAIR)
     if mine and theirs:
       lines.append(f"{config}: bf16 compute, {BF16_PAIR[0]} / {BF16_PAIR[1]}: train "
@@ -193,7 +199,7 @@ def check_args(harness: str, peers_venv: Optional[str], flaxwmt: Optional[str],
     raise TxfError(f"unknown config(s) {bad}: choose from {', '.join(CONFIGS)}")
   if repeats < 1:
     raise TxfError(f"--repeats must be >= 1, got {repeats}")
-  peers = [s for s in systems if s not in TXF_FLAGS and s != BEFORE]
+  peers = [s for s in systems if s not in TXF_FLAGS and s not in OLD_CODE]
   if not peers:
     return
   need = {"flax-wmt": "bench_flax.py", "torch-eager": "bench_torch.py", "marian": "bench_torch.py",
@@ -226,11 +232,13 @@ def command(system: str, config: str, harness: str, peers_venv: Optional[str],
             flaxwmt: Optional[str], steps: int, decode_reps: int, bf16_decode: bool = False,
             before_tree: Optional[str] = None) -> List[str]:
   """argv of one measurement process (train and decode of one system at one config)."""
-  if system == BEFORE:  # the worker of the txf found in before_tree (its records say "txf")
+  if system in OLD_CODE:  # the worker of the txf found in before_tree (its records say "txf")
     return [sys.executable, "-c", "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
             f"runpy.run_module('{peers_module(before_tree)}', run_name='__main__', alter_sys=True)",
             before_tree, "--worker", "--configs", config, "--steps", str(steps),
-            "--decode_reps", str(decode_reps)] + (["--bf16_decode"] if bf16_decode else [])
+            "--decode_reps", str(decode_reps)] + (
+                TXF_FLAGS["txf-bf16"] if system == BEFORE_BF16
+                else ["--bf16_decode"] if bf16_decode else [])
   if system in TXF_FLAGS:
     return [sys.executable, "-m", "bench.peers", "--worker", "--configs", config,
             "--steps", str(steps), "--decode_reps", str(decode_reps), "--name", system
@@ -344,7 +352,8 @@ def main(argv=None) -> int:
                  help="also time txf's beam 4 with bfloat16 weights (an option, not the default)")
   p.add_argument("--before_tree", default=None,
                  help=f"a checkout of older txf code: adds the system {BEFORE}, its worker, to the "
-                      f"sitting (before/after in one sitting)")
+                      f"sitting (before/after in one sitting); --systems {BEFORE_BF16}: that worker "
+                      f"with bfloat16 compute instead")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--name", default="txf", help=argparse.SUPPRESS)
   p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
@@ -362,9 +371,11 @@ def main(argv=None) -> int:
                  for p in PEERS_MODULES):
         raise TxfError(f"--before_tree={a.before_tree!r} holds no bench/peers.py: pass a "
                        f"checkout of txf (e.g. git worktree add DIR OLD_COMMIT)")
-      systems = [s for s in systems if s != BEFORE] + [BEFORE]
-    elif BEFORE in systems:
-      raise TxfError(f"the system {BEFORE} needs --before_tree=DIR, a checkout of older txf code")
+      if BEFORE_BF16 not in systems:  # the old code in float32 unless its bf16 row is asked for
+        systems = [s for s in systems if s != BEFORE] + [BEFORE]
+    elif any(s in systems for s in OLD_CODE):
+      raise TxfError(f"the systems {' and '.join(OLD_CODE)} need --before_tree=DIR, a checkout of "
+                     f"older txf code")
     check_args(a.harness, a.peers_venv, a.flaxwmt, systems, configs, a.repeats)
     preload = None
     if a.malloc == "tcmalloc":

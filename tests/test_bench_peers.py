@@ -224,3 +224,18 @@ def test_before_tree_runs_the_old_worker_and_gets_its_own_ratio_line(tmp_path):
   assert "small: txf / txf-before (the same sitting): train 1.30x, beam-4 2.00x" in peers.format_table(cells)
   assert peers.main(["--systems", "txf,txf-before", "--output", ""]) == 2  # no --before_tree
   assert peers.main(["--before_tree", str(tmp_path), "--systems", "txf", "--output", ""]) == 2
+
+
+def test_the_old_code_with_bf16_compute_is_its_own_row_and_ratio():
+  argv = peers.command("txf-bf16-before", "base", "H", "V", None, 3, 2, bf16_decode=True,
+                       before_tree="/old/txf")
+  assert argv[3] == "/old/txf" and argv[argv.index("--dtype") + 1] == "bfloat16"
+  assert "--nodecode" in argv and "--bf16_decode" not in argv
+  records = RECORDS + [train("txf-bf16", "base", 2.0, 1000), train("txf-bf16-before", "base", 2.5, 800),
+                       train("torch-bf16", "base", 2.6, 770)]
+  cells = peers.summarize(records)
+  table = peers.format_table(cells)
+  assert "base: txf-bf16 / txf-bf16-before (the same sitting): train 1.25x" in table, table
+  assert "base: bf16 compute, txf-bf16 / torch-bf16: train 1.30x" in table, table
+  assert "vs_train" not in peers.ratios(cells).get("base", {})  # neither old code nor torch-bf16 is a peer
+  assert peers.main(["--systems", "txf-bf16,txf-bf16-before", "--output", ""]) == 2  # no tree
