@@ -22,8 +22,8 @@ import pytest
 
 from tests.conftest import ROOT
 from txf.runtime import workdir as workdir_lib
-from txf.train.checkpoint import (Checkpointer, CheckpointFallbackWarning, CheckpointSpec,
-                                  average_checkpoints)
+from txf.train.averaging import average_checkpoints
+from txf.train.checkpoint import Checkpointer, CheckpointFallbackWarning, CheckpointSpec
 from txf.core.config import base_config
 from txf.train.steps import TrainState, create_train_state
 from tests import faults
@@ -425,7 +425,8 @@ def test_average_shard_by_shard_over_four_devices(tmp_path):
   np.savez(tmp_path / "step2.npz", **{"/".join(map(str, k)): v for k, v in _flat_items(states[1].params)})
   script = textwrap.dedent(f"""
       import jax, numpy as np
-      from txf.train.checkpoint import Checkpointer, average_checkpoints
+      from txf.train.averaging import average_checkpoints
+      from txf.train.checkpoint import Checkpointer
       from txf.runtime import workdir as workdir_lib
       reads = []
       original = Checkpointer._restore_leaf

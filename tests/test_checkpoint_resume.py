@@ -24,7 +24,8 @@ import pytest
 
 from tests.conftest import EXPERIMENTS, ROOT
 from txf.runtime import workdir as workdir_lib
-from txf.train.checkpoint import Checkpointer, average_checkpoints
+from txf.train.averaging import average_checkpoints
+from txf.train.checkpoint import Checkpointer
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint_resume")]  # one reference run
 

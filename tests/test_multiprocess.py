@@ -107,7 +107,7 @@ def test_two_processes_train_checkpoint_and_one_process_resumes(tmp_path):
                                   "--workdir", str(resumed), "--last", "2"])
   assert status == 0 and "checkpoints at steps 3, 6" in out, out[-3000:]
   assert os.path.isdir(resumed / "params_avg2")
-  from txf.train.checkpoint import average_checkpoints
+  from txf.train.averaging import average_checkpoints
   average_checkpoints(str(resumed), 2)  # one process, float64 sums: params_avg2.msgpack
   whole = workdir_lib.load_params(str(resumed), "params_avg2.msgpack")
   sharded = workdir_lib.load_params(str(resumed), "params_avg2")

@@ -6,7 +6,7 @@ import os
 from absl import flags
 import jax
 
-from txf.train.checkpoint import average_checkpoints
+from txf.train.averaging import average_checkpoints
 from txf.runtime import workdir as workdir_lib
 from txf.core import families
 from txf.runtime import storage
