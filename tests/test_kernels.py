@@ -115,6 +115,46 @@ def test_bf16_gated_feed_forward_matches_the_formula(activation, use_bias):
                                b_gate=c32))
 
 
+def _layer_norm_float64(x, gamma, beta, eps):
+  """LN in numpy float64: (x - mu) / sqrt(var + eps) * gamma + beta over the last axis."""
+  mu = x.mean(axis=-1, keepdims=True)
+  return (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + eps) * gamma + beta
+
+
+def test_layer_norm_kernel_is_the_formula_forward_and_its_gradient_is_the_float64_one():
+  # the closed-form gradient against central differences of LN in numpy float64, on a random
+  # direction of each input (a wrong term of dx, dgamma or dbeta moves these by O(1))
+  rs = np.random.RandomState(0)
+  x = rs.randn(3, 5, 16) * 2.0 + 0.5
+  gamma, beta, g = rs.randn(16), rs.randn(16), rs.randn(3, 5, 16)
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  y = jax.jit(kernels.norm.layer_norm, static_argnums=3)(f32(x), f32(gamma), f32(beta), 1e-6)
+  want = jax.jit(ops.layer_norm, static_argnums=3)(f32(x), f32(gamma), f32(beta), 1e-6)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+  _, vjp = jax.vjp(lambda a, b, c: kernels.norm.layer_norm(a, b, c, 1e-6), f32(x), f32(gamma),
+                   f32(beta))
+  grads = [np.asarray(d, np.float64) for d in vjp(f32(g))]
+  args = [x, gamma, beta]
+  for i, grad in enumerate(grads):
+    direction = rs.randn(*args[i].shape)
+    h = 1e-6
+    plus = [a + h * direction if j == i else a for j, a in enumerate(args)]
+    minus = [a - h * direction if j == i else a for j, a in enumerate(args)]
+    numeric = ((_layer_norm_float64(*plus, 1e-6) - _layer_norm_float64(*minus, 1e-6)) * g).sum() / (2 * h)
+    assert abs((grad * direction).sum() - numeric) <= 1e-4 * max(1.0, abs(numeric)), (i, numeric)
+
+
+def test_layer_norm_dispatch_keeps_float32_on_jaxs_own_gradient():
+  # float32 compute never reaches the kernel (its programs, and the default run, stay as they were)
+  x = jnp.asarray(np.random.RandomState(1).randn(2, 3, 8), jnp.float32)
+  ones, zeros = jnp.ones(8), jnp.zeros(8)
+  jaxpr = str(jax.make_jaxpr(lambda a: kernels.layer_norm(a, ones, zeros, 1e-6, jnp.float32))(x))
+  assert "custom_vjp" not in jaxpr
+  with kernels.use(bf16_dots="layout"):
+    jaxpr = str(jax.make_jaxpr(lambda a: kernels.layer_norm(a, ones, zeros, 1e-6, jnp.bfloat16))(x))
+  assert "custom_vjp" in jaxpr
+
+
 def test_bf16_multi_head_attention_matches_the_formula_with_biases_and_a_kv_hook():
   (x, x32), (m, m32) = _bf16(2, 5, 16), _bf16(2, 6, 16)
   ws = [_bf16(16, 4, 4) for _ in range(3)] + [_bf16(4, 4, 16)]

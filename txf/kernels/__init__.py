@@ -12,7 +12,7 @@ from txf.kernels.attention import (ATTENTION, Attention, attend, fused_attention
                                    scaled_dot_product_attention)
 from txf.kernels.threefry import bernoulli, dropout
 from txf.kernels.head import head_cross_entropy
-from txf.kernels.products import dense, feed_forward, tied_logits
+from txf.kernels.products import dense, feed_forward, layer_norm, tied_logits
 from txf.kernels.select import (ATTENTION_IMPLS, Kernels, backend, default_bf16_dots, describe,
                                 has_bf16_units, select, use)
 from txf.kernels.topk import argmax, blocked_top_k, first_argmax, top_k

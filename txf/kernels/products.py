@@ -6,7 +6,7 @@ from typing import Callable, Optional
 import jax.numpy as jnp
 
 from txf import ops
-from txf.kernels import bf16
+from txf.kernels import bf16, norm
 from txf.kernels.select import select
 
 
@@ -37,3 +37,13 @@ def dense(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
   if select(x.dtype).layout_dots:
     return bf16.dense(x, w)
   return jnp.matmul(x, w)
+
+
+def layer_norm(x: jnp.ndarray, gamma: jnp.ndarray, beta: jnp.ndarray, eps: float,
+               compute_dtype=None) -> jnp.ndarray:
+  """LN(v) = gamma * (v - mu) / sqrt(sigma^2 + eps) + beta (``txf.ops.layer_norm``): x [..., d]
+  -> [..., d]. Under ``compute_dtype`` bf16 with the bf16 CPU kernels, its gradient is
+  txf.kernels.norm's closed form; otherwise jax differentiates the formula."""
+  if select(compute_dtype).layout_dots:
+    return norm.layer_norm(x, gamma, beta, eps)
+  return ops.layer_norm(x, gamma, beta, eps)

@@ -92,9 +92,10 @@ def layer_norm(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray) -> jnp
   parameters ``scale`` (gamma, 1 at init) and ``bias`` (beta, 0 at init) [d] of ``module`` and
   eps = ``model.layer_norm_eps``. x [..., d] -> [..., d]."""
   d = x.shape[-1]
-  return ops.layer_norm(x, module.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,)),
-                        module.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), (d,)),
-                        cfg.layer_norm_eps)
+  return kernels.layer_norm(
+      x, module.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), (d,)),
+      module.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), (d,)),
+      cfg.layer_norm_eps, cfg.compute_dtype)
 
 
 def rms_norm(module: nn.Module, cfg: TransformerConfig, x: jnp.ndarray) -> jnp.ndarray:
