@@ -57,6 +57,27 @@ def test_head_matches_numpy_float64(eps, chunk_rows):
   np.testing.assert_allclose(grads[1], dtable, rtol=1e-4, atol=1e-5)
 
 
+def test_the_correct_count_takes_the_first_of_tied_maxima_as_numpy_argmax_does():
+  # duplicate rows of the table tie the logits of their tokens exactly: a target is correct only
+  # where it is the first of the tied maxima (numpy's argmax), not where a later copy is
+  h, table, _, _ = _inputs(seed=3, shape=(4, 6), d=8, v=12)
+  table *= 0.1
+  table[[2, 5, 9]] = table[2] * 10.0  # tokens 2, 5 and 9 always tie, and hold most rows' max
+  h[..., :] = np.sign(table[2]) + 0.5 * h
+  z = h.reshape(-1, 8).astype(np.float64) @ table.T.astype(np.float64)
+  assert (z.argmax(-1) == 2).mean() > 0.5
+  for targets in (np.full((4, 6), 2), np.full((4, 6), 5), np.full((4, 6), 9),
+                  np.random.default_rng(0).integers(0, 12, (4, 6))):
+    targets = targets.astype(np.int32)
+    weights = np.ones((4, 6), np.float32)
+    logits = np.asarray(jnp.asarray(h) @ jnp.asarray(table).T)  # the float32 logits the head sees
+    want = float((logits.reshape(-1, 12).argmax(-1) == targets.reshape(-1)).sum())
+    for chunk_rows in (None, 5):
+      out = jax.jit(lambda a, b: kernels.head_cross_entropy(a, b, targets, weights, 0.1,
+                                                            chunk_rows))(h, table)
+      assert float(out[2]) == want, (targets[0, 0], chunk_rows, float(out[2]), want)
+
+
 def test_head_matches_reference_path_and_scales_with_the_cotangent():
   h, table, targets, weights = _inputs(1, (4, 6), 16, 37)
 

@@ -37,10 +37,12 @@ def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool, vocab:
     loss = (1.0 - epsilon) * nll + epsilon * lse - smooth * (z_sum - z_y)
   else:
     loss = nll
-  # argmax as the first index holding the max (a plain min-reduce; XLA:CPU's variadic argmax
-  # reduce was ~3% of a base step)
-  first = jnp.min(jnp.where(z == m[:, None], iota, rows), axis=-1)
-  correct = (first == targets).astype(jnp.float32)
+  # correct: the target is the first index holding the max (numpy's argmax): z_y = m and no
+  # earlier index ties it. The ties are counted as a float32 sum of 0/1 (exact), which XLA:CPU
+  # fuses with the softmax's sums; an int32 min-reduce of the first index became a separate
+  # reduce-window (about 1% of a base step), a variadic argmax reduce about 3%
+  ties_before = jnp.sum(jnp.where((z == m[:, None]) & (iota < targets[:, None]), 1.0, 0.0), axis=-1)
+  correct = ((z_y == m) & (ties_before == 0)).astype(jnp.float32)
   terms = (jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(correct * weights))
   if not grads:
     return terms, None
