@@ -146,6 +146,23 @@ def test_every_dot_of_the_bf16_gradient_runs_on_bf16_operands():
   assert len(callers) >= 6 and text.count('"__ynn_fusion"') >= 6
 
 
+def test_weight_gradient_of_a_wide_input_copies_the_narrow_side_transposed():
+  # dW = xᵀ g for x [N, K] wide, g [N, M] narrow: the bf16 dot needs one operand transposed; the
+  # kernel copies g ([M, N]) and transposes the small [M, K] result, not x ([K, N])
+  n, k, m = 512, 256, 16
+  x, w, g = _bf16((n, k)), _bf16((k, m), k ** -0.5), _bf16((n, m))
+  dw_of = jax.jit(lambda x, w, g: jax.vjp(dots.dense, x, w)[1](g)[1])
+  dw = dw_of(x, w, g)
+  assert dw.dtype == jnp.bfloat16 and dw.shape == (k, m)
+  _close(dw, _f64(x).T @ _f64(g), 2 * BF16_EPS)
+  text = dw_of.lower(x, w, g).compile().as_text()
+  copies = set(re.findall(r"bf16\[(\d+),(\d+)\]\{1,0\} (?:copy|fusion)\(", text))
+  assert (str(m), str(n)) in copies and (str(k), str(n)) not in copies, copies
+  # and the rule keeps the usual form where x is the narrow side
+  dw_t = jax.jit(lambda g, w, x: jax.vjp(dots.dense, g, w)[1](x)[1])
+  _close(dw_t(g, _bf16((m, k)), x), _f64(g).T @ _f64(x), 2 * BF16_EPS)
+
+
 def _model_cfg(dtype):
   return TransformerConfig(family="encoder_decoder", vocab_size=96, d_model=64, num_heads=4, d_ff=128,
                            num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0,

@@ -124,6 +124,22 @@ def test_head_bfloat16_states_match_the_reference_path():
     np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=2e-2, atol=2e-3)
 
 
+def test_bfloat16_table_gradient_is_summed_over_blocks_in_float32():
+  # under the bf16 dots each block's G^T h is a float32 product; the blocks' sum stays float32
+  # and is rounded to bf16 once, so 16 blocks give the one-block gradient (up to float32
+  # summation order: at most one bf16 step, in a few elements), where a bf16 running sum rounds
+  # at every block
+  h, table, targets, weights = _inputs(5, (16, 64), 32, 300)
+  h = jnp.asarray(h, jnp.bfloat16)
+  with kernels.use(bf16_dots="layout"):
+    grad = lambda rows: jax.jit(jax.grad(lambda b: kernels.head_cross_entropy(
+        h, b, targets, weights, 0.1, rows)[0]))(table)
+    one, blocks = np.asarray(grad(None), np.float64), np.asarray(grad(64), np.float64)
+  step = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(one), 1e-30))) - 7)  # one bf16 step
+  assert np.all(np.abs(blocks - one) <= step * 1.001)
+  assert np.mean(blocks == one) > 0.95, np.mean(blocks == one)
+
+
 SMALL = dict(num_encoder_layers=1, num_decoder_layers=1)   # one layer each: quick to compile
 
 FAMILIES = [  # the first in the quick tier, the others in the end-to-end tier (`pytest -m slow`)

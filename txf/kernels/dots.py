@@ -41,7 +41,19 @@ def _dot(a: jnp.ndarray, b: jnp.ndarray, contract) -> jnp.ndarray:
 
 
 def _weight_grad(x2: jnp.ndarray, g2: jnp.ndarray) -> jnp.ndarray:
-  """xᵀ g for x [N, K], g [N, M] -> [K, M] f32: an NN dot on a transposed copy of x."""
+  """xᵀ g for x [N, K], g [N, M] -> [K, M] f32: an NN dot on a transposed copy of x, or, where
+  that copy is the larger cost, (gᵀ x)ᵀ: an NN dot on a transposed copy of g, then the [M, K]
+  float32 result copied transposed.
+
+  The choice counts elements copied: N K of bf16 against N M of bf16 plus K M of float32 (twice
+  the bytes). A FFN's W2 ([d_ff, d_model] from the hidden [N, d_ff]) and the tied output table
+  ([V, d_model] from the logit gradient [N, V]) take the second form. The barrier keeps XLA from
+  folding the transpose into the dot (a dot contracting its lhs on dim 0, which bf16 does not run).
+  """
+  n, k = x2.shape
+  m = g2.shape[1]
+  if n * m + 2 * k * m < n * k:
+    return transposed(lax.optimization_barrier(_dot(transposed(g2), x2, NN)))
   return _dot(transposed(x2), g2, NN)
 
 

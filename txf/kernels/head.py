@@ -53,9 +53,17 @@ def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool, vocab:
     q = jnp.where(real, q, 0.0)
   g = (weights / s)[:, None] * e - weights[:, None] * q
   g = g.astype(h.dtype)
-  if bf16:
-    return terms, (dots.dot_nn(g, table).astype(h.dtype), dots.dot_tn(g, h).astype(h.dtype))
+  if bf16:  # the table's gradient as hᵀ g [d, V_pad] in float32: a copy of h transposed, not of g
+    return terms, (dots.dot_nn(g, table).astype(h.dtype), dots.dot_nn(dots.transposed(h), g))
   return terms, (jnp.dot(g, table), jnp.dot(g.T, h))
+
+
+def _table_grad(acc, table, bf16: bool):
+  """The table's gradient [V_pad, d] in its dtype from the blocks' sum: under the bf16 dots
+  (``bf16``) that sum is (dL/dE)ᵀ [d, V_pad] in float32, copied transposed and rounded once here."""
+  if not bf16:
+    return acc
+  return dots.transposed(jax.lax.optimization_barrier(acc)).astype(table.dtype)
 
 
 def _pad_rows(x, rows: int):
@@ -71,8 +79,10 @@ def _run(h, table, targets, weights, epsilon: float, chunk_rows: Optional[int], 
   its own rows of each block and no device gathers the rows of another (a scan over contiguous
   blocks would split the scanned axis and make GSPMD gather all rows onto every device)."""
   n = h.shape[0]
+  bf16 = select(h.dtype).layout_dots
   if not chunk_rows or chunk_rows >= n:
-    return _chunk_terms(h, table, targets, weights, epsilon, grads, vocab)
+    terms, g = _chunk_terms(h, table, targets, weights, epsilon, grads, vocab)
+    return terms, None if g is None else (g[0], _table_grad(g[1], table, bf16))
   blocks = -(-n // chunk_rows)
   rows = blocks * chunk_rows
   split = lambda x: jnp.swapaxes(
@@ -87,11 +97,14 @@ def _run(h, table, targets, weights, epsilon: float, chunk_rows: Optional[int], 
       return (terms, dtable), None
     return (terms, dtable + g[1]), g[0]
 
-  init = ((zero, zero, zero), jnp.zeros_like(table) if grads else None)
-  (terms, dtable), dh = jax.lax.scan(body, init, (split(h), split(targets), split(weights)))
+  acc = None
+  if grads:  # the blocks' table gradients are summed in float32 ([d, V_pad] under the bf16 dots)
+    acc = jnp.zeros(table.shape[::-1] if bf16 else table.shape, jnp.float32 if bf16 else table.dtype)
+  (terms, dtable), dh = jax.lax.scan(body, ((zero, zero, zero), acc),
+                                     (split(h), split(targets), split(weights)))
   if not grads:
     return terms, None
-  return terms, (jnp.swapaxes(dh, 0, 1).reshape(rows, -1)[:n], dtable)
+  return terms, (jnp.swapaxes(dh, 0, 1).reshape(rows, -1)[:n], _table_grad(dtable, table, bf16))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
