@@ -68,7 +68,8 @@ def dot_nt(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
 
 
 def dot_tn(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
-  """aᵀ b for a [N, K], b [N, M] -> float32 [K, M] (an NN dot on a transposed copy of a)."""
+  """aᵀ b for a [N, K], b [N, M] -> float32 [K, M] (an NN dot on a transposed copy of the side
+  that costs less to copy: :func:`_weight_grad`)."""
   return _weight_grad(a, b)
 
 
