@@ -11,8 +11,8 @@
 #
 # Runs: m30k (raw cased text, both BLEU protocols), m30k_tiny (the papers' lowercased tokenized
 # files, Transformer-Tiny, tok-lc BLEU beside Wu et al. 2021), m30k_tiny_bf16 (the same in one hour
-# with bf16 compute), m30k_span (T5's span corruption
-# on Multi30k's training text, then m30k_tiny's model from it in m30k_tiny's wall time), sst2 (dev,
+# with bf16 compute), m30k_span (T5's span corruption on Multi30k's training text, then
+# m30k_tiny's model from it in m30k_tiny's wall time), sst2 (dev,
 # then test once with the parameters dev chose), sst2_pretrained (masked-LM pretraining on SST-2's
 # own training text, then the same fine-tuning and scoring), sst2_seeds (both, 3 seeds each, with
 # statistics), shakespeare (default: m30k m30k_tiny sst2 shakespeare).

@@ -53,8 +53,8 @@ def _chunk_terms(h, table, targets, weights, epsilon: float, grads: bool, vocab:
     q = jnp.where(real, q, 0.0)
   g = (weights / s)[:, None] * e - weights[:, None] * q
   g = g.astype(h.dtype)
-  if bf16:  # the table's gradient as hᵀ g [d, V_pad] in float32: a copy of h transposed, not of g
-    return terms, (dots.dot_nn(g, table).astype(h.dtype), dots.dot_nn(dots.transposed(h), g))
+  if bf16:  # the table's gradient as hᵀ g [d, V_pad] in float32 (dot_tn copies h, not g)
+    return terms, (dots.dot_nn(g, table).astype(h.dtype), dots.dot_tn(h, g))
   return terms, (jnp.dot(g, table), jnp.dot(g.T, h))
 
 
@@ -99,7 +99,7 @@ def _run(h, table, targets, weights, epsilon: float, chunk_rows: Optional[int], 
 
   acc = None
   if grads:  # the blocks' table gradients are summed in float32 ([d, V_pad] under the bf16 dots)
-    acc = jnp.zeros(table.shape[::-1] if bf16 else table.shape, jnp.float32 if bf16 else table.dtype)
+    acc = jnp.zeros(table.shape[::-1], jnp.float32) if bf16 else jnp.zeros_like(table)
   (terms, dtable), dh = jax.lax.scan(body, ((zero, zero, zero), acc),
                                      (split(h), split(targets), split(weights)))
   if not grads:
