@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -384,9 +385,11 @@ def test_the_command_refuses_a_bad_sweep_with_one_line_and_exit_2(tmp_path, fiel
 def test_a_tiny_sweep_end_to_end_through_the_cli(tmp_path):
   path = write_spec(tmp_path, overrides=TINY)
   root = str(tmp_path / "root")
-  r = run_txf("sweep", path, "--root", root, "--parallel", "2", timeout=600)
+  ledger = str(tmp_path / "ledger.jsonl")
+  r = run_txf("sweep", path, "--root", root, "--parallel", "2", "--ledger", ledger, timeout=600)
   assert r.returncode == 0, r.stdout + r.stderr
   assert sum("done in" in line for line in r.stdout.splitlines()) == 4
+  assert len(open(ledger).readlines()) == 4   # each run recorded as it finished
   for arm in ("base", "rms"):
     for seed in (0, 1):
       workdir = os.path.join(root, arm, f"seed-{seed}")
@@ -400,6 +403,11 @@ def test_a_tiny_sweep_end_to_end_through_the_cli(tmp_path):
   assert os.path.getsize(os.path.join(root, "report.png")) > 1000
   again = run_txf("sweep", path, "--root", root, "--parallel", "2")  # everything is complete
   assert again.returncode == 0 and again.stdout.count("complete, skipped") == 4, again.stderr
+  # the workdirs gone (another machine): the ledger gives the same report, and nothing is trained
+  shutil.rmtree(root)
+  from_ledger = run_txf("sweep", path, "--root", root, "--ledger", ledger)
+  assert from_ledger.returncode == 0 and from_ledger.stdout.count("recorded in") == 4, from_ledger.stderr
+  assert open(os.path.join(root, "report.md")).read() == text
 
 
 # -- Weights & Biases ------------------------------------------------------------------------------------

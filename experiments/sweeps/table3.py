@@ -43,6 +43,10 @@ new study: change STEPS before the study starts, or use another --root.
   TXF_DATA=../shared/data txf sweep experiments/sweeps/table3.py --parallel 2
   txf sweep report runs/sweeps/table3
 
+The runs behind the published table are recorded in experiments/results/table3.jsonl (a sweep
+ledger, docs/sweeps.md): `txf sweep report experiments/sweeps/table3.py --ledger
+experiments/results/table3.jsonl` reports them without training.
+
 The study resumes where it stopped (complete runs are skipped), so it can run in several sittings.
 The report (runs/sweeps/table3/report.md) has a table per metric and, beside the paper's Table 3
 (the reference below), each arm's mean difference to the base with its 95% interval, Welch p, the

@@ -253,7 +253,10 @@ def sweep(fv: flags.FlagValues) -> None:
   runs every arm x seed of a sweep file as its own ``txf train`` workdir (root/<arm>/seed-<k>/), N at
   a time, skipping complete runs and resuming interrupted ones, then reports;
   ``txf sweep report ROOT`` writes the report of a sweep's runs: per-arm mean, std, 95% CI and
-  Welch's t-test against the baseline (report.md, report.csv, report.png under ROOT). With
+  Welch's t-test against the baseline (report.md, report.csv, report.png under ROOT);
+  ``txf sweep report SWEEP_FILE`` does so for the sweep file's root without training. With
+  ``--ledger FILE`` each complete run is recorded in FILE, a run recorded there is not trained again
+  and the report reads it from its record: a study that outlives its workdirs. With
   ``--fit`` the report also fits L(N), L(D) and L(N, D) = E + A/N^alpha + B/D^beta over the runs'
   sizes with 90% bootstrap intervals (fit.md, fit.json, fit.png), ``--predict N=...,D=...`` giving
   the law's prediction there, ``--holdout ARM`` fitting without that arm and checking the
@@ -271,6 +274,10 @@ def sweep(fv: flags.FlagValues) -> None:
   flags.DEFINE_multi_string("sbatch", [], "with --emit slurm: an #SBATCH option (repeatable), e.g. "
                             "--sbatch=--gres=gpu:1", flag_values=fv)
   flags.DEFINE_bool("report", True, "write the report once the runs have finished", flag_values=fv)
+  flags.DEFINE_string("ledger", None, "a JSON-lines file that records each complete run (metrics, "
+                      "final parameters' digest, CPU, commit): recorded runs are skipped and reported "
+                      "from it, e.g. a file kept under version control beside the sweep file",
+                      flag_values=fv)
   flags.DEFINE_bool("fit", False, "also fit scaling laws over the runs' model sizes N and training "
                     "tokens D, with 90% bootstrap intervals (fit.md, fit.json, fit.png)", flag_values=fv)
   flags.DEFINE_string("predict", "", "with --fit: N=SIZE,D=TOKENS (either or both) at which the laws "

@@ -1,6 +1,7 @@
 """Runs ``txf sweep``; its usage text and flags are declared in txf.commands.declared.sweep
 (``txf sweep --help``), which txf/cli.py parses before importing this module."""
 
+import os
 import sys
 
 from absl import flags
@@ -8,6 +9,7 @@ from absl import flags
 from txf.core.errors import TxfError
 from txf.sweep import (emit_commands, emit_slurm, load_sweep, read_sweep, run_local, write_report,
                        write_sweep)
+from txf.sweep import ledger as ledger_lib
 from txf.sweep.grid import parse_sets
 from txf.sweep.scaling import check_holdout, parse_predict, write_fit_report
 
@@ -30,10 +32,22 @@ def _fit(sweep) -> None:
 def main(argv):
   args = argv[1:]
   parse_predict(flags.FLAGS.predict)  # a malformed --predict is refused before anything runs
+  fl = flags.FLAGS
   if args[:1] == ["report"]:
     if len(args) != 2:
-      raise TxfError("usage: txf sweep report ROOT (the folder of a sweep)")
-    sweep = read_sweep(args[1])
+      raise TxfError("usage: txf sweep report ROOT (the folder of a sweep) or txf sweep report "
+                     "SWEEP_FILE")
+    if os.path.isfile(args[1]):  # a sweep file: its root (default or --root), nothing trained
+      sweep = load_sweep(args[1], fl.root, parse_sets(fl["set"].value))
+    else:
+      sweep = read_sweep(args[1])
+    if fl.ledger is not None:
+      sweep.ledger = fl.ledger
+    if sweep.ledger and not os.path.isfile(sweep.ledger):
+      raise TxfError(f"--ledger {sweep.ledger}: no such file (the runs a ledger records are written "
+                     f"there by `txf sweep SWEEP_FILE --ledger FILE`)")
+    ledger_lib.of(sweep)  # a malformed ledger is refused before anything is written
+    write_sweep(sweep)
     check_holdout(sweep, flags.FLAGS.holdout)  # refused before anything runs
     text, paths = write_report(sweep)
     print(text + f"\nwritten: {', '.join(paths.values())}")
@@ -42,11 +56,12 @@ def main(argv):
   if len(args) != 1:
     raise TxfError(f"give one sweep file (txf sweep SWEEP_FILE) or `txf sweep report ROOT`, not "
                    f"{' '.join(args) or 'nothing'}")
-  fl = flags.FLAGS
   if fl.parallel < 1:
     raise TxfError(f"--parallel={fl.parallel} must be at least 1")
   sweep = load_sweep(args[0], fl.root, parse_sets(fl["set"].value))
+  sweep.ledger = fl.ledger or ""
   check_holdout(sweep, flags.FLAGS.holdout)  # refused before anything runs
+  ledger = ledger_lib.of(sweep)  # a malformed ledger is refused before anything runs
   write_sweep(sweep)
   if fl.emit == "commands":
     sys.stdout.write(emit_commands(sweep))
@@ -57,7 +72,8 @@ def main(argv):
   print(f"txf sweep {sweep.name}: {len(sweep.arms)} arm(s) x {len(sweep.seeds)} seed(s) = "
         f"{len(sweep.runs)} runs under {sweep.root}, {fl.parallel} at a time", flush=True)
   try:
-    outcomes = run_local(sweep.runs, fl.parallel, say=lambda line: print(line, flush=True))
+    outcomes = run_local(sweep.runs, fl.parallel, say=lambda line: print(line, flush=True),
+                         ledger=ledger)
   except KeyboardInterrupt:
     print(f"txf: sweep interrupted: run the same command to resume ({sweep.root})", flush=True)
     sys.exit(130)

@@ -86,6 +86,7 @@ class Sweep:
   runs: List[Run] = dataclasses.field(default_factory=list)
   metrics: List[str] = dataclasses.field(default_factory=list)   # every metric compared (metric first)
   reference: Dict[str, Any] = dataclasses.field(default_factory=dict)  # published deltas, per arm
+  ledger: str = ""                  # a file recording the complete runs (txf.sweep.ledger), or ""
 
   @property
   def compared(self) -> List[str]:

@@ -9,7 +9,6 @@ missing and named under the table.
 import csv
 import dataclasses
 import io
-import json
 import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -17,9 +16,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from txf.train import viz
-from txf.runtime import workdir as workdir_lib
-from txf.sweep import reference
+from txf.sweep import ledger as ledger_lib, reference
 from txf.sweep.grid import Run, Sweep
+from txf.sweep.ledger import read_rows
 from txf.sweep.runner import is_complete
 from txf.sweep.stats import CONFIDENCE, Summary, Welch, summarize, welch
 
@@ -28,21 +27,6 @@ REPORT_METRICS_CSV = "report_metrics.csv"   # a sweep of several metrics: all of
 REPORT_CURVES_CSV = "report_curves.csv"     # each arm's mean curve with its interval, per step
 CSV_COLUMNS = ("arm", "n", "mean", "std", "ci_low", "ci_high", "diff", "diff_ci_low", "diff_ci_high",
                "t", "dof", "p", "missing", "values")
-
-
-def read_rows(workdir: str) -> List[Dict]:
-  """The rows of ``workdir/metrics.jsonl`` ([] if absent); a line cut short by a kill is skipped."""
-  path = workdir_lib.path_of(workdir, workdir_lib.METRICS_FILE)
-  if not os.path.isfile(path):
-    return []
-  rows = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        rows.append(json.loads(line))
-      except ValueError:
-        continue
-  return rows
 
 
 def series(rows: Sequence[Dict], metric: str) -> Tuple[np.ndarray, np.ndarray]:
@@ -58,14 +42,17 @@ def series(rows: Sequence[Dict], metric: str) -> Tuple[np.ndarray, np.ndarray]:
   return steps, np.array([points[s] for s in steps], dtype=np.float64)
 
 
-def run_value(run: Run, metric: str, mode: str) -> Tuple[Optional[float], str]:
+def run_value(run: Run, metric: str, mode: str,
+              record: Optional[Dict] = None) -> Tuple[Optional[float], str]:
   """(value, '') of a complete run: the metric at its last step (mode final) or its min / max over
-  the run; (None, why) for a run that is not complete or never logged the metric at its end."""
-  if not is_complete(run.workdir, run.steps):
+  the run; (None, why) for a run that is not complete or never logged the metric at its end. A run
+  that is not complete on disk but has a ledger ``record`` (txf.sweep.ledger) is read from it."""
+  complete = is_complete(run.workdir, run.steps)
+  if not complete and record is None:
     if run.log and os.path.isfile(run.log):  # it was started: failed, or stopped before its end
       return None, f"not complete (log: {run.log})"
     return None, "not complete" if os.path.isdir(run.workdir) else "not run"
-  steps, values = series(read_rows(run.workdir), metric)
+  steps, values = series(read_rows(run.workdir) if complete else record["rows"], metric)
   keep = steps <= run.steps
   steps, values = steps[keep], values[keep]
   if mode == "final":
@@ -95,7 +82,7 @@ def build(sweep: Sweep, metric: Optional[str] = None) -> List[ArmReport]:
   values: Dict[str, Dict[int, float]] = {arm: {} for arm in sweep.arms}
   missing: Dict[str, Dict[int, str]] = {arm: {} for arm in sweep.arms}
   for run in sweep.runs:
-    value, why = run_value(run, metric, sweep.mode)
+    value, why = run_value(run, metric, sweep.mode, ledger_lib.record_of(sweep, run))
     if value is None or not math.isfinite(value):
       missing[run.arm][run.seed] = why or f"{metric} is {value}"
     else:
@@ -203,7 +190,7 @@ def curve_bands(sweep: Sweep, metric: str) -> List[Band]:
     by_step: Dict[int, List[float]] = {}
     for run in sweep.runs:
       if run.arm == arm:
-        for step, value in zip(*series(read_rows(run.workdir), metric)):
+        for step, value in zip(*series(ledger_lib.rows_of(sweep, run), metric)):
           by_step.setdefault(int(step), []).append(float(value))
     steps = np.array(sorted(by_step), np.int64)
     out.append(Band(arm, steps, [summarize(by_step[int(s)]) for s in steps]))
@@ -246,7 +233,7 @@ def plot(sweep: Sweep, arms: Sequence[ArmReport], path: str) -> str:
   for ax, metric in zip(axes[1:], curves):
     labelled = set()
     for run in sweep.runs:
-      steps, values = series(read_rows(run.workdir), metric)
+      steps, values = series(ledger_lib.rows_of(sweep, run), metric)
       if steps.size:
         ax.plot(steps, values, color=colours[run.arm], alpha=0.3, linewidth=0.8,
                 **({"marker": "o", "markersize": 2} if metric.startswith("eval/") else {}))

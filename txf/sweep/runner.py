@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from txf.core.errors import is_error_line
 from txf.runtime import process as runtime, workdir as workdir_lib
 from txf.sweep.grid import Run, Sweep
+from txf.sweep.ledger import Ledger
 
 POLL_SECONDS = 0.2   # how often the running processes are polled
 STOP_SECONDS = 300   # after an interrupt: how long the runs have to write their checkpoints
@@ -93,19 +94,26 @@ def child_environment(parallel: int) -> Dict[str, str]:
 
 def run_local(runs: Sequence[Run], parallel: int = 1, say: Callable[[str], None] = print,
               command: Callable[[Run], List[str]] = txf_command,
-              env: Optional[Dict[str, str]] = None) -> List[Outcome]:
+              env: Optional[Dict[str, str]] = None, ledger: Optional[Ledger] = None) -> List[Outcome]:
   """Run ``runs`` as subprocesses, at most ``parallel`` at once, each writing its output to its
   log file (root/<arm>/seed-<k>.log, appended). Complete runs are skipped; one line per finished
-  run goes to ``say``. An interrupt (Ctrl-C, SIGTERM) is passed on to the running runs, which write
+  run goes to ``say``. With a ``ledger`` (txf.sweep.ledger) a run it records is skipped too, and
+  every complete run it does not record yet, found on disk or just finished, is recorded. An interrupt (Ctrl-C, SIGTERM) is passed on to the running runs, which write
   a checkpoint and stop (each run is in a session of its own: the sweep sends it one SIGTERM); then
   KeyboardInterrupt is raised. Returns the outcomes in ``runs``' order."""
   env = child_environment(parallel) if env is None else env
   outcomes: Dict[int, Outcome] = {}
   todo = []
   for run in runs:
-    if is_complete(run.workdir, run.steps):
+    if ledger is not None and ledger.get(run) is not None:
+      outcomes[run.index] = Outcome(run, "complete", reason="recorded")
+      say(f"[{len(outcomes)}/{len(runs)}] {run.label}: recorded in {ledger.path}, skipped")
+    elif is_complete(run.workdir, run.steps):
       outcomes[run.index] = Outcome(run, "complete")
-      say(f"[{len(outcomes)}/{len(runs)}] {run.label}: complete, skipped")
+      if ledger is not None:
+        ledger.add(run, None)
+      say(f"[{len(outcomes)}/{len(runs)}] {run.label}: complete, skipped"
+          + (f" (recorded in {ledger.path})" if ledger is not None else ""))
     else:
       todo.append(run)
   running: Dict[int, tuple] = {}   # index -> (run, process, start time, log file)
@@ -129,6 +137,8 @@ def run_local(runs: Sequence[Run], parallel: int = 1, say: Callable[[str], None]
         run, process, start, log = running.pop(index)
         log.close()
         outcome = _outcome(run, process.returncode, time.monotonic() - start)
+        if ledger is not None and outcome.status == "done":
+          ledger.add(run, outcome.seconds)
         outcomes[index] = outcome
         say(f"[{len(outcomes)}/{len(runs)}] {describe(outcome)}")
   except KeyboardInterrupt:

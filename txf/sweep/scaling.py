@@ -21,33 +21,22 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from flax import serialization
 
 from txf.core.errors import TxfError
-from txf.runtime import workdir as workdir_lib
-from txf.sweep import fit as fit_lib
-from txf.sweep.grid import Sweep
+from txf.sweep import fit as fit_lib, ledger as ledger_lib
+from txf.sweep.grid import Run, Sweep
 from txf.sweep.report import run_value
 from txf.train import viz
 
 FIT_MD, FIT_JSON, FIT_PNG = "fit.md", "fit.json", "fit.png"
-VOCABULARY_TABLES = ("embedding", "pos_embedding", "token_type_embedding", "logits_kernel")
 
 
-def non_embedding_params(tree) -> int:
-  """Scalars in a parameter tree (nested dicts of arrays) outside ``VOCABULARY_TABLES``."""
-  if isinstance(tree, dict):
-    return sum(non_embedding_params(v) for k, v in tree.items() if k not in VOCABULARY_TABLES)
-  return int(np.asarray(tree).size)
-
-
-def run_size(workdir: str) -> Tuple[int, int]:
-  """(N, D) of a complete run (module doc)."""
-  params_path = workdir_lib.path_of(workdir, workdir_lib.PARAMS_FILE)
-  with open(params_path, "rb") as f:
-    n = non_embedding_params(serialization.msgpack_restore(f.read()))
-  with open(workdir_lib.path_of(workdir, workdir_lib.CONFIG_FILE), encoding="utf-8") as f:
-    config = json.load(f)
+def run_size(sweep: Sweep, run: Run) -> Tuple[int, int]:
+  """(N, D) of a complete run, from its workdir or its ledger record (module doc)."""
+  n, config = ledger_lib.size_of(sweep, run)
+  if n is None:
+    raise TxfError(f"{run.label}: neither its workdir nor a ledger record holds its final "
+                   f"parameters and config: the fit needs N and D of every run it uses")
   d = int(config["num_train_steps"]) * int(config["batch_size"]) * int(config["data"]["max_target_len"])
   return n, d
 
@@ -59,9 +48,9 @@ def sweep_points(sweep: Sweep, arms: Optional[Sequence[str]] = None) -> np.ndarr
   for run in sweep.runs:
     if arms is not None and run.arm not in arms:
       continue
-    value, _ = run_value(run, sweep.metric, sweep.mode)
+    value, _ = run_value(run, sweep.metric, sweep.mode, ledger_lib.record_of(sweep, run))
     if value is not None and np.isfinite(value):
-      rows.append((*run_size(run.workdir), value))
+      rows.append((*run_size(sweep, run), value))
   return np.asarray(rows, np.float64).reshape(-1, 3)
 
 
