@@ -69,6 +69,17 @@ def test_complete_runs_are_recorded_and_a_recorded_run_is_not_trained_again(tmp_
   assert first["params"] == {"sha256": hashlib.sha256(data).hexdigest(), "count": 32,
                              "non_embedding": 12}   # 5x4 + 4x3, the embedding left out
   assert first["config"] == {"num_train_steps": 6} and first["steps"] == 6 and first["cpu"]
+  # every run on disk has the parameters its record names; one changed on disk is named
+  text = report.markdown(sweep, report.build(sweep))
+  assert (f"Against the ledger ({sweep.ledger}): 4 of 4 runs both on disk and recorded end with the "
+          f"final parameters their records name (sha256), bit for bit.") in text
+  changed = os.path.join(sweep.runs[3].workdir, "params.msgpack")
+  data = open(changed, "rb").read()
+  open(changed, "wb").write(data[:-1] + bytes([data[-1] ^ 1]))
+  text = report.markdown(sweep, report.build(sweep))
+  assert "3 of 4 runs both on disk" in text and (
+      f"- rms/seed-1: its final parameters differ from those recorded on {first['cpu']} at "
+      f"{first['commit']}") in text
   # the workdirs are gone (another machine, a wiped disk): nothing is trained, the report is the same
   before = report.csv_text(report.build(sweep))
   shutil.rmtree(sweep.root)

@@ -216,3 +216,16 @@ def size_of(sweep: Sweep, run: Run) -> Tuple[Optional[int], Optional[Dict]]:
   if record and record.get("params", {}).get("non_embedding") is not None and record.get("config"):
     return int(record["params"]["non_embedding"]), record["config"]
   return None, None
+
+
+def compared(sweep: Sweep) -> List[Tuple[Run, Dict, bool]]:
+  """(run, its record, whether its final parameters on disk have the record's sha256) for each
+  run that is both complete on disk and recorded: a study run again, checked bit for bit."""
+  out = []
+  for run in sweep.runs:
+    record = record_of(sweep, run)
+    on_disk = os.path.isfile(workdir_lib.path_of(run.workdir, workdir_lib.PARAMS_FILE))
+    if record and on_disk and record.get("params", {}).get("sha256"):
+      out.append((run, record, _final_params(run.workdir)["sha256"] == record["params"]["sha256"]))
+  return out
+

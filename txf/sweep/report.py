@@ -115,7 +115,21 @@ def markdown(sweep: Sweep, arms: Sequence[ArmReport]) -> str:
   gaps = [f"- {a.arm}/seed-{seed}: {why}" for a in arms for seed, why in sorted(a.missing.items())]
   if gaps:
     lines += ["", f"Missing ({len(gaps)} of {len(sweep.runs)} runs, left out of the statistics):"] + gaps
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines + against_ledger(sweep)) + "\n"
+
+
+def against_ledger(sweep: Sweep) -> List[str]:
+  """Lines on the runs both on disk and in the sweep's ledger: how many end with the final
+  parameters their records name, and which do not (with the CPU of each); [] if there are none."""
+  pairs = ledger_lib.compared(sweep)
+  if not pairs:
+    return []
+  same = sum(equal for _, _, equal in pairs)
+  lines = ["", f"Against the ledger ({sweep.ledger}): {same} of {len(pairs)} runs both on disk and "
+               f"recorded end with the final parameters their records name (sha256), bit for bit."]
+  lines += [f"- {run.label}: its final parameters differ from those recorded on {record.get('cpu')} "
+            f"at {record.get('commit')}" for run, record, equal in pairs if not equal]
+  return lines
 
 
 def table_lines(arms: Sequence[ArmReport]) -> List[str]:
