@@ -146,6 +146,7 @@ def test_the_scaling_fit_reads_sizes_from_the_records_once_the_workdirs_are_gone
   assert after.shape == (24, 3) and np.array_equal(after, before)
 
 
+@pytest.mark.slow  # three txf processes: the end-to-end tier
 def test_the_command_reports_a_sweep_file_from_its_ledger_and_refuses_a_bad_ledger(tmp_path):
   spec = write_spec(tmp_path, seeds=1)
   sweep = grid.load_sweep(spec, str(tmp_path / "r"))
