@@ -117,6 +117,9 @@ VARIANT = ("the copy run with variant switches; each variant is tested in tests/
            "tests/test_optimizers.py")
 SWEEP = ("a sweep of 6 copy runs (minutes): tests/test_sweep.py::test_a_tiny_sweep_end_to_end_through_the_cli "
          "runs 2 arms x 2 seeds of a few steps through the CLI, then the report")
+LEDGER = ("a sweep of 6 copy runs (minutes): tests/test_sweep.py::test_a_tiny_sweep_end_to_end_through_the_cli "
+          "runs a tiny sweep with --ledger and reports it from the ledger alone once its workdirs are "
+          "gone; tests/test_sweep_ledger.py checks the records")
 HUB_T5 = ("a Hub download: tests/test_hf_t5.py imports, translates with, fine-tunes (init_from) and "
           "exports small local T5 models (v1.0 and v1.1 shapes)")
 HUB_BERT = ("a Hub download: tests/test_hf_bert.py imports, classifies, fine-tunes (init_from, "
@@ -290,6 +293,10 @@ NOT_RUN = {
         "tests/test_sweep.py checks the script (bash -n, and one array task run with a stand-in txf)",
     "sbatch sweep.sbatch": "a SLURM cluster",
     "txf sweep report runs/sweeps/copy_norm": SWEEP,
+    "txf sweep experiments/sweeps/copy_norm.py --parallel 2 --ledger results/copy_norm.jsonl": LEDGER,
+    "git add results/copy_norm.jsonl && git commit -m \"copy_norm: the runs so far\"":
+        "commits to the reader's own repository",
+    "txf sweep report experiments/sweeps/copy_norm.py --ledger results/copy_norm.jsonl": LEDGER,
     # docs/sweeps.md, the scaling-law fits
     "txf sweep report runs/sweeps/ladder --fit --predict N=1e6,D=4e6":
         "needs the ladder's runs; tests/test_sweep_fit.py runs `txf sweep report ROOT --fit` on fake ones",
