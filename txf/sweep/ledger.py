@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from flax import serialization
 
+from txf.models.build import count_params
 from txf.runtime import machine, workdir as workdir_lib
 from txf.sweep.grid import Run, Sweep, SweepError
 
@@ -58,12 +59,6 @@ def non_embedding_params(tree) -> int:
   """Scalars in a parameter tree (nested dicts of arrays) outside ``VOCABULARY_TABLES``."""
   if isinstance(tree, dict):
     return sum(non_embedding_params(v) for k, v in tree.items() if k not in VOCABULARY_TABLES)
-  return int(np.asarray(tree).size)
-
-
-def _count(tree) -> int:
-  if isinstance(tree, dict):
-    return sum(_count(v) for v in tree.values())
   return int(np.asarray(tree).size)
 
 
@@ -98,7 +93,7 @@ def _final_params(workdir: str) -> Dict[str, Any]:
   with open(path, "rb") as f:
     data = f.read()
   tree = serialization.msgpack_restore(data) if data else {}
-  return {"sha256": hashlib.sha256(data).hexdigest(), "count": _count(tree),
+  return {"sha256": hashlib.sha256(data).hexdigest(), "count": count_params(tree),
           "non_embedding": non_embedding_params(tree)}
 
 
@@ -193,25 +188,14 @@ def record_of(sweep: Sweep, run: Run) -> Optional[Dict]:
   return ledger.get(run) if ledger else None
 
 
-def rows_of(sweep: Sweep, run: Run) -> List[Dict]:
-  """The metric rows of ``run``: its workdir's metrics.jsonl, else its record's ([] if neither)."""
-  rows = read_rows(run.workdir)
-  if rows:
-    return rows
-  record = record_of(sweep, run)
-  return list(record["rows"]) if record else []
-
-
 def size_of(sweep: Sweep, run: Run) -> Tuple[Optional[int], Optional[Dict]]:
   """(non-embedding parameters, config) of a complete ``run`` from its workdir, else its record;
   (None, None) where neither has them."""
-  params = workdir_lib.path_of(run.workdir, workdir_lib.PARAMS_FILE)
+  final = _final_params(run.workdir)
   config = workdir_lib.path_of(run.workdir, workdir_lib.CONFIG_FILE)
-  if os.path.isfile(params) and os.path.isfile(config):
-    with open(params, "rb") as f:
-      n = non_embedding_params(serialization.msgpack_restore(f.read()))
+  if final and os.path.isfile(config):
     with open(config, encoding="utf-8") as f:
-      return n, json.load(f)
+      return final["non_embedding"], json.load(f)
   record = record_of(sweep, run)
   if record and record.get("params", {}).get("non_embedding") is not None and record.get("config"):
     return int(record["params"]["non_embedding"]), record["config"]

@@ -42,6 +42,15 @@ def series(rows: Sequence[Dict], metric: str) -> Tuple[np.ndarray, np.ndarray]:
   return steps, np.array([points[s] for s in steps], dtype=np.float64)
 
 
+def run_rows(sweep: Sweep, run: Run) -> List[Dict]:
+  """The metric rows of ``run``: its workdir's when it is complete there or has no ledger record,
+  else its record's (txf.sweep.ledger)."""
+  record = ledger_lib.record_of(sweep, run)
+  if record is None or is_complete(run.workdir, run.steps):
+    return read_rows(run.workdir)
+  return list(record["rows"])
+
+
 def run_value(run: Run, metric: str, mode: str,
               record: Optional[Dict] = None) -> Tuple[Optional[float], str]:
   """(value, '') of a complete run: the metric at its last step (mode final) or its min / max over
@@ -204,7 +213,7 @@ def curve_bands(sweep: Sweep, metric: str) -> List[Band]:
     by_step: Dict[int, List[float]] = {}
     for run in sweep.runs:
       if run.arm == arm:
-        for step, value in zip(*series(ledger_lib.rows_of(sweep, run), metric)):
+        for step, value in zip(*series(run_rows(sweep, run), metric)):
           by_step.setdefault(int(step), []).append(float(value))
     steps = np.array(sorted(by_step), np.int64)
     out.append(Band(arm, steps, [summarize(by_step[int(s)]) for s in steps]))
@@ -247,7 +256,7 @@ def plot(sweep: Sweep, arms: Sequence[ArmReport], path: str) -> str:
   for ax, metric in zip(axes[1:], curves):
     labelled = set()
     for run in sweep.runs:
-      steps, values = series(ledger_lib.rows_of(sweep, run), metric)
+      steps, values = series(run_rows(sweep, run), metric)
       if steps.size:
         ax.plot(steps, values, color=colours[run.arm], alpha=0.3, linewidth=0.8,
                 **({"marker": "o", "markersize": 2} if metric.startswith("eval/") else {}))

@@ -98,9 +98,10 @@ def run_local(runs: Sequence[Run], parallel: int = 1, say: Callable[[str], None]
   """Run ``runs`` as subprocesses, at most ``parallel`` at once, each writing its output to its
   log file (root/<arm>/seed-<k>.log, appended). Complete runs are skipped; one line per finished
   run goes to ``say``. With a ``ledger`` (txf.sweep.ledger) a run it records is skipped too, and
-  every complete run it does not record yet, found on disk or just finished, is recorded. An interrupt (Ctrl-C, SIGTERM) is passed on to the running runs, which write
-  a checkpoint and stop (each run is in a session of its own: the sweep sends it one SIGTERM); then
-  KeyboardInterrupt is raised. Returns the outcomes in ``runs``' order."""
+  every complete run it does not record yet, found on disk or just finished, is recorded. An
+  interrupt (Ctrl-C, SIGTERM) is passed on to the running runs, which write a checkpoint and stop
+  (each run is in a session of its own: the sweep sends it one SIGTERM); then KeyboardInterrupt is
+  raised. Returns the outcomes in ``runs``' order."""
   env = child_environment(parallel) if env is None else env
   outcomes: Dict[int, Outcome] = {}
   todo = []
