@@ -98,16 +98,16 @@ def test_product_rates_give_every_library_and_numpy():
 
 @pytest.mark.slow
 def test_the_command_compares_products_and_programs(capsys):
-  assert dotlibs.main(["--shapes", "32x64x48", "--programs", "transformer_tiny:greedy",
-                       "transformer_tiny:train", "--libraries", "ynnpack", "eigen",
+  assert dotlibs.main(["--shapes", "32x64x48", "--programs", "tiny:greedy",
+                       "tiny:train", "--libraries", "ynnpack", "eigen",
                        "--rounds", "1", "--calls", "2"]) == 0
   lines = capsys.readouterr().out.splitlines()
   product = next(line for line in lines if line.startswith("[32, 64] x [64, 48]"))
   rates = product[len("[32, 64] x [64, 48]"):].split()[:4]  # ynnpack, eigen, numpy, callback
   assert all(float(r) > 0 for r in rates)
   assert "eigen: eigen 1" in product
-  greedy = lines.index("transformer_tiny greedy: ms a call, 1 alternating rounds")
-  train = lines.index("transformer_tiny train: ms a call, 1 alternating rounds")
+  greedy = lines.index("tiny greedy: ms a call, 1 alternating rounds")
+  train = lines.index("tiny train: ms a call, 1 alternating rounds")
   for first, what in ((greedy, "rows equal to the first's"), (train, "|loss - first|")):
     ynn, eigen = lines[first + 1].split(), lines[first + 2].split()
     assert ynn[0] == "ynnpack" and eigen[0] == "eigen"

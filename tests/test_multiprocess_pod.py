@@ -97,13 +97,13 @@ def test_bucketed_real_data_trains_alike_on_any_process_count(tmp_path, data, na
 @pytest.mark.slow
 def test_a_bucketed_run_resumes_on_other_process_counts(tmp_path, data):
   args = data["multi30k"] + MESH + ["--config.checkpoint_every=1"]
-  _txf(1, 1, tmp_path / "reference", args + ["--config.num_train_steps=4"], data["env"])
+  _txf(1, 1, tmp_path / "reference", args + ["--config.num_train_steps=3"], data["env"])
   run = tmp_path / "run"
-  for n, steps in [(2, 1), (1, 2), (2, 3), (4, 4)]:
+  for n, steps in [(2, 1), (1, 2), (4, 3)]:  # 2 -> 1 -> 4 processes
     out = _txf(n, 1, run, args + [f"--config.num_train_steps={steps}"], data["env"])
     if steps > 1:
       assert f"resumed from the checkpoint at step {steps - 1}" in out, out[-3000:]
-  _assert_same_losses(_train_rows(run), _train_rows(tmp_path / "reference"), (1, 2, 3, 4))
+  _assert_same_losses(_train_rows(run), _train_rows(tmp_path / "reference"), (1, 2, 3))
 
 
 def test_a_tensor_axis_across_processes_feeds_the_rows_of_one_device(tmp_path):
