@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -182,6 +183,9 @@ CATALOG_CASES = [("wmt14_translate/de-en", "encoder_decoder", {}),
 def test_catalog_datasets_run_the_whole_pipeline_without_tensorflow(tmp_path, monkeypatch, name,
                                                                     family, extra):
   monkeypatch.setattr(catalog, "hosts_reachable", lambda hosts, timeout=0: True)
+  scratch = tmp_path / "tmp"  # the process's temporary folder: nothing is left in it
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(scratch))
   data = {"eval_split": "validation", "test_split": "test", "max_input_len": 24,
           "max_target_len": 24, "truncate": True, **extra}
   cfg = config_for(f"tfds:{name}", tmp_path / "tfds", family, **data)
@@ -209,6 +213,7 @@ def test_catalog_datasets_run_the_whole_pipeline_without_tensorflow(tmp_path, mo
     assert "targets_segmentation" in want and set(want) == {"targets", "targets_segmentation",
                                                             "targets_position"}
   assert "tensorflow" not in sys.modules
+  assert not os.listdir(scratch)
 
 
 def test_unprepared_catalog_dataset_offline_fails_fast_with_instructions(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import socket
 import sys
+import tempfile
 import threading
 import types
 from typing import Any, Callable, Dict, Optional, Sequence
@@ -119,7 +120,8 @@ def prepare(name: str, data_dir: str,
   """
   reachable = reachable or hosts_reachable
   import_builder(name)
-  builder = tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
+  with _removed_temporary_folders():
+    builder = tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
   if not builder.is_prepared():
     hosts = CATALOG.get(base_name(name), ("", ("storage.googleapis.com",)))[1]
     if not reachable(hosts):
@@ -130,6 +132,20 @@ def prepare(name: str, data_dir: str,
       builders.quiet_prepare(builder, file_format=FILE_FORMAT,
                              download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   return builder
+
+
+@contextlib.contextmanager
+def _removed_temporary_folders():
+  """Temporary folders made inside the block go into one that is removed at its end: the
+  DatasetInfo of an unprepared tfds builder makes an empty one for its bucket lookup and leaves
+  it behind."""
+  saved = tempfile.tempdir
+  with tempfile.TemporaryDirectory(prefix="txf-tfds-info-") as scratch:
+    tempfile.tempdir = scratch
+    try:
+      yield
+    finally:
+      tempfile.tempdir = saved
 
 
 @dataclasses.dataclass
@@ -165,8 +181,9 @@ def open_catalog(name: str, splits: Sequence[str], data_dir: str, src_lang: str,
   sources = {}
   for split in splits:
     try:
-      sources[split] = tfds.data_source(name, split=split, data_dir=data_dir, download=False,
-                                        builder_kwargs={"file_format": FILE_FORMAT})
+      with _removed_temporary_folders():  # a builder without its dataset_info.json (mock data)
+        sources[split] = tfds.data_source(name, split=split, data_dir=data_dir, download=False,
+                                          builder_kwargs={"file_format": FILE_FORMAT})
     except Exception as e:  # tfds raises ValueError/KeyError for unknown splits
       known = sorted(builder.info.splits.keys())
       raise DataError(f"tfds:{name} has no split {split!r} (it has {known}): set "
