@@ -53,6 +53,7 @@ def test_notebook_runs_in_small_mode_and_writes_its_figures(name, tmp_path, monk
   monkeypatch.setenv("TXF_NOTEBOOK_SMALL", "1")
   monkeypatch.setenv("TXF_NOTEBOOK_OUT", str(out))
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.setenv("TMPDIR", str(tmp_path))          # the notebook's temporary folders, removed with it
   monkeypatch.delenv("TXF_DATA", raising=False)        # 04 then writes and reads its toy corpus
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
   with open(os.path.join(NOTEBOOK_DIR, f"{name}.ipynb"), encoding="utf-8") as f:

@@ -80,7 +80,9 @@ def execute(name):
       nb = nbformat.read(f, as_version=4)
     with tempfile.TemporaryDirectory() as cwd:
       # the kernel talks over local sockets in cwd (IPC), not TCP: no "running over TCP without
-      # encryption" warning from each kernel in the build's log, and nothing left behind
+      # encryption" warning from each kernel in the build's log, and nothing left behind; the
+      # notebook's own temporary folders (its runs, caches) go there too
+      os.environ["TMPDIR"] = cwd
       km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(cwd, "kernel-ipc"))
       try:
         nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name="python3",
