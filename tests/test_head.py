@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from txf import kernels, models, ops
+from txf import kernels, ops
 from txf.kernels import dots
 from txf.models import EncoderDecoder, build_model, cross_entropy_loss, init_params
 from txf.models import loss as models_loss

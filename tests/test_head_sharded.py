@@ -24,7 +24,6 @@ if __name__ == "__main__":  # the 8-device worker: XLA_FLAGS must be set before 
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from txf import kernels, ops

@@ -4,7 +4,6 @@ padding never chosen, whole words chosen whole, determinism in the rng."""
 
 import jax
 import numpy as np
-import pytest
 
 from txf.ops import mlm_mask
 

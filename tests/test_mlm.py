@@ -6,7 +6,6 @@ labelled TSV's text read as unlabelled text, and the tokenizer: a <mask> piece f
 
 import os
 import random
-import shutil
 
 import numpy as np
 import pytest

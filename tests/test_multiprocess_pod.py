@@ -18,7 +18,6 @@ tests/test_multiprocess.py).
 """
 
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -30,7 +29,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import EXPERIMENTS, ROOT
+from tests.conftest import ROOT
 from tests.test_data_fixtures import parallel_dir, tsv_dir
 from tests.test_multiprocess import ARGS, LAUNCH, _env, _launch, _train_rows
 from txf.core.errors import EXIT_RESUMABLE

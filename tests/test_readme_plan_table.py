@@ -12,7 +12,6 @@ which runs each row's command and prints the table rows to paste (on a quiet mac
 
 import json
 import os
-import re
 import subprocess
 import sys
 

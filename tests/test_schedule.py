@@ -1,6 +1,5 @@
 """The inverse-sqrt warmup schedule and Adam(0.9, 0.98, 1e-9), against hand-computed values."""
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np

@@ -6,7 +6,6 @@ import dataclasses
 import glob
 import os
 
-import ml_collections
 import pytest
 
 from txf.core.config import base_config

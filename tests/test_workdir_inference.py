@@ -16,7 +16,6 @@ import stat
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from test_data_fixtures import config_for, parallel_dir, plain_dir, sentences, tsv_dir
