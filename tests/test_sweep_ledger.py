@@ -47,7 +47,7 @@ def _never(run):
   raise AssertionError(f"{run.label} was started, but it is recorded")
 
 
-def test_complete_runs_are_recorded_and_a_recorded_run_is_not_trained_again(tmp_path):
+def test_complete_runs_are_recorded_and_a_recorded_run_is_not_trained_again(tmp_path, monkeypatch):
   sweep = grid.load_sweep(write_spec(tmp_path, seeds=2), str(tmp_path / "r"))
   sweep.ledger = str(tmp_path / "study" / "ledger.jsonl")
   _finish(sweep.runs[0], 0.5)   # found complete on disk: recorded, not trained
@@ -69,6 +69,7 @@ def test_complete_runs_are_recorded_and_a_recorded_run_is_not_trained_again(tmp_
   assert first["params"] == {"sha256": hashlib.sha256(data).hexdigest(), "count": 32,
                              "non_embedding": 12}   # 5x4 + 4x3, the embedding left out
   assert first["config"] == {"num_train_steps": 6} and first["steps"] == 6 and first["cpu"]
+  assert first["cores"] == len(os.sched_getaffinity(0)) >= 1   # XLA:CPU's thread pool here
   # every run on disk has the parameters its record names; one changed on disk is named
   text = report.markdown(sweep, report.build(sweep))
   assert (f"Against the ledger ({sweep.ledger}): 4 of 4 runs both on disk and recorded end with the "
@@ -78,8 +79,16 @@ def test_complete_runs_are_recorded_and_a_recorded_run_is_not_trained_again(tmp_
   open(changed, "wb").write(data[:-1] + bytes([data[-1] ^ 1]))
   text = report.markdown(sweep, report.build(sweep))
   assert "3 of 4 runs both on disk" in text and (
-      f"- rms/seed-1: its final parameters differ from those recorded on {first['cpu']} at "
-      f"{first['commit']}") in text
+      f"- rms/seed-1: its final parameters differ from those recorded on {first['cpu']} with "
+      f"{first['cores']} cores at {first['commit']}") in text and "sums in another order" not in text
+  # recorded on another number of cores: the report says what that changes
+  ledger = ledger_lib.Ledger(sweep.ledger, sweep)
+  ledger.get(sweep.runs[3])["cores"] = first["cores"] + 2
+  monkeypatch.setattr(ledger_lib, "of", lambda _: ledger)
+  text = report.markdown(sweep, report.build(sweep))
+  assert (f"with {first['cores'] + 2} cores at" in text and f"this machine's processes see "
+          f"{first['cores']} cores: XLA:CPU sums in another order") in text
+  monkeypatch.undo()
   # the workdirs are gone (another machine, a wiped disk): nothing is trained, the report is the same
   before = report.csv_text(report.build(sweep))
   shutil.rmtree(sweep.root)

@@ -15,8 +15,8 @@ def main(argv):
   info = machine_info()
   info["devices"] = ", ".join(str(d) for d in jax.devices())
   info["process"] = f"{jax.process_index()} of {jax.process_count()}"
-  for key in ("jax", "platform", "device_kind", "devices", "process", "cpu", "cpu_count", "simd",
-              "allocator", "xla_flags", "load_1min"):
+  for key in ("jax", "platform", "device_kind", "devices", "process", "cpu", "cpu_count",
+              "usable_cores", "simd", "allocator", "xla_flags", "load_1min"):
     value = info[key]
     print(f"{key}: {','.join(value) if isinstance(value, list) else value}")
   print(f"compile_cache: {compile_cache.describe()}")

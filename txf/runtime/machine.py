@@ -36,6 +36,15 @@ def cpu_model_and_flags() -> tuple:
   return model, flags
 
 
+def usable_cores() -> int:
+  """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none):
+  the size of XLA:CPU's thread pool when jax starts here."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):  # pragma: no cover - not on every platform
+    return os.cpu_count() or 1
+
+
 def cpu_flags() -> FrozenSet[str]:
   """The CPU's feature flags (see :func:`cpu_model_and_flags`)."""
   return cpu_model_and_flags()[1]
@@ -44,7 +53,7 @@ def cpu_flags() -> FrozenSet[str]:
 def machine_info() -> Dict[str, object]:
   """What the figures were measured on: CPU model and features, cores, jax, XLA flags, malloc, load."""
   model, flags = cpu_model_and_flags()
-  return {"cpu": model, "cpu_count": os.cpu_count(),
+  return {"cpu": model, "cpu_count": os.cpu_count(), "usable_cores": usable_cores(),
           "simd": sorted(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")),
           "platform": jax.devices()[0].platform, "device_kind": jax.devices()[0].device_kind,
           "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),

@@ -15,7 +15,11 @@ is not trained again after one); the record names the commit, the CPU and the ja
 A record: {"format", "sweep", "arm", "seed", "steps", "identity", "rows" (metrics.jsonl, a step
 logged twice kept once), "config" (the run's config.json), "params" ({"sha256", "count",
 "non_embedding"} of the final parameters), "seconds" (the run's time, None for one found complete),
-"cpu", "jax", "commit", "recorded" (UTC)}.
+"cpu", "cores" (the CPUs the sweep's processes may run on), "jax", "commit", "recorded" (UTC)}.
+
+XLA:CPU sizes its thread pool by the cores a process sees when it starts, and splits some sums by
+it: a run reproduces its record bit for bit with the same number of cores (on another CPU model
+too), and drifts by summation order with another.
 """
 
 import functools
@@ -156,7 +160,8 @@ class Ledger:
               "rows": _unique_rows(read_rows(run.workdir)), "config": config,
               "params": _final_params(run.workdir),
               "seconds": None if seconds is None else round(float(seconds), 1),
-              "cpu": machine.cpu_model_and_flags()[0], "jax": jax.__version__, "commit": _commit(),
+              "cpu": machine.cpu_model_and_flags()[0], "cores": machine.usable_cores(),
+              "jax": jax.__version__, "commit": _commit(),
               "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
     with open(self.path, "a", encoding="utf-8") as f:

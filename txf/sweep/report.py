@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from txf.runtime import machine
 from txf.train import viz
 from txf.sweep import ledger as ledger_lib, reference
 from txf.sweep.grid import Run, Sweep
@@ -134,11 +135,19 @@ def against_ledger(sweep: Sweep) -> List[str]:
   if not pairs:
     return []
   same = sum(equal for _, _, equal in pairs)
+  here = machine.usable_cores()
   lines = ["", f"Against the ledger ({sweep.ledger}): {same} of {len(pairs)} runs both on disk and "
                f"recorded end with the final parameters their records name (sha256), bit for bit."]
-  lines += [f"- {run.label}: its final parameters differ from those recorded on {record.get('cpu')} "
-            f"at {record.get('commit')}" for run, record, equal in pairs if not equal]
+  lines += [f"- {run.label}: its final parameters differ from those recorded on {record.get('cpu')}"
+            f"{_cores(record)} at {record.get('commit')}" for run, record, equal in pairs if not equal]
+  if any(record.get("cores") not in (None, here) for _, record, equal in pairs if not equal):
+    lines.append(f"  (this machine's processes see {here} cores: XLA:CPU sums in another order on "
+                 f"another number of cores)")
   return lines
+
+
+def _cores(record: Dict) -> str:
+  return f" with {record['cores']} cores" if record.get("cores") else ""
 
 
 def table_lines(arms: Sequence[ArmReport]) -> List[str]:
