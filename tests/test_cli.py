@@ -253,3 +253,16 @@ def test_help_and_a_refused_flag_answer_without_importing_the_command_or_jax(nam
   assert out == {"codes": [0, 2], "heavy": []}, out
   assert r.stdout.startswith(f"txf {name}: {cli.COMMANDS[name].purpose}")
   assert error_line(r) == f"txf: error: unknown flag --nosuchflag for txf {name}: see txf {name} --help"
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly():
+  # `txf info | head -0`: the reader is gone before the first line; the command stops as a shell
+  # tool does (exit 128 + SIGPIPE), with no traceback
+  read_end, write_end = os.pipe()
+  proc = subprocess.Popen([sys.executable, "-m", "txf.cli", "info"], cwd=ROOT,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=write_end,
+                          stderr=subprocess.PIPE)
+  os.close(write_end)
+  os.close(read_end)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 141 and stderr.decode() == "", stderr.decode()

@@ -3,6 +3,8 @@
 import functools
 import logging
 import os
+import select
+import signal
 import sys
 import traceback
 
@@ -63,11 +65,27 @@ def guarded(fn):
       status = exit_status(e)
       _distributed().stop_all(error_line(e), status)  # several processes: all stop with it
       fail(str(e), status=status)
+    except BrokenPipeError:
+      if not _stdout_closed():
+        raise
+      # the reader of stdout is gone (`txf info | head -1`): stop quietly, as a shell tool does
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+      sys.exit(128 + signal.SIGPIPE)
     except Exception as e:  # pylint: disable=broad-except
       _distributed().fail(e)  # several processes: a lost peer (exit 75) or a bug stops them all
       raise
 
   return wrapper
+
+
+def _stdout_closed() -> bool:
+  """Whether stdout is a pipe whose reader has closed it (its write end polls as an error)."""
+  try:
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+  except (AttributeError, OSError, ValueError):  # no poll here, or no stdout
+    return False
 
 
 def _distributed():
