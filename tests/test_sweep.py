@@ -505,3 +505,33 @@ def test_a_training_with_tracker_wandb_logs_offline_and_its_resumption_continues
   runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
   assert len(runs) == 2 and all(r.name.endswith("-" + run_id) for r in runs)
   assert json.load(open(os.path.join(workdir, workdir_lib.WANDB_RUN_FILE)))["id"] == run_id
+
+
+def test_cpu_shares_split_the_cores_evenly_and_refuse_more_runs_than_cores():
+  assert runner.cpu_shares(2, [0, 1]) == ["0", "1"]
+  assert runner.cpu_shares(2, [3, 0, 2, 1, 4]) == ["0,1", "2,3"]   # the odd core left out
+  assert runner.cpu_shares(1, [0, 1, 2]) == ["0,1,2"]
+  with pytest.raises(grid.SweepError, match=r"--parallel=3: this process may run on 2 CPUs"):
+    runner.cpu_shares(3, [0, 1])
+
+
+def test_run_local_gives_each_running_run_a_share_no_other_running_run_holds(tmp_path):
+  sweep = grid.load_sweep(write_spec(tmp_path, seeds=3), str(tmp_path / "r"))
+  spans = os.path.join(tmp_path, "spans")
+
+  def command(run):  # writes (share, start, end) and finishes as `txf train` would
+    code = (f"import os, time\nstart = time.time(); time.sleep(0.3)\n"
+            f"open({spans!r}, 'a').write(f\"{{os.environ['TXF_CPUS']}} {{start}} {{time.time()}}\\n\")\n"
+            f"os.makedirs({os.path.join(run.workdir, 'checkpoints', '6')!r})\n"
+            f"open({os.path.join(run.workdir, 'params.msgpack')!r}, 'wb').close()\n")
+    return [sys.executable, "-c", code]
+
+  outcomes = runner.run_local(sweep.runs, parallel=2, say=lambda _: None, command=command,
+                              cpus=["0", "1"])
+  assert [o.status for o in outcomes] == ["done"] * 6
+  rows = [line.split() for line in open(spans).read().splitlines()]
+  assert len(rows) == 6 and {share for share, _, _ in rows} == {"0", "1"}
+  for i, (share, start, end) in enumerate(rows):   # two runs that overlap hold different shares
+    for other, o_start, o_end in rows[i + 1:]:
+      if float(start) < float(o_end) and float(o_start) < float(end):
+        assert share != other, rows

@@ -274,6 +274,9 @@ def sweep(fv: flags.FlagValues) -> None:
   flags.DEFINE_multi_string("sbatch", [], "with --emit slurm: an #SBATCH option (repeatable), e.g. "
                             "--sbatch=--gres=gpu:1", flag_values=fv)
   flags.DEFINE_bool("report", True, "write the report once the runs have finished", flag_values=fv)
+  flags.DEFINE_bool("pin_cpus", False, "on a CPU machine: keep each of the --parallel runs to its own "
+                    "share of the cores once its backend has started (the same results, less "
+                    "contention: TXF_CPUS)", flag_values=fv)
   flags.DEFINE_string("ledger", None, "a JSON-lines file that records each complete run (metrics, "
                       "final parameters' digest, CPU, commit): recorded runs are skipped and reported "
                       "from it, e.g. a file kept under version control beside the sweep file",

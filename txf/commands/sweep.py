@@ -11,6 +11,7 @@ from txf.sweep import (emit_commands, emit_slurm, load_sweep, read_sweep, run_lo
                        write_sweep)
 from txf.sweep import ledger as ledger_lib
 from txf.sweep.grid import parse_sets
+from txf.sweep.runner import cpu_shares
 from txf.sweep.scaling import check_holdout, parse_predict, write_fit_report
 
 
@@ -69,11 +70,13 @@ def main(argv):
   if fl.emit == "slurm":
     sys.stdout.write(emit_slurm(sweep, fl.sbatch))
     return
+  cpus = cpu_shares(fl.parallel, sorted(os.sched_getaffinity(0))) if fl.pin_cpus else None
   print(f"txf sweep {sweep.name}: {len(sweep.arms)} arm(s) x {len(sweep.seeds)} seed(s) = "
-        f"{len(sweep.runs)} runs under {sweep.root}, {fl.parallel} at a time", flush=True)
+        f"{len(sweep.runs)} runs under {sweep.root}, {fl.parallel} at a time"
+        + (f", on CPUs {' | '.join(cpus)}" if cpus else ""), flush=True)
   try:
     outcomes = run_local(sweep.runs, fl.parallel, say=lambda line: print(line, flush=True),
-                         ledger=ledger)
+                         ledger=ledger, cpus=cpus)
   except KeyboardInterrupt:
     print(f"txf: sweep interrupted: run the same command to resume ({sweep.root})", flush=True)
     sys.exit(130)

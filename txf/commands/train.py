@@ -12,6 +12,7 @@ from txf.commands.reporting import (TerminalReporter, drop_closed_loop_noise,
 from txf.core.config import complete
 from txf.core.errors import EXIT_RESUMABLE, TxfError, requeued
 from txf.parallel import distributed
+from txf.runtime import machine
 from txf.train import train
 from txf.train.checkpoint import CheckpointFallbackWarning
 from txf.train.stopping import Preemption
@@ -25,6 +26,7 @@ def main(argv):
   if len(argv) > 1:
     raise TxfError(f"unexpected arguments {argv[1:]}: flags look like --config.model.num_heads=2")
   distributed.maybe_initialize()
+  machine.pin_from_environment()  # TXF_CPUS: a sweep's run keeps to its share of the cores
   config = complete(flags.FLAGS.config)  # an experiment file may leave fields at their defaults
   workdir = flags.FLAGS.workdir or os.path.join("runs", config.name)
   distributed.note_workdir(workdir)

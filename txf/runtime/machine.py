@@ -4,11 +4,14 @@ malloc, load (``txf info``; the benchmarks record it with their figures)."""
 import functools
 import os
 import platform
-from typing import Dict, FrozenSet
+from typing import Dict, FrozenSet, Iterable, Mapping, Optional
 
 import jax
 
+from txf.core.errors import TxfError
 from txf.runtime import process as runtime
+
+CPUS_ENV = "TXF_CPUS"  # e.g. 0-3 or 0,2: the CPUs a run keeps to (txf sweep --pin_cpus sets it)
 
 
 def load_average() -> float:
@@ -43,6 +46,50 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
   except (AttributeError, OSError):  # pragma: no cover - not on every platform
     return os.cpu_count() or 1
+
+
+def parse_cpus(text: str) -> FrozenSet[int]:
+  """The CPU numbers of a list such as ``0-3,6`` (ranges inclusive); TxfError if it is not one."""
+  cpus = set()
+  try:
+    for part in text.split(","):
+      first, _, last = part.strip().partition("-")
+      cpus.update(range(int(first), int(last or first) + 1))
+  except ValueError:
+    cpus = set()
+  if not cpus or min(cpus) < 0:
+    raise TxfError(f"{CPUS_ENV}={text!r} is not a list of CPUs: use numbers and ranges, e.g. 0-3,6")
+  return frozenset(cpus)
+
+
+def pin_threads(cpus: Iterable[int]) -> None:
+  """Keep every thread of this process (and the threads it starts later) to ``cpus``."""
+  cpus = set(cpus)
+  os.sched_setaffinity(0, cpus)
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      os.sched_setaffinity(int(tid), cpus)
+    except OSError:  # a thread that ended meanwhile
+      pass
+
+
+def pin_from_environment(environ: Mapping[str, str] = os.environ) -> Optional[FrozenSet[int]]:
+  """With ``TXF_CPUS`` set, keep this process to those CPUs once jax's backend has started: XLA:CPU
+  sizes its thread pool, which orders some of its sums, by the cores the process sees when the
+  backend starts, so a run pinned after it computes what it computes unpinned, bit for bit, while
+  the runs of a sweep stop taking each other's cores. Returns the CPUs (None without the
+  variable)."""
+  text = environ.get(CPUS_ENV, "").strip()
+  if not text:
+    return None
+  cpus = parse_cpus(text)
+  unknown = cpus - set(range(os.cpu_count() or 1))
+  if unknown:
+    raise TxfError(f"{CPUS_ENV}={text!r} names CPU {min(unknown)}, which this machine lacks "
+                   f"(it has {os.cpu_count()})")
+  jax.devices()  # the backend and its thread pool first
+  pin_threads(cpus)
+  return cpus
 
 
 def cpu_flags() -> FrozenSet[str]:

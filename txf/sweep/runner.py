@@ -19,7 +19,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from txf.core.errors import is_error_line
 from txf.runtime import process as runtime, workdir as workdir_lib
-from txf.sweep.grid import Run, Sweep
+from txf.runtime.machine import CPUS_ENV
+from txf.sweep.grid import Run, Sweep, SweepError
 from txf.sweep.ledger import Ledger
 
 POLL_SECONDS = 0.2   # how often the running processes are polled
@@ -92,16 +93,30 @@ def child_environment(parallel: int) -> Dict[str, str]:
   return env
 
 
+def cpu_shares(parallel: int, cpus: Sequence[int]) -> List[str]:
+  """``cpus`` split into ``parallel`` shares of equal size, each as a TXF_CPUS list (``0-3``);
+  SweepError if there are fewer CPUs than shares."""
+  cpus = sorted(cpus)
+  size = len(cpus) // max(1, parallel)
+  if size < 1:
+    raise SweepError(f"--pin_cpus with --parallel={parallel}: this process may run on "
+                     f"{len(cpus)} CPUs, fewer than the runs at once; lower --parallel")
+  shares = [cpus[i * size:(i + 1) * size] for i in range(parallel)]
+  return [",".join(str(c) for c in share) for share in shares]
+
+
 def run_local(runs: Sequence[Run], parallel: int = 1, say: Callable[[str], None] = print,
               command: Callable[[Run], List[str]] = txf_command,
-              env: Optional[Dict[str, str]] = None, ledger: Optional[Ledger] = None) -> List[Outcome]:
+              env: Optional[Dict[str, str]] = None, ledger: Optional[Ledger] = None,
+              cpus: Optional[Sequence[str]] = None) -> List[Outcome]:
   """Run ``runs`` as subprocesses, at most ``parallel`` at once, each writing its output to its
   log file (root/<arm>/seed-<k>.log, appended). Complete runs are skipped; one line per finished
   run goes to ``say``. With a ``ledger`` (txf.sweep.ledger) a run it records is skipped too, and
   every complete run it does not record yet, found on disk or just finished, is recorded. An
   interrupt (Ctrl-C, SIGTERM) is passed on to the running runs, which write a checkpoint and stop
   (each run is in a session of its own: the sweep sends it one SIGTERM); then KeyboardInterrupt is
-  raised. Returns the outcomes in ``runs``' order."""
+  raised. With ``cpus`` (:func:`cpu_shares`, one share per run at once) each run gets a share
+  that no other running run holds, as TXF_CPUS. Returns the outcomes in ``runs``' order."""
   env = child_environment(parallel) if env is None else env
   outcomes: Dict[int, Outcome] = {}
   todo = []
@@ -118,6 +133,8 @@ def run_local(runs: Sequence[Run], parallel: int = 1, say: Callable[[str], None]
     else:
       todo.append(run)
   running: Dict[int, tuple] = {}   # index -> (run, process, start time, log file)
+  free = list(cpus or ())          # the CPU shares no running run holds
+  held: Dict[int, str] = {}        # index -> its share
   previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
   try:
     while todo or running:
@@ -128,15 +145,21 @@ def run_local(runs: Sequence[Run], parallel: int = 1, say: Callable[[str], None]
         argv = command(run)
         log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n")
         log.flush()
+        run_env = env
+        if free:
+          held[run.index] = free.pop(0)
+          run_env = {**env, CPUS_ENV: held[run.index]}
         # its own session: a Ctrl-C reaches the sweep alone, which passes on one SIGTERM
         process = subprocess.Popen(  # pylint: disable=consider-using-with
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=run_env,
             start_new_session=True)
         running[run.index] = (run, process, time.monotonic(), log)
       time.sleep(POLL_SECONDS)
       for index in [i for i, (_, p, _, _) in running.items() if p.poll() is not None]:
         run, process, start, log = running.pop(index)
         log.close()
+        if index in held:
+          free.append(held.pop(index))
         outcome = _outcome(run, process.returncode, time.monotonic() - start)
         if ledger is not None and outcome.status == "done":
           ledger.add(run, outcome.seconds)
