@@ -308,7 +308,7 @@ NOT_RUN = {
     "txf coord-check --config experiments/copy.py --widths 64,128,256,512 --steps 5 "
     "--config.model.parametrization=mup":
         "minutes on 2 cores; tests/test_coord_check.py runs the check at widths 32-128 (slow tier)",
-    "TXF_DATA=../shared/data txf sweep experiments/sweeps/mup_transfer.py --parallel 2":
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/mup_transfer.py --parallel 2 --pin_cpus":
         "168 Tiny Shakespeare runs (hours on 2 cores); the sweep runner is tested by tests/test_sweep.py",
     # docs/sweeps.md, the variants
     "txf train --config experiments/copy.py --workdir runs/copy-rope --config.model.positional=rope "
@@ -327,7 +327,7 @@ NOT_RUN = {
     "TXF_DATA=../shared/data txf sweep experiments/sweeps/multi30k_kv_heads.py":
         "9 Multi30k runs (about 85 minutes on 2 cores); the sweep runner is tested by "
         "tests/test_sweep.py",
-    "TXF_DATA=../shared/data txf sweep experiments/sweeps/table3.py --parallel 2":
+    "TXF_DATA=../shared/data txf sweep experiments/sweeps/table3.py --parallel 2 --pin_cpus":
         "51 Multi30k runs (an estimated 9 hours on 2 cores); the multi-metric report beside a "
         "reference is tested by tests/test_sweep_reference.py",
     "txf sweep report runs/sweeps/table3": "needs the 51 runs of the Table 3 sweep; "

@@ -8,7 +8,7 @@ muP the best rate should stay within one grid step from 64 to 512; in the standa
 parametrization it should fall as the width grows. Arms are named PARAM,w=WIDTH,lr=RATE; the
 report's table gives each arm's mean final validation loss.
 
-  TXF_DATA=../shared/data txf sweep experiments/sweeps/mup_transfer.py --parallel 2
+  TXF_DATA=../shared/data txf sweep experiments/sweeps/mup_transfer.py --parallel 2 --pin_cpus
   txf sweep report runs/sweeps/mup_transfer
 
 2 x 4 x 7 arms x 3 seeds = 168 runs: hours on a 2-core CPU, minutes each on a GPU. `--set`

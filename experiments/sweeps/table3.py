@@ -40,7 +40,7 @@ on val) kept STEPS = 800: 32.35, 32.75, 32.20, 32.06 BLEU, s = 0.30, so the inte
 t_{0.975} * s * sqrt(2/3) is 0.67 BLEU, below ~1 (docs/sweeps.md). Runs of another length are a
 new study: change STEPS before the study starts, or use another --root.
 
-  TXF_DATA=../shared/data txf sweep experiments/sweeps/table3.py --parallel 2
+  TXF_DATA=../shared/data txf sweep experiments/sweeps/table3.py --parallel 2 --pin_cpus
   txf sweep report runs/sweeps/table3
 
 The runs behind the published table are recorded in experiments/results/table3.jsonl (a sweep
