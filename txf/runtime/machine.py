@@ -83,10 +83,11 @@ def pin_from_environment(environ: Mapping[str, str] = os.environ) -> Optional[Fr
   if not text:
     return None
   cpus = parse_cpus(text)
-  unknown = cpus - set(range(os.cpu_count() or 1))
+  allowed = os.sched_getaffinity(0)
+  unknown = cpus - allowed
   if unknown:
-    raise TxfError(f"{CPUS_ENV}={text!r} names CPU {min(unknown)}, which this machine lacks "
-                   f"(it has {os.cpu_count()})")
+    raise TxfError(f"{CPUS_ENV}={text!r} names CPU {min(unknown)}, which this process may not run "
+                   f"on (it may run on {','.join(str(c) for c in sorted(allowed))})")
   jax.devices()  # the backend and its thread pool first
   pin_threads(cpus)
   return cpus
