@@ -1,4 +1,4 @@
-"""TXF_CPUS: a run kept to some of the CPUs once jax's backend has started (txf sweep --pin_cpus)."""
+"""TXF_CPUS: a run kept to some CPUs once jax's backend has started (txf sweep --pin_cpus)."""
 
 import os
 import subprocess
