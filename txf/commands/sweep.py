@@ -70,7 +70,7 @@ def main(argv):
   if fl.emit == "slurm":
     sys.stdout.write(emit_slurm(sweep, fl.sbatch))
     return
-  cpus = cpu_shares(fl.parallel, sorted(os.sched_getaffinity(0))) if fl.pin_cpus else None
+  cpus = cpu_shares(fl.parallel, os.sched_getaffinity(0)) if fl.pin_cpus else None
   print(f"txf sweep {sweep.name}: {len(sweep.arms)} arm(s) x {len(sweep.seeds)} seed(s) = "
         f"{len(sweep.runs)} runs under {sweep.root}, {fl.parallel} at a time"
         + (f", on CPUs {' | '.join(cpus)}" if cpus else ""), flush=True)

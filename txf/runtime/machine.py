@@ -65,8 +65,7 @@ def parse_cpus(text: str) -> FrozenSet[int]:
 def pin_threads(cpus: Iterable[int]) -> None:
   """Keep every thread of this process (and the threads it starts later) to ``cpus``."""
   cpus = set(cpus)
-  os.sched_setaffinity(0, cpus)
-  for tid in os.listdir("/proc/self/task"):
+  for tid in os.listdir("/proc/self/task"):  # the calling thread among them
     try:
       os.sched_setaffinity(int(tid), cpus)
     except OSError:  # a thread that ended meanwhile

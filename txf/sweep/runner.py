@@ -94,7 +94,7 @@ def child_environment(parallel: int) -> Dict[str, str]:
 
 
 def cpu_shares(parallel: int, cpus: Sequence[int]) -> List[str]:
-  """``cpus`` split into ``parallel`` shares of equal size, each as a TXF_CPUS list (``0-3``);
+  """``cpus`` split into ``parallel`` shares of equal size, each as a TXF_CPUS list (``0,1``);
   SweepError if there are fewer CPUs than shares."""
   cpus = sorted(cpus)
   size = len(cpus) // max(1, parallel)
