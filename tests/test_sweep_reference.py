@@ -99,6 +99,14 @@ def test_the_verdict_on_hand_worked_cases(published, diff, lo, hi, expected):
   assert reference.verdict(published, diff, lo, hi) == expected
 
 
+def test_one_far_arm_is_drawn_at_the_edge_and_the_axis_fits_the_others():
+  # Table 3's doubled dropout: |-28.7| against the next arm's 11.0 (> 2.5x): the axis spans 1.15 x 11.0
+  assert reference.axis_half_width([2.7, 11.0, 31.2, 4.1]) == pytest.approx(1.15 * 11.0)
+  assert reference.axis_half_width([2.7, 11.0, 27.0, 4.1]) is None   # 2.45x: every arm fits
+  assert reference.axis_half_width([5.0]) is None and reference.axis_half_width([9.0, 0.0]) is None
+  assert reference.axis_half_width([float("nan"), 1.0, 30.0]) == pytest.approx(1.15)
+
+
 def test_parameters_counted_from_the_config_match_a_hand_count(tmp_path):
   spec = write_spec(tmp_path, overrides={"model.d_model": 32, "model.d_ff": 48},
                     arms={"base": {}, "small": {"model.head_dim": 8}, "deep": {"model.num_encoder_layers": 3}})

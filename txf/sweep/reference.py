@@ -171,20 +171,44 @@ def csv_text(table: Sequence[Dict[str, Any]]) -> str:
   return out.getvalue()
 
 
+OFF_SCALE = 2.5   # an arm reaching this many times further from 0 than any other is drawn at the edge
+
+
+def axis_half_width(extents: Sequence[float]) -> Optional[float]:
+  """The half-width of a forest plot's x axis that keeps one far arm from squeezing the others:
+  ``extents`` are each arm's largest |value| (difference, interval ends, published delta). When
+  the largest is more than OFF_SCALE times the next, the axis spans 1.15 x the next (that arm is
+  drawn at the edge with its value); otherwise None (the axis fits every arm)."""
+  ordered = sorted((e for e in extents if math.isfinite(e)), reverse=True)
+  if len(ordered) < 2 or ordered[1] <= 0 or ordered[0] <= OFF_SCALE * ordered[1]:
+    return None
+  return 1.15 * ordered[1]
+
+
 def plot(sweep: Sweep, table: Sequence[Dict[str, Any]], path: str) -> str:
   """A forest plot per compared metric with published deltas: each arm's difference to the
-  baseline with its 95% interval (bars), the published delta as a red diamond, 0 as a line."""
+  baseline with its 95% interval (bars), the published delta as a red diamond, 0 as a line; an
+  arm far beyond all the others (``axis_half_width``) is a triangle at the edge with its value."""
   metrics = [m for m in sweep.compared if any(r["metric"] == m for r in table)]
   arms = [a for a in sweep.arms if a != sweep.baseline and any(r["arm"] == a for r in table)]
   fig = viz.new_figure(5.5 * max(len(metrics), 1), 1.2 + 0.38 * max(len(arms), 1))
   axes = np.atleast_1d(fig.subplots(1, max(len(metrics), 1)))
   for ax, metric in zip(axes, metrics):
     labelled = set()
-    for y, arm in enumerate(arms):
-      r = next((r for r in table if r["arm"] == arm and r["metric"] == metric), None)
+    found = [next((r for r in table if r["arm"] == arm and r["metric"] == metric), None)
+             for arm in arms]
+    half = axis_half_width([max(abs(v) for v in (r["diff"], r["ci_low"], r["ci_high"],
+                                                 r["published"] or 0.0) if not math.isnan(v))
+                            for r in found if r is not None and not math.isnan(r["diff"])])
+    for y, r in enumerate(found):
       if r is None:
         continue
-      if not math.isnan(r["diff"]):
+      if half is not None and not math.isnan(r["diff"]) and abs(r["diff"]) > half:
+        edge = math.copysign(0.96 * half, r["diff"])
+        ax.scatter([edge], [y], marker=">" if edge > 0 else "<", color="C0", zorder=3)
+        ax.annotate(f"{r['diff']:+.3g} (off scale)", (edge, y), xytext=(0, 6),
+                    textcoords="offset points", ha="right" if edge > 0 else "left", fontsize=7)
+      elif not math.isnan(r["diff"]):
         err = (None if math.isnan(r["ci_low"]) else
                [[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]])
         ax.errorbar([r["diff"]], [y], xerr=err, fmt="o", color="C0", capsize=3,
@@ -195,6 +219,8 @@ def plot(sweep: Sweep, table: Sequence[Dict[str, Any]], path: str) -> str:
                    label=None if "published" in labelled else "published")
         labelled.add("published")
     ax.axvline(0.0, color="0.5", lw=0.8)
+    if half is not None:
+      ax.set_xlim(-half, half)
     ax.set_yticks(range(len(arms)))
     ax.set_yticklabels([f"{a} {sweep.reference.get(a, {}).get('row', '')}" for a in arms], fontsize=7)
     ax.invert_yaxis()
