@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from txf.core.errors import is_error_line
 from txf.runtime import process as runtime, workdir as workdir_lib
@@ -93,7 +93,7 @@ def child_environment(parallel: int) -> Dict[str, str]:
   return env
 
 
-def cpu_shares(parallel: int, cpus: Sequence[int]) -> List[str]:
+def cpu_shares(parallel: int, cpus: Iterable[int]) -> List[str]:
   """``cpus`` split into ``parallel`` shares of equal size, each as a TXF_CPUS list (``0,1``);
   SweepError if there are fewer CPUs than shares."""
   cpus = sorted(cpus)
